@@ -1,0 +1,381 @@
+"""Run one worker as a real OS process and observe how it ended.
+
+Two spawn modes give the same process boundary:
+
+* ``fork`` (default): a fork server started once per run has already imported
+  faultlab and sqlite3; it forks one child per worker (about a millisecond).
+* ``exec``: a fresh interpreter per worker, ``python -m faultlab worker ...``.
+
+Each worker runs in its own process group, so a missed deadline kills exactly
+that worker and the service child it started, and nothing else. Every child is
+reaped before :func:`Spawner.run` returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from typing import IO, Any, Literal
+
+from faultlab.errors import ExecutionError
+
+SpawnMode = Literal["fork", "exec"]
+SPAWN_MODES: tuple[SpawnMode, ...] = ("fork", "exec")
+DEFAULT_DEADLINE = 15.0
+_MAX_OUTPUT = 1 << 20
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker process needs: which system, which role, where, armed how."""
+
+    system: str
+    role: str
+    directory: str
+    operation_id: str | None = None
+    payload: str | None = None
+    crash: str | None = None
+    deduplication: bool = True
+    spawn: SpawnMode = "fork"
+    deadline: float = DEFAULT_DEADLINE
+
+    def argv(self) -> list[str]:
+        """The ``python -m faultlab worker`` command line for this spec."""
+        args = [sys.executable, "-m", "faultlab", "worker", self.role]
+        args += ["--directory", self.directory, "--system", self.system]
+        args += ["--spawn", self.spawn, "--deadline", repr(self.deadline)]
+        if self.operation_id is not None:
+            args += ["--operation-id", self.operation_id]
+        if self.payload is not None:
+            args += ["--payload", self.payload]
+        if self.crash is not None:
+            args += ["--crash", self.crash]
+        if not self.deduplication:
+            args.append("--no-deduplication")
+        return args
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """How one worker process ended: exit code is -N when killed by signal N."""
+
+    pid: int
+    exit_code: int
+    response: dict[str, Any] | None
+    stdout: str
+    stderr: str
+    elapsed: float
+    timed_out: bool = False
+
+    @property
+    def killed(self) -> bool:
+        return self.exit_code == -signal.SIGKILL
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProcessRecord:
+        return cls(**data)
+
+
+def parse_response(stdout: str) -> dict[str, Any] | None:
+    """The worker's response is the last complete JSON object line it wrote."""
+    for line in reversed(stdout.splitlines()):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def _collect(pid: int, fds: dict[int, str], deadline: float, group: bool) -> tuple[
+    dict[str, bytes], int, bool
+]:
+    """Read the child's pipes to EOF and reap it; kill it (or its group) at the deadline."""
+    chunks: dict[str, list[bytes]] = {name: [] for name in fds.values()}
+    sizes = dict.fromkeys(fds.values(), 0)
+    selector = selectors.DefaultSelector()
+    for fd in fds:
+        os.set_blocking(fd, False)
+        selector.register(fd, selectors.EVENT_READ)
+    end = time.monotonic() + deadline
+    timed_out = False
+    try:
+        while selector.get_map():
+            remaining = end - time.monotonic()
+            if remaining <= 0 and not timed_out:
+                timed_out = True
+                _kill(pid, group)
+            for key, _ in selector.select(timeout=max(remaining, 0.05) if not timed_out else 1):
+                fd = int(key.fd)
+                data = os.read(fd, 65536)
+                if not data:
+                    selector.unregister(fd)
+                    continue
+                name = fds[fd]
+                if sizes[name] < _MAX_OUTPUT:
+                    chunks[name].append(data)
+                    sizes[name] += len(data)
+    finally:
+        selector.close()
+        for fd in fds:
+            os.close(fd)
+    while True:
+        waited, status = os.waitpid(pid, os.WNOHANG)
+        if waited:
+            break
+        if time.monotonic() >= end and not timed_out:
+            timed_out = True
+            _kill(pid, group)
+        time.sleep(0.0005)
+    return {name: b"".join(parts) for name, parts in chunks.items()}, status, timed_out
+
+
+def _kill(pid: int, group: bool) -> None:
+    try:
+        if group:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _record(pid: int, outputs: dict[str, bytes], status: int, started: float,
+            timed_out: bool) -> ProcessRecord:
+    stdout = outputs["stdout"].decode("utf-8", "replace")
+    stderr = outputs["stderr"].decode("utf-8", "replace")
+    if timed_out:
+        stderr += "faultlab: worker missed its deadline and was killed\n"
+    return ProcessRecord(
+        pid=pid,
+        exit_code=os.waitstatus_to_exitcode(status),
+        response=parse_response(stdout),
+        stdout=stdout,
+        stderr=stderr,
+        elapsed=time.monotonic() - started,
+        timed_out=timed_out,
+    )
+
+
+def fork_worker(spec: WorkerSpec, *, new_group: bool) -> ProcessRecord:
+    """Fork this (already warmed-up) process and run the worker in the child."""
+    from faultlab.worker import run_worker
+
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # child: never returns
+        code = 70
+        try:
+            if new_group:
+                os.setpgid(0, 0)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            os.closerange(3, 1024)
+            sys.stdin = open(0, closefd=False)  # noqa: SIM115
+            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+            code = run_worker(spec)
+        except BaseException:
+            try:
+                os.write(2, traceback.format_exc().encode())
+            except OSError:
+                pass
+            code = 70
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            except Exception:  # noqa: BLE001
+                pass
+            os._exit(code)
+    os.close(out_w)
+    os.close(err_w)
+    outputs, status, timed_out = _collect(
+        pid, {out_r: "stdout", err_r: "stderr"}, spec.deadline, new_group
+    )
+    return _record(pid, outputs, status, started, timed_out)
+
+
+def child_environment() -> dict[str, str]:
+    """Environment for exec-mode children: they must import what this process imports."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
+def exec_worker(spec: WorkerSpec, *, new_group: bool) -> ProcessRecord:
+    """Run the worker in a fresh interpreter: ``python -m faultlab worker ...``."""
+    started = time.monotonic()
+    child = subprocess.Popen(
+        spec.argv(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=child_environment(),
+        start_new_session=new_group,
+    )
+    if child.stdout is None or child.stderr is None:
+        raise ExecutionError("worker pipes were not created")
+    fds = {os.dup(child.stdout.fileno()): "stdout", os.dup(child.stderr.fileno()): "stderr"}
+    child.stdout.close()
+    child.stderr.close()
+    outputs, status, timed_out = _collect(child.pid, fds, spec.deadline, new_group)
+    child.returncode = os.waitstatus_to_exitcode(status)  # reaped by _collect
+    return _record(child.pid, outputs, status, started, timed_out)
+
+
+# --- the fork server ---------------------------------------------------------------------
+
+_BOOTSTRAP = (
+    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+    "from faultlab.process import zygote_main; zygote_main()"
+)
+
+
+def _set_child_subreaper() -> None:
+    """Become the reaper of orphaned grandchildren (Linux), so none stays a zombie."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _reap_orphans() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def zygote_main() -> None:
+    """The fork server: read one spec per line, fork a worker, answer with its record."""
+    import sqlite3  # noqa: F401  (warm the import for every forked child)
+
+    import faultlab.worker  # noqa: F401
+    from faultlab.system import load_system
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _set_child_subreaper()
+    requests = sys.stdin.buffer
+    replies = sys.stdout.buffer
+    for line in requests:
+        try:
+            spec = WorkerSpec(**json.loads(line))
+            load_system(spec.system)  # cached here, so children inherit it warm
+            reply: dict[str, Any] = {"record": fork_worker(spec, new_group=True).to_json()}
+        except Exception as error:  # noqa: BLE001 - reported to the client, not swallowed
+            reply = {"error": f"{type(error).__name__}: {error}"}
+        _reap_orphans()
+        replies.write(json.dumps(reply).encode() + b"\n")
+        replies.flush()
+
+
+class ForkServer:
+    """Client side of the fork server; one per run, closed (and reaped) at the end."""
+
+    def __init__(self) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", _BOOTSTRAP, json.dumps(sys.path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self.pid = self._process.pid
+
+    def run(self, spec: WorkerSpec) -> ProcessRecord:
+        process = self._process
+        stdin: IO[bytes] | None = process.stdin
+        stdout: IO[bytes] | None = process.stdout
+        if stdin is None or stdout is None or process.poll() is not None:
+            raise ExecutionError("the fork server is not running")
+        try:
+            stdin.write(json.dumps(asdict(spec)).encode() + b"\n")
+            stdin.flush()
+            line = stdout.readline()
+        except BrokenPipeError:
+            line = b""
+        if not line:
+            raise ExecutionError(f"the fork server (pid {self.pid}) died")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise ExecutionError(f"the fork server could not run the worker: {reply['error']}")
+        return ProcessRecord.from_json(reply["record"])
+
+    def close(self) -> None:
+        process = self._process
+        if process.stdin is not None:
+            try:
+                process.stdin.close()
+            except BrokenPipeError:
+                pass
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+class Spawner:
+    """Runs workers in the chosen mode; the only way faultlab starts a worker."""
+
+    def __init__(self, mode: SpawnMode = "fork") -> None:
+        if mode not in SPAWN_MODES:
+            raise ValueError(f"unknown spawn mode {mode!r}")
+        self.mode: SpawnMode = mode
+        self._server: ForkServer | None = None
+        self.processes = 0
+
+    def run(self, spec: WorkerSpec) -> ProcessRecord:
+        spec = replace(spec, spawn=self.mode)
+        self.processes += 1
+        if self.mode == "exec":
+            return exec_worker(spec, new_group=True)
+        if self._server is None:
+            self._server = ForkServer()
+        return self._server.run(spec)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+
+@contextmanager
+def spawner(mode: SpawnMode = "fork") -> Iterator[Spawner]:
+    runner = Spawner(mode)
+    try:
+        yield runner
+    finally:
+        runner.close()

@@ -1,0 +1,172 @@
+"""SQLite stores: initialise with faultlab's marker, connect, snapshot.
+
+Every database faultlab creates carries ``PRAGMA application_id`` set to
+:data:`APPLICATION_ID`. Workers and snapshots refuse a file without it, so
+faultlab never writes to a database it did not initialise.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+APPLICATION_ID = 0x46544C42  # "FTLB"
+BUSY_TIMEOUT_MS = 5000
+
+
+class StoreError(Exception):
+    """A store is missing, foreign (no faultlab marker) or unreadable."""
+
+
+class Operation(NamedTuple):
+    id: str
+    payload: str
+    state: str
+    result: str | None
+
+
+class OutboxRow(NamedTuple):
+    operation_id: str
+    state: str
+
+
+class Ticket(NamedTuple):
+    id: int
+    operation_id: str
+    payload: str
+
+
+class Receipt(NamedTuple):
+    operation_id: str
+    payload: str
+    result: str
+
+
+TABLES = ("operations", "outbox", "tickets", "receipts")
+ROW_TYPES: dict[str, type[Any]] = {
+    "operations": Operation,
+    "outbox": OutboxRow,
+    "tickets": Ticket,
+    "receipts": Receipt,
+}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Both stores at one instant, as faultlab's four-table model, in a stable order."""
+
+    operations: tuple[Operation, ...] = ()
+    outbox: tuple[OutboxRow, ...] = ()
+    tickets: tuple[Ticket, ...] = ()
+    receipts: tuple[Receipt, ...] = ()
+
+    def operation(self, operation_id: str) -> Operation | None:
+        return next((row for row in self.operations if row.id == operation_id), None)
+
+    def outbox_row(self, operation_id: str) -> OutboxRow | None:
+        return next((row for row in self.outbox if row.operation_id == operation_id), None)
+
+    def receipt(self, operation_id: str) -> Receipt | None:
+        return next((row for row in self.receipts if row.operation_id == operation_id), None)
+
+    def tickets_for(self, operation_id: str) -> list[Ticket]:
+        return [row for row in self.tickets if row.operation_id == operation_id]
+
+    def pending_outbox(self) -> list[OutboxRow]:
+        return [row for row in self.outbox if row.state == "pending"]
+
+    def counts(self) -> dict[str, int]:
+        """Pending/complete counts per caller table and row counts downstream."""
+        return {
+            "operations_pending": sum(r.state == "pending" for r in self.operations),
+            "operations_complete": sum(r.state == "complete" for r in self.operations),
+            "outbox_pending": sum(r.state == "pending" for r in self.outbox),
+            "outbox_complete": sum(r.state == "complete" for r in self.outbox),
+            "tickets": len(self.tickets),
+            "receipts": len(self.receipts),
+        }
+
+    def to_json(self) -> dict[str, list[dict[str, Any]]]:
+        return {name: [row._asdict() for row in getattr(self, name)] for name in TABLES}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Snapshot:
+        return cls(
+            **{
+                name: tuple(ROW_TYPES[name](**row) for row in data.get(name, ()))
+                for name in TABLES
+            }
+        )
+
+    @classmethod
+    def from_rows(cls, tables: dict[str, Iterable[Iterable[Any]]]) -> Snapshot:
+        """Build from raw rows (in column order), sorting each table by its key."""
+        built: dict[str, tuple[Any, ...]] = {}
+        for name in TABLES:
+            row_type = ROW_TYPES[name]
+            rows = [row_type(*row) for row in tables.get(name, ())]
+            built[name] = tuple(sorted(rows, key=lambda r: (str(r[0]), r)))
+        if built["tickets"]:
+            built["tickets"] = tuple(sorted(built["tickets"], key=lambda r: int(r.id)))
+        return cls(**built)
+
+
+def _uri(path: Path, mode: str) -> str:
+    return f"{path.resolve().as_uri()}?mode={mode}"
+
+
+def initialise(path: Path, schema: str) -> None:
+    """Create a new store with faultlab's marker; refuse to touch an existing file."""
+    if path.exists():
+        raise StoreError(f"{path}: already exists; faultlab only initialises new stores")
+    connection = sqlite3.connect(_uri(path, "rwc"), uri=True, isolation_level=None)
+    try:
+        connection.execute("PRAGMA synchronous=FULL")
+        connection.execute("BEGIN IMMEDIATE")
+        connection.execute(f"PRAGMA application_id={APPLICATION_ID}")
+        for statement in (s.strip() for s in schema.split(";")):
+            if statement:
+                connection.execute(statement)
+        connection.execute("COMMIT")
+    finally:
+        connection.close()
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """Open an existing faultlab store for reading and writing.
+
+    Refuses (StoreError) a missing file or one without the marker, before any write.
+    The connection is in autocommit mode: callers write ``BEGIN IMMEDIATE`` ... ``COMMIT``.
+    """
+    if not path.is_file():
+        raise StoreError(f"{path}: no such store (initialise the directory with faultlab first)")
+    try:
+        connection = sqlite3.connect(
+            _uri(path, "rw"), uri=True, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000
+        )
+    except sqlite3.Error as error:
+        raise StoreError(f"{path}: cannot open: {error}") from None
+    try:
+        marker = connection.execute("PRAGMA application_id").fetchone()[0]
+    except sqlite3.DatabaseError as error:
+        connection.close()
+        raise StoreError(f"{path}: not an SQLite database: {error}") from None
+    if marker != APPLICATION_ID:
+        connection.close()
+        raise StoreError(f"{path}: not initialised by faultlab (no marker); refusing to write")
+    connection.execute("PRAGMA synchronous=FULL")
+    return connection
+
+
+def query(path: Path, sql: str) -> list[tuple[Any, ...]]:
+    """Run one read-only query on a faultlab store and return its rows."""
+    connection = connect(path)
+    try:
+        connection.execute("PRAGMA query_only=ON")
+        return [tuple(row) for row in connection.execute(sql).fetchall()]
+    finally:
+        connection.close()
+

@@ -1,0 +1,227 @@
+"""The reference two-store outbox: the behaviour of SPEC.md, extended to many operations.
+
+Caller store ``caller.sqlite`` holds ``operations`` and ``outbox``; downstream
+store ``downstream.sqlite`` holds ``tickets`` and ``receipts``. Each worker
+writes one store at a time, inside ``BEGIN IMMEDIATE`` ... ``COMMIT``; no
+transaction spans both files. Mutants in the bug zoo subclass this and change
+one method, so every defect is a small, readable diff against this file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from faultlab import stores
+from faultlab.canonical import canonical_json
+from faultlab.stores import Snapshot
+from faultlab.system.contract import CrashPoint, Refusal, System, WorkerContext
+
+CALLER = "caller.sqlite"
+DOWNSTREAM = "downstream.sqlite"
+
+CALLER_SCHEMA = """
+CREATE TABLE operations (
+    id TEXT PRIMARY KEY, payload TEXT NOT NULL, state TEXT NOT NULL, result TEXT);
+CREATE TABLE outbox (
+    operation_id TEXT PRIMARY KEY REFERENCES operations(id), state TEXT NOT NULL)
+"""
+DOWNSTREAM_SCHEMA = """
+CREATE TABLE tickets (
+    id INTEGER PRIMARY KEY, operation_id TEXT NOT NULL, payload TEXT NOT NULL);
+CREATE TABLE receipts (
+    operation_id TEXT PRIMARY KEY, payload TEXT NOT NULL, result TEXT NOT NULL)
+"""
+
+EXIT_CONFLICT = 3
+EXIT_DOWNSTREAM_FAILURE = 4
+
+REFERENCE_POINTS = (
+    CrashPoint(
+        "during_accept", "accept",
+        "between the operation insert and the outbox insert, inside one transaction: "
+        "the transaction rolls back, so neither row exists; accepting again succeeds",
+    ),
+    CrashPoint(
+        "before_dispatch", "dispatch",
+        "after reading the pending entry, before any downstream call: no ticket; "
+        "the operation stays pending and a fresh dispatcher completes it with ticket 1",
+    ),
+    CrashPoint(
+        "after_downstream_commit", "dispatch",
+        "the service committed ticket and receipt, the caller has not recorded completion: "
+        "one ticket, operation pending; recovery replays the receipt, still one ticket",
+    ),
+    CrashPoint(
+        "during_completion", "dispatch",
+        "between the operation and outbox completion updates, inside one caller transaction: "
+        "both stay pending; recovery replays the receipt and completes both",
+    ),
+    CrashPoint(
+        "service_before_commit", "service",
+        "inside the downstream transaction, after the ticket and receipt inserts: "
+        "rolled back, no ticket; the dispatcher reports downstream_failure; recovery makes ticket 1",
+    ),
+    CrashPoint(
+        "service_after_commit", "service",
+        "downstream committed, the service dies before replying: one ticket and its receipt, "
+        "the dispatcher reports downstream_failure; recovery replays the receipt",
+    ),
+)
+
+
+class ReferenceOutbox(System):
+    """Transactional outbox + stable operation id + deduplicating receiver."""
+
+    name = "reference"
+    description = "the correct two-store outbox (SPEC.md), extended to many operations"
+    crash_points = REFERENCE_POINTS
+
+    # -- stores ------------------------------------------------------------------------------
+
+    def initialise(self, directory: Path) -> None:
+        stores.initialise(directory / CALLER, CALLER_SCHEMA)
+        stores.initialise(directory / DOWNSTREAM, DOWNSTREAM_SCHEMA)
+
+    def snapshot(self, directory: Path) -> Snapshot:
+        return Snapshot.from_rows({
+            "operations": stores.query(
+                directory / CALLER, "SELECT id, payload, state, result FROM operations"),
+            "outbox": stores.query(directory / CALLER, "SELECT operation_id, state FROM outbox"),
+            "tickets": stores.query(
+                directory / DOWNSTREAM, "SELECT id, operation_id, payload FROM tickets"),
+            "receipts": stores.query(
+                directory / DOWNSTREAM, "SELECT operation_id, payload, result FROM receipts"),
+        })
+
+    # -- caller ------------------------------------------------------------------------------
+
+    def accept(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        connection = context.connect(CALLER)
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            existing = connection.execute(
+                "SELECT payload, state FROM operations WHERE id = ?", (operation_id,)
+            ).fetchone()
+            if existing is not None:
+                connection.execute("ROLLBACK")
+                return self.accept_existing(operation_id, payload, existing[0], existing[1])
+            self.insert_operation(context, connection, operation_id, payload)
+            connection.execute("COMMIT")
+        finally:
+            connection.close()
+        return {"accepted": True, "operation_id": operation_id, "state": "pending"}
+
+    def accept_existing(
+        self, operation_id: str, payload: str, stored_payload: str, state: str
+    ) -> dict[str, Any]:
+        """The same id again: idempotent with the same payload, refused with another."""
+        if stored_payload != payload:
+            raise Refusal("payload_conflict", EXIT_CONFLICT, operation_id=operation_id)
+        return {
+            "accepted": True, "already_accepted": True, "operation_id": operation_id,
+            "state": state,
+        }
+
+    def insert_operation(
+        self, context: WorkerContext, connection: Any, operation_id: str, payload: str
+    ) -> None:
+        connection.execute(
+            "INSERT INTO operations (id, payload, state, result) VALUES (?, ?, 'pending', NULL)",
+            (operation_id, payload),
+        )
+        context.crash_point("during_accept")
+        connection.execute(
+            "INSERT INTO outbox (operation_id, state) VALUES (?, 'pending')", (operation_id,)
+        )
+
+    def next_pending(self, connection: Any) -> tuple[str, str] | None:
+        row = connection.execute(
+            "SELECT o.operation_id, op.payload FROM outbox o "
+            "JOIN operations op ON op.id = o.operation_id "
+            "WHERE o.state = 'pending' ORDER BY o.rowid LIMIT 1"
+        ).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    def dispatch(self, context: WorkerContext) -> dict[str, Any]:
+        connection = context.connect(CALLER)
+        try:
+            pending = self.next_pending(connection)
+        finally:
+            connection.close()
+        if pending is None:
+            return {"idle": True}
+        operation_id, payload = pending
+        context.crash_point("before_dispatch")
+        service = context.call_service(operation_id, payload)
+        service_summary = {"pid": service.pid, "exit_code": service.exit_code}
+        response = service.response or {}
+        if service.exit_code != 0 or "result" not in response:
+            self.on_downstream_failure(context, operation_id)
+            raise Refusal(
+                "downstream_failure", EXIT_DOWNSTREAM_FAILURE, operation_id=operation_id,
+                service=service_summary, downstream=response or None,
+            )
+        context.crash_point("after_downstream_commit")
+        result = canonical_json(response["result"])
+        self.complete(context, operation_id, result)
+        return {
+            "operation_id": operation_id, "result": response["result"],
+            "replayed": bool(response.get("replayed")), "service": service_summary,
+        }
+
+    def on_downstream_failure(self, context: WorkerContext, operation_id: str) -> None:
+        """A failed downstream call leaves the operation pending for the next dispatcher."""
+
+    def complete(self, context: WorkerContext, operation_id: str, result: str) -> None:
+        connection = context.connect(CALLER)
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            connection.execute(
+                "UPDATE operations SET state = 'complete', result = ? WHERE id = ?",
+                (result, operation_id),
+            )
+            context.crash_point("during_completion")
+            connection.execute(
+                "UPDATE outbox SET state = 'complete' WHERE operation_id = ?", (operation_id,)
+            )
+            connection.execute("COMMIT")
+        finally:
+            connection.close()
+
+    # -- downstream --------------------------------------------------------------------------
+
+    def service(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        connection = context.connect(DOWNSTREAM)
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            if context.deduplication:
+                receipt = connection.execute(
+                    "SELECT payload, result FROM receipts WHERE operation_id = ?", (operation_id,)
+                ).fetchone()
+                if receipt is not None:
+                    connection.execute("ROLLBACK")
+                    return self.replay_receipt(operation_id, payload, receipt[0], receipt[1])
+            ticket_id = connection.execute(
+                "INSERT INTO tickets (operation_id, payload) VALUES (?, ?)", (operation_id, payload)
+            ).lastrowid
+            result = {"ticket_id": ticket_id}
+            if context.deduplication:
+                connection.execute(
+                    "INSERT INTO receipts (operation_id, payload, result) VALUES (?, ?, ?)",
+                    (operation_id, payload, canonical_json(result)),
+                )
+            context.crash_point("service_before_commit")
+            connection.execute("COMMIT")
+        finally:
+            connection.close()
+        context.crash_point("service_after_commit")
+        return {"operation_id": operation_id, "result": result, "replayed": False}
+
+    def replay_receipt(
+        self, operation_id: str, payload: str, stored_payload: str, stored_result: str
+    ) -> dict[str, Any]:
+        if stored_payload != payload:
+            raise Refusal("payload_conflict", EXIT_CONFLICT, operation_id=operation_id)
+        return {"operation_id": operation_id, "result": json.loads(stored_result), "replayed": True}
