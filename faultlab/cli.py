@@ -187,8 +187,11 @@ def _explore_available() -> bool:
 def _suite_exploration(args: argparse.Namespace, system: Any, runner: Any) -> dict[str, Any]:
     from faultlab.explore import suite_exploration
 
-    return suite_exploration(system, runner, examples=args.examples, seed=args.seed,
-                             deadline=args.deadline, fmt=args.format)
+    result: dict[str, Any] = suite_exploration(
+        system, runner, examples=args.examples, seed=args.seed, deadline=args.deadline,
+        fmt=args.format,
+    )
+    return result
 
 
 # --- worker ------------------------------------------------------------------------------------
@@ -244,7 +247,7 @@ def cmd_systems(args: argparse.Namespace) -> int:
     rows = []
     for name in builtin_names():
         system = load_system(name)
-        rows.append([name, len(system.crash_points), system.description])
+        rows.append([name, str(len(system.crash_points)), system.description])
     print(report.table(rows, ["system", "crash points", "description"], args.format))
     return EXIT_OK
 
@@ -318,10 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _extensions() -> list[Callable[[Any], None]]:
     """Commands defined beside their machinery (explore, replay, enumerate, mutants)."""
     registrars = []
-    for module_name in ("faultlab.explore_cli",):
+    for module_name in ("faultlab.explore_cli", "faultlab.enumerate_cli", "faultlab.mutants_cli"):
         try:
             module = __import__(module_name, fromlist=["register"])
-        except ImportError:
+        except ModuleNotFoundError as error:
+            if error.name != module_name:
+                raise
             continue
         registrars.append(module.register)
     return registrars

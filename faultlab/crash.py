@@ -105,6 +105,7 @@ def arm_statement_point(name: str) -> None:
 
     def traced_connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
         kwargs.setdefault("factory", _TracedConnection)
-        return original(*args, **kwargs)
+        connection: sqlite3.Connection = original(*args, **kwargs)
+        return connection
 
     sqlite3.connect = traced_connect  # type: ignore[assignment]

@@ -163,11 +163,11 @@ def check_done(c: Check) -> list[str]:
     response = c.record.response or {}
     if c.action == "dispatch" and "result" in response and c.record.exit_code == 0:
         operation_id = response.get("operation_id")
-        operation = c.after.operation(str(operation_id))
-        if operation is not None and _result(operation.result) != response["result"]:
+        answered = c.after.operation(str(operation_id))
+        if answered is not None and _result(answered.result) != response["result"]:
             found.append(
                 f"dispatcher answered {json.dumps(response['result'])} for {operation_id} but "
-                f"the caller stored {operation.result}"
+                f"the caller stored {answered.result}"
             )
     return found
 

@@ -110,7 +110,8 @@ def _judge_dispatcher(scenario: Scenario, execution: Execution) -> Outcome:
                   f"before recovery the outbox row is {outbox}, not pending")
     tickets_before, tickets_after = _ticket_count(crashed), _ticket_count(recovery)
     checks.expect(tickets_before == expected["tickets_before"],
-                  f"{tickets_before} tickets before recovery, expected {expected['tickets_before']}")
+                  f"{tickets_before} tickets before recovery, "
+                  f"expected {expected['tickets_before']}")
     checks.expect(tickets_after == expected["tickets_after"],
                   f"{tickets_after} tickets after recovery, expected {expected['tickets_after']}")
     operation = after.operation(OPERATION_ID)
@@ -175,7 +176,8 @@ def _judge_acceptance(scenario: Scenario, execution: Execution) -> Outcome:
                   f"crashed acceptor exited {crashed.record.exit_code}, not -9")
     checks.expect(not before.operations, f"partial acceptance left {before.operations}")
     checks.expect(not before.outbox, f"partial acceptance left {before.outbox}")
-    checks.expect(accept.record.exit_code == 0 and (accept.record.response or {}).get("accepted"),
+    checks.expect(accept.record.exit_code == 0
+                  and bool((accept.record.response or {}).get("accepted")),
                   f"accepting again answered {accept.record.response}")
     after = dispatch.snapshot
     operation = after.operation(OPERATION_ID)

@@ -21,7 +21,7 @@ from typing import Any
 
 from faultlab import crash
 from faultlab.canonical import canonical_json
-from faultlab.errors import UsageError
+from faultlab.errors import ExecutionError, UsageError
 from faultlab.invariants import Check, Model, Violation, check_live, check_step
 from faultlab.process import DEFAULT_DEADLINE, ProcessRecord, Spawner, WorkerSpec
 from faultlab.stores import Snapshot
@@ -30,6 +30,7 @@ from faultlab.system.contract import System
 TRACE_FORMAT = "faultlab-trace"
 TRACE_VERSION = 1
 ACTIONS = ("accept", "dispatch", "service")
+EXIT_USAGE = 2
 
 
 @dataclass(frozen=True)
@@ -312,13 +313,14 @@ class Executor:
             deadline=self.deadline,
         )
         record = self.system.run_step(spec, self.spawner)
+        where = f"step {len(self.observations) + 1} {step.describe()}: worker pid {record.pid}"
         if record.timed_out:
-            from faultlab.errors import ExecutionError
-
             raise ExecutionError(
-                f"step {len(self.observations) + 1} {step.describe()}: worker pid {record.pid} "
-                f"missed its {self.deadline:g}s deadline and was killed"
+                f"{where} missed its {self.deadline:g}s deadline and was killed"
             )
+        if record.exit_code == EXIT_USAGE:
+            last = (record.stderr.strip().splitlines() or ["no message"])[-1]
+            raise ExecutionError(f"{where} refused its input (exit 2): {last}")
         before = self.snapshot
         after = self.system.snapshot(self.directory)
         self.model.observe(step.action, spec.operation_id, payload, record)

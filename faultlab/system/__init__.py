@@ -81,7 +81,8 @@ def _load_python_system(ref: str) -> System:
             f"system {ref!r}: {type(target).__name__} is not a faultlab.system.System "
             "(subclass it and implement initialise, accept, dispatch, service, snapshot)"
         )
-    missing = [p.name for p in target.crash_points if p.role not in ("accept", "dispatch", "service")]
+    roles = ("accept", "dispatch", "service")
+    missing = [p.name for p in target.crash_points if p.role not in roles]
     if missing:
         raise UsageError(f"system {ref!r}: crash points with an unknown role: {', '.join(missing)}")
     if not target.name:

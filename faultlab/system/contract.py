@@ -107,7 +107,9 @@ class System(ABC):
 
     def points_for(self, action: str) -> tuple[CrashPoint, ...]:
         """Crash points a step of this action may arm (a dispatch also arms its service)."""
-        roles = {"accept": ("accept",), "dispatch": ("dispatch", "service"), "service": ("service",)}
+        roles = {
+            "accept": ("accept",), "dispatch": ("dispatch", "service"), "service": ("service",)
+        }
         return tuple(p for p in self.crash_points if p.role in roles.get(action, ()))
 
     def run_step(self, spec: WorkerSpec, spawner: Spawner) -> ProcessRecord:

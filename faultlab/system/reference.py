@@ -61,7 +61,8 @@ REFERENCE_POINTS = (
     CrashPoint(
         "service_before_commit", "service",
         "inside the downstream transaction, after the ticket and receipt inserts: "
-        "rolled back, no ticket; the dispatcher reports downstream_failure; recovery makes ticket 1",
+        "rolled back, no ticket; the dispatcher reports downstream_failure; "
+        "recovery makes ticket 1",
     ),
     CrashPoint(
         "service_after_commit", "service",
