@@ -72,6 +72,7 @@ class StatementCounter:
 
 
 _counter: StatementCounter | None = None
+_unpatched_connect = sqlite3.connect
 
 
 class _TracedConnection(sqlite3.Connection):
@@ -92,6 +93,18 @@ class _TracedConnection(sqlite3.Connection):
         super().commit()
         if _counter is not None:
             _counter.after_statement()
+
+
+def disarm() -> None:
+    """Forget any statement point armed in this process (a forked child starts clean).
+
+    A fork-mode dispatcher forks its service child; without this the child would
+    inherit the dispatcher's armed counter and crash where an exec-mode service,
+    a fresh interpreter, never would.
+    """
+    global _counter
+    _counter = None
+    sqlite3.connect = _unpatched_connect
 
 
 def arm_statement_point(name: str) -> None:

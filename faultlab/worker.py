@@ -63,6 +63,7 @@ def emit(response: dict[str, Any]) -> None:
 def run_worker(spec: WorkerSpec) -> int:
     """Run the role; return the exit status (0, a refusal's status, or 2 for bad input)."""
     system = load_system(spec.system)
+    crash.disarm()  # a forked service must not inherit its dispatcher's statement point
     if spec.crash is not None and crash.is_statement_point(spec.crash):
         crash.arm_statement_point(spec.crash)
     context = Context(spec, system)
