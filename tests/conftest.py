@@ -1,0 +1,46 @@
+"""Shared fixtures: one fork-mode and one exec-mode spawner per session, the reference system.
+
+Works both when tox installed the package and with ``PYTHONPATH=. pytest`` (or
+plain ``pytest`` from the repository root): if :mod:`faultlab` is not importable
+the source tree is put on ``sys.path``. The tests directory is always on
+``sys.path`` so ``systems_for_tests:...`` system references resolve, in this
+process, in the fork server (which copies ``sys.path``) and in exec-mode
+workers (which get it as ``PYTHONPATH``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+if importlib.util.find_spec("faultlab") is None:  # pragma: no cover - uninstalled checkout
+    sys.path.insert(0, str(ROOT))
+
+from faultlab.process import Spawner, spawner  # noqa: E402
+from faultlab.system import System, load_system  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def fork_spawner() -> Iterator[Spawner]:
+    with spawner("fork") as runner:
+        yield runner
+
+
+@pytest.fixture(scope="session")
+def exec_spawner() -> Iterator[Spawner]:
+    with spawner("exec") as runner:
+        yield runner
+
+
+@pytest.fixture(scope="session")
+def reference() -> System:
+    return load_system("reference")

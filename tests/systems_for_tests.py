@@ -1,0 +1,61 @@
+"""Systems that exist only for the tests: named as ``systems_for_tests:ClassName``.
+
+Each is the reference outbox with one change, so a test can show that a check
+fails (or a deadline fires) for a reason the test controls.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from faultlab.system.contract import WorkerContext
+from faultlab.system.reference import ReferenceOutbox
+
+
+class HangingOutbox(ReferenceOutbox):
+    """accept never returns: the worker must be killed at its deadline."""
+
+    name = "hanging"
+
+    def accept(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        time.sleep(3600)
+        raise AssertionError("unreachable: the deadline kills this worker")
+
+
+class HangingFamilyOutbox(ReferenceOutbox):
+    """accept forks a grandchild, says both PIDs, then both hang.
+
+    The deadline must kill the worker's whole process group, grandchild included.
+    """
+
+    name = "hanging-family"
+
+    def accept(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        child = os.fork()
+        if child == 0:
+            while True:
+                time.sleep(3600)
+        context.acknowledge({"worker": os.getpid(), "grandchild": child})
+        time.sleep(3600)
+        raise AssertionError("unreachable: the deadline kills this worker")
+
+
+class ForgetfulOutbox(ReferenceOutbox):
+    """The receiver never consults its receipts: every delivery makes a new ticket."""
+
+    name = "forgetful"
+
+    def service(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        connection = context.connect("downstream.sqlite")
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            ticket_id = connection.execute(
+                "INSERT INTO tickets (operation_id, payload) VALUES (?, ?)",
+                (operation_id, payload),
+            ).lastrowid
+            connection.execute("COMMIT")
+        finally:
+            connection.close()
+        return {"operation_id": operation_id, "result": {"ticket_id": ticket_id}, "replayed": False}
