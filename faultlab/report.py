@@ -131,3 +131,10 @@ def violation_lines(execution: Execution) -> list[str]:
         lines += [f"  step {observation.index}: {v}" for v in observation.violations]
     lines += [f"  final: {v}" for v in execution.final_violations]
     return lines
+
+
+def invariant_coverage(hits: Any) -> list[list[Any]]:
+    """Rows: invariant, how often it had something to check, what it means."""
+    from faultlab.invariants import INVARIANTS
+
+    return [[name, hits.get(name, 0), meaning] for name, meaning in INVARIANTS.items()]

@@ -161,12 +161,15 @@ def connect(path: Path) -> sqlite3.Connection:
     return connection
 
 
-def query(path: Path, sql: str) -> list[tuple[Any, ...]]:
-    """Run one read-only query on a faultlab store and return its rows."""
+def query(path: Path, queries: dict[str, str]) -> dict[str, list[tuple[Any, ...]]]:
+    """Run read-only queries on one faultlab store (one connection) and return their rows."""
     connection = connect(path)
     try:
         connection.execute("PRAGMA query_only=ON")
-        return [tuple(row) for row in connection.execute(sql).fetchall()]
+        return {
+            name: [tuple(row) for row in connection.execute(sql).fetchall()]
+            for name, sql in queries.items()
+        }
     finally:
         connection.close()
 

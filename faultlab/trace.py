@@ -106,32 +106,50 @@ class Observation:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The first step at which invariants failed (and which), or clean."""
+    """Which invariants failed first, and where: at a step, or in the final recovery check.
+
+    A final (``LIVE``) verdict carries no step number: recovery may take a different
+    number of dispatches on replay, and what matters is that it did not converge.
+    """
 
     step: int | None = None
     invariants: tuple[str, ...] = ()
 
+    @classmethod
+    def of(cls, step: int | None, violations: Iterable[Violation]) -> Verdict:
+        return cls(step, tuple(dict.fromkeys(v.invariant for v in violations)))
+
     @property
     def clean(self) -> bool:
-        return self.step is None
+        return not self.invariants
+
+    @property
+    def final(self) -> bool:
+        return not self.clean and self.step is None
 
     def to_json(self) -> dict[str, Any]:
         if self.clean:
             return {"clean": True}
-        return {"clean": False, "step": self.step, "invariants": list(self.invariants)}
+        where: dict[str, Any] = {"final": True} if self.final else {"step": self.step}
+        return {"clean": False, **where, "invariants": list(self.invariants)}
 
     @classmethod
     def from_json(cls, data: Any) -> Verdict:
-        if not isinstance(data, dict) or "clean" not in data:
-            raise UsageError("trace 'expected' must be an object with 'clean'")
+        if not isinstance(data, dict) or not isinstance(data.get("clean"), bool):
+            raise UsageError("trace 'expected' must be an object with a boolean 'clean'")
         if data["clean"]:
             return cls()
-        return cls(int(data["step"]), tuple(str(i) for i in data.get("invariants", ())))
+        invariants = tuple(str(i) for i in data.get("invariants", ()))
+        if not invariants:
+            raise UsageError("trace 'expected' is not clean but names no invariant")
+        step = None if data.get("final") else int(data["step"])
+        return cls(step, invariants)
 
     def describe(self) -> str:
         if self.clean:
             return "clean"
-        return f"{'+'.join(self.invariants)} at step {self.step}"
+        where = "after recovery" if self.final else f"at step {self.step}"
+        return f"{'+'.join(self.invariants)} {where}"
 
 
 @dataclass
@@ -339,15 +357,21 @@ class Executor:
         return observation
 
     def settle(self) -> tuple[list[Observation], list[Violation]]:
-        """Recover to quiescence (dispatch while work is pending, bounded), then check LIVE."""
-        bound = len(self.snapshot.pending_outbox()) + 2
+        """Recover to quiescence, then check LIVE.
+
+        Dispatch while outbox work is pending; stop early when a dispatch changes
+        neither store (recovery is stuck: another attempt would do the same).
+        """
+        bound = 2 * len(self.snapshot.pending_outbox()) + 2
         observations: list[Observation] = []
         while self.snapshot.pending_outbox() and len(observations) < bound:
             observation = self.run(Step("dispatch"), phase="settle")
             observations.append(observation)
             if observation.violations:
                 return observations, []
-        stuck = bound if self.snapshot.pending_outbox() else None
+            if observation.snapshot == observation.before:
+                break
+        stuck = len(observations) if self.snapshot.pending_outbox() else None
         return observations, check_live(self.snapshot, still_pending_after=stuck)
 
 
@@ -362,12 +386,8 @@ class Execution:
     def verdict(self) -> Verdict:
         for observation in self.observations:
             if observation.violations:
-                names = dict.fromkeys(v.invariant for v in observation.violations)
-                return Verdict(observation.index, tuple(names))
-        if self.final_violations:
-            names = dict.fromkeys(v.invariant for v in self.final_violations)
-            return Verdict(len(self.observations) + 1, tuple(names))
-        return Verdict()
+                return Verdict.of(observation.index, observation.violations)
+        return Verdict.of(None, self.final_violations)
 
     @property
     def violations(self) -> list[Violation]:

@@ -87,13 +87,14 @@ class ReferenceOutbox(System):
 
     def snapshot(self, directory: Path) -> Snapshot:
         return Snapshot.from_rows({
-            "operations": stores.query(
-                directory / CALLER, "SELECT id, payload, state, result FROM operations"),
-            "outbox": stores.query(directory / CALLER, "SELECT operation_id, state FROM outbox"),
-            "tickets": stores.query(
-                directory / DOWNSTREAM, "SELECT id, operation_id, payload FROM tickets"),
-            "receipts": stores.query(
-                directory / DOWNSTREAM, "SELECT operation_id, payload, result FROM receipts"),
+            **stores.query(directory / CALLER, {
+                "operations": "SELECT id, payload, state, result FROM operations",
+                "outbox": "SELECT operation_id, state FROM outbox",
+            }),
+            **stores.query(directory / DOWNSTREAM, {
+                "tickets": "SELECT id, operation_id, payload FROM tickets",
+                "receipts": "SELECT operation_id, payload, result FROM receipts",
+            }),
         })
 
     # -- caller ------------------------------------------------------------------------------
@@ -155,7 +156,8 @@ class ReferenceOutbox(System):
             return {"idle": True}
         operation_id, payload = pending
         context.crash_point("before_dispatch")
-        service = context.call_service(operation_id, payload)
+        key, sent = self.downstream_request(context, operation_id, payload)
+        service = context.call_service(key, sent)
         service_summary = {"pid": service.pid, "exit_code": service.exit_code}
         response = service.response or {}
         if service.exit_code != 0 or "result" not in response:
@@ -171,6 +173,12 @@ class ReferenceOutbox(System):
             "operation_id": operation_id, "result": response["result"],
             "replayed": bool(response.get("replayed")), "service": service_summary,
         }
+
+    def downstream_request(
+        self, context: WorkerContext, operation_id: str, payload: str
+    ) -> tuple[str, str]:
+        """What goes downstream: the operation id as idempotency key, the stored payload bytes."""
+        return operation_id, payload
 
     def on_downstream_failure(self, context: WorkerContext, operation_id: str) -> None:
         """A failed downstream call leaves the operation pending for the next dispatcher."""
@@ -204,21 +212,28 @@ class ReferenceOutbox(System):
                 if receipt is not None:
                     connection.execute("ROLLBACK")
                     return self.replay_receipt(operation_id, payload, receipt[0], receipt[1])
-            ticket_id = connection.execute(
-                "INSERT INTO tickets (operation_id, payload) VALUES (?, ?)", (operation_id, payload)
-            ).lastrowid
-            result = {"ticket_id": ticket_id}
-            if context.deduplication:
-                connection.execute(
-                    "INSERT INTO receipts (operation_id, payload, result) VALUES (?, ?, ?)",
-                    (operation_id, payload, canonical_json(result)),
-                )
-            context.crash_point("service_before_commit")
-            connection.execute("COMMIT")
+            result = self.record_ticket(context, connection, operation_id, payload)
         finally:
             connection.close()
         context.crash_point("service_after_commit")
         return {"operation_id": operation_id, "result": result, "replayed": False}
+
+    def record_ticket(
+        self, context: WorkerContext, connection: Any, operation_id: str, payload: str
+    ) -> dict[str, Any]:
+        """Insert the ticket and its receipt and commit them together (transaction open)."""
+        ticket_id = connection.execute(
+            "INSERT INTO tickets (operation_id, payload) VALUES (?, ?)", (operation_id, payload)
+        ).lastrowid
+        result = {"ticket_id": ticket_id}
+        if context.deduplication:
+            connection.execute(
+                "INSERT INTO receipts (operation_id, payload, result) VALUES (?, ?, ?)",
+                (operation_id, payload, canonical_json(result)),
+            )
+        context.crash_point("service_before_commit")
+        connection.execute("COMMIT")
+        return result
 
     def replay_receipt(
         self, operation_id: str, payload: str, stored_payload: str, stored_result: str

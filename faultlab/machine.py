@@ -1,0 +1,327 @@
+"""The Hypothesis state machine that generates traces.
+
+Every rule is one :class:`faultlab.trace.Step`, executed as a real process by
+the same :class:`faultlab.trace.Executor` that runs scenarios and replays;
+the executor checks every invariant after the step and the rule raises
+:class:`InvariantFailure` when one fails. Teardown recovers to quiescence and
+checks ``LIVE``. Hypothesis then shrinks the failing example, and the last
+example it runs (the minimal one) is what :class:`Recorder` keeps.
+
+Use it from your own pytest suite::
+
+    from faultlab.machine import outbox_machine
+    TestMyOutbox = outbox_machine("mypkg.outbox:SYSTEM").TestCase
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from hypothesis import HealthCheck, Verbosity, event, settings, target
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, multiple, precondition, rule
+
+from faultlab.invariants import STEP_CHECKS, Check, Violation, vacuous
+from faultlab.process import DEFAULT_DEADLINE, Spawner
+from faultlab.system import load_system
+from faultlab.trace import Executor, Observation, Step, Verdict
+
+STATEMENT_POINTS = ("sql:1", "sql:2", "sql:3", "sql:4", "sql:5", "sql:6", "commit:1")
+
+PAYLOADS = st.fixed_dictionaries(
+    {"title": st.sampled_from(["backlog", "invoice", "report"])},
+    optional={
+        "priority": st.sampled_from(["low", "normal", "urgent"]),
+        "count": st.integers(min_value=0, max_value=3),
+    },
+)
+
+
+def changed(payload: dict[str, Any]) -> dict[str, Any]:
+    """A payload that differs from ``payload`` (a retry that changed the request)."""
+    return {**payload, "revision": int(payload.get("revision", 0)) + 1}
+
+
+class InvariantFailure(Exception):
+    """An invariant failed after a step (or in the final recovery)."""
+
+    def __init__(self, step: int | None, violations: list[Violation]) -> None:
+        where = f"after step {step}" if step is not None else "after recovery"
+        super().__init__(f"{where}: " + "; ".join(str(v) for v in violations))
+        self.step = step
+        self.violations = violations
+
+
+@dataclass
+class Recorder:
+    """Counts what exploration did, and keeps the last example's executed steps."""
+
+    progress: Callable[[Recorder], None] | None = None
+    examples: int = 0
+    steps: int = 0
+    processes: int = 0
+    sigkills: int = 0
+    checks: int = 0
+    crash_hits: Counter[str] = field(default_factory=Counter)
+    crash_armed: Counter[str] = field(default_factory=Counter)
+    invariant_hits: Counter[str] = field(default_factory=Counter)
+    last_steps: list[Step] = field(default_factory=list)
+    last_verdict: Verdict = field(default_factory=Verdict)
+    last_violations: list[Violation] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    _last_progress: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+    def observe(self, observation: Observation, check: Check) -> None:
+        self.steps += 1
+        self.processes += 1 + (1 if (observation.record.response or {}).get("service") else 0)
+        service = (observation.record.response or {}).get("service") or {}
+        self.sigkills += int(observation.record.killed) + int(service.get("exit_code") == -9)
+        self.checks += len(STEP_CHECKS)
+        for name in STEP_CHECKS:
+            if not vacuous(name, check):
+                self.invariant_hits[name] += 1
+        point = observation.step.crash
+        if point is not None:
+            self.crash_armed[point] += 1
+            if observation.crashed:
+                self.crash_hits[point] += 1
+                event(f"crash point fired: {point}")
+        now = time.monotonic()
+        if self.progress is not None and now - self._last_progress >= 1.0:
+            self._last_progress = now
+            self.progress(self)
+
+    def finish(self, steps: list[Step], verdict: Verdict, violations: list[Violation]) -> None:
+        self.examples += 1
+        self.last_steps = steps
+        self.last_verdict = verdict
+        self.last_violations = violations
+
+
+class OutboxMachine(RuleBasedStateMachine):
+    """Base class: :func:`outbox_machine` adds rules drawn from a system's crash points."""
+
+    system_ref: ClassVar[str] = "reference"
+    deduplication: ClassVar[bool] = True
+    deadline: ClassVar[float] = DEFAULT_DEADLINE
+    spawner: ClassVar[Spawner | None] = None
+    recorder: ClassVar[Recorder]
+    operations_bundle: ClassVar[Bundle[str]] = Bundle("operations")
+
+    def __init__(self) -> None:
+        super().__init__()
+        cls = type(self)
+        if cls.spawner is None:
+            cls.spawner = _shared_spawner()
+        self.system = load_system(cls.system_ref)
+        self.executor = Executor(
+            self.system, cls.spawner, deduplication=cls.deduplication, deadline=cls.deadline
+        )
+        self.executor.__enter__()
+        self.payloads: dict[str, dict[str, Any]] = {}
+        self.failure: InvariantFailure | None = None
+        self.fired: set[str] = set()
+        self.unacknowledged: list[str] = []
+
+    def execute(self, step: Step) -> Observation:
+        observation = self.executor.run(step)
+        self._observed(observation)
+        if observation.violations:
+            self.failure = InvariantFailure(observation.index, list(observation.violations))
+            raise self.failure
+        return observation
+
+    def _observed(self, observation: Observation) -> None:
+        payload = None
+        if observation.step.action != "dispatch":
+            from faultlab.canonical import canonical_json
+
+            payload = canonical_json(observation.step.payload)
+        check = Check(
+            model=self.executor.model, before=observation.before, after=observation.snapshot,
+            action=observation.step.action, operation_id=observation.step.operation_id,
+            payload=payload, record=observation.record, deduplication=self.executor.deduplication,
+        )
+        self.recorder.observe(observation, check)
+        if observation.crashed and observation.step.crash is not None:
+            self.fired.add(observation.step.crash)
+
+    def accepted(self, observation: Observation) -> Any:
+        """Put an acknowledged operation into the bundle; remember an unacknowledged one."""
+        operation_id = observation.step.operation_id or ""
+        acknowledged = operation_id in self.executor.model.acknowledged
+        if operation_id in self.unacknowledged:
+            self.unacknowledged.remove(operation_id)
+        if acknowledged:
+            return operation_id
+        self.unacknowledged.append(operation_id)
+        return multiple()
+
+    def accept_new(self, payload: dict[str, Any], crash: str | None) -> Any:
+        operation_id = f"op-{len(self.payloads) + 1}"
+        self.payloads[operation_id] = payload
+        return self.accepted(self.execute(Step("accept", operation_id, payload, crash)))
+
+    def is_complete(self, operation_id: str) -> bool:
+        operation = self.executor.snapshot.operation(operation_id)
+        return operation is not None and operation.state == "complete"
+
+    def teardown(self) -> None:
+        found: InvariantFailure | None = None
+        try:
+            if self.failure is None:
+                observations, final = self.executor.settle()
+                for observation in observations:
+                    self._observed(observation)
+                failed = next((o for o in observations if o.violations), None)
+                if failed is not None:
+                    found = InvariantFailure(failed.index, list(failed.violations))
+                elif final:
+                    found = InvariantFailure(None, final)
+                self.failure = found
+        finally:
+            self.executor.close()
+            target(float(len(self.fired)), label="distinct crash points fired")
+            verdict, violations = Verdict(), []
+            if self.failure is not None:
+                violations = self.failure.violations
+                verdict = Verdict.of(self.failure.step, violations)
+            self.recorder.finish(self.executor.steps, verdict, violations)
+        if found is not None:
+            raise found
+
+
+_spawner_singleton: Spawner | None = None
+
+
+def _shared_spawner() -> Spawner:
+    """One fork server for machines used from a user's pytest run; closed at exit."""
+    global _spawner_singleton
+    if _spawner_singleton is None:
+        import atexit
+
+        _spawner_singleton = Spawner("fork")
+        atexit.register(_spawner_singleton.close)
+    return _spawner_singleton
+
+
+def machine_settings(examples: int = 50, steps: int = 10) -> settings:
+    """Settings for slow real steps: no deadline, no too-slow health check, no database."""
+    return settings(
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        database=None,
+        report_multiple_bugs=False,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                               HealthCheck.data_too_large],
+        verbosity=Verbosity.normal,
+    )
+
+
+def _rule_name(prefix: str, point: str) -> str:
+    return f"{prefix}_{''.join(c if c.isalnum() else '_' for c in point)}"
+
+
+def _accept_crash_rule(point: str) -> Any:
+    @rule(target=OutboxMachine.operations_bundle, payload=PAYLOADS)
+    def accept_crashing(self: OutboxMachine, payload: dict[str, Any]) -> Any:
+        return self.accept_new(payload, point)
+
+    accept_crashing.__name__ = _rule_name("accept_crash", point)
+    return accept_crashing
+
+
+def _dispatch_crash_rule(point: str) -> Any:
+    @rule()
+    def dispatch_crashing(self: OutboxMachine) -> None:
+        self.execute(Step("dispatch", crash=point))
+
+    dispatch_crashing.__name__ = _rule_name("dispatch_crash", point)
+    return dispatch_crashing
+
+
+def outbox_machine(
+    system_ref: str = "reference",
+    *,
+    deduplication: bool = True,
+    spawner: Spawner | None = None,
+    deadline: float = DEFAULT_DEADLINE,
+    examples: int = 50,
+    steps: int = 10,
+    recorder: Recorder | None = None,
+    statement_crashes: bool = True,
+) -> type[OutboxMachine]:
+    """Build the state machine for one system; its ``TestCase`` runs under pytest/unittest."""
+    system = load_system(system_ref)
+    if not deduplication and not system.supports_no_deduplication:
+        from faultlab.errors import UsageError
+
+        raise UsageError(f"system {system_ref!r} cannot switch deduplication off")
+    accept_points = [p.name for p in system.points_for("accept")]
+    dispatch_points = [p.name for p in system.points_for("dispatch")]
+
+    class Machine(OutboxMachine):  # noqa: D101
+        """Each named crash point gets a rule of its own (added below), so rule selection,
+        which Hypothesis spreads evenly, gives every point a fair share."""
+
+        operations = OutboxMachine.operations_bundle
+
+        @rule(target=operations, payload=PAYLOADS)
+        def accept(self, payload: dict[str, Any]) -> Any:
+            return self.accept_new(payload, None)
+
+        @precondition(lambda self: bool(self.unacknowledged))
+        @rule(target=operations)
+        def retry_accept(self) -> Any:
+            """The caller retries an accept that was never acknowledged (same id and payload)."""
+            operation_id = self.unacknowledged[0]
+            payload = self.payloads[operation_id]
+            return self.accepted(self.execute(Step("accept", operation_id, payload)))
+
+        @rule(operation=operations, change=st.booleans())
+        def accept_again(self, operation: str, change: bool) -> None:
+            payload = self.payloads[operation]
+            self.execute(Step("accept", operation, changed(payload) if change else payload))
+
+        @rule()
+        def recover(self) -> None:
+            self.execute(Step("dispatch"))
+
+        @rule(operation=operations, change=st.booleans())
+        def service(self, operation: str, change: bool) -> None:
+            payload = self.payloads[operation]
+            if change and self.is_complete(operation):
+                payload = changed(payload)  # the seed's conflict case: a changed retry
+            self.execute(Step("service", operation, payload))
+
+        @precondition(lambda self: statement_crashes)
+        @rule(target=operations, payload=PAYLOADS, crash=st.sampled_from(STATEMENT_POINTS))
+        def accept_statement_crash(self, payload: dict[str, Any], crash: str) -> Any:
+            return self.accept_new(payload, crash)
+
+        @precondition(lambda self: statement_crashes)
+        @rule(crash=st.sampled_from(STATEMENT_POINTS))
+        def dispatch_statement_crash(self, crash: str) -> None:
+            self.execute(Step("dispatch", crash=crash))
+
+    for point in accept_points:
+        setattr(Machine, _rule_name("accept_crash", point), _accept_crash_rule(point))
+    for point in dispatch_points:
+        setattr(Machine, _rule_name("dispatch_crash", point), _dispatch_crash_rule(point))
+    Machine.__name__ = Machine.__qualname__ = f"OutboxMachine_{system.name}".replace("-", "_")
+    Machine.system_ref = system.ref
+    Machine.deduplication = deduplication
+    Machine.deadline = deadline
+    Machine.spawner = spawner
+    Machine.recorder = recorder if recorder is not None else Recorder()
+    Machine.TestCase.settings = machine_settings(examples, steps)
+    return Machine
