@@ -29,8 +29,10 @@ def finding_name(trace: Trace) -> str:
     digest = hashlib.sha256(
         f"{trace.system}|{trace.deduplication}|{steps}".encode()
     ).hexdigest()[:10]
-    invariant = trace.expected.invariants[0] if trace.expected and trace.expected.invariants else "clean"
-    system = "".join(c if c.isalnum() or c in "-_" else "_" for c in trace.system.rsplit("/", 1)[-1])
+    expected = trace.expected
+    invariant = expected.invariants[0] if expected and expected.invariants else "clean"
+    base = trace.system.rsplit("/", 1)[-1]
+    system = "".join(c if c.isalnum() or c in "-_" else "_" for c in base)
     suffix = "" if trace.deduplication else "-nodedup"
     return f"{system}{suffix}-{invariant}-{digest}.json"
 

@@ -133,7 +133,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     traces = [Trace.load(path) for path in args.traces]
     against = _load_system(args.against) if args.against else None
     plans = []
-    for path, trace in zip(args.traces, traces):
+    for path, trace in zip(args.traces, traces, strict=True):
         system = against if against is not None else _load_system(trace.system)
         if not trace.deduplication and not system.supports_no_deduplication:
             raise UsageError(f"{path}: system {system.ref!r} cannot switch deduplication off")
