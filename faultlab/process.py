@@ -32,6 +32,9 @@ SpawnMode = Literal["fork", "exec"]
 SPAWN_MODES: tuple[SpawnMode, ...] = ("fork", "exec")
 DEFAULT_DEADLINE = 15.0
 _MAX_OUTPUT = 1 << 20
+#: After a deadline kill, how long to wait for the pipes to close. A process that left the
+#: worker's group can hold them open forever; faultlab must not wait for it.
+_KILL_GRACE = 2.0
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,8 @@ def _collect(pid: int, fds: dict[int, str], deadline: float, group: bool) -> tup
             if remaining <= 0 and not timed_out:
                 timed_out = True
                 _kill(pid, group)
+            if timed_out and remaining <= -_KILL_GRACE:
+                break  # something outside the killed group still holds the pipes
             for key, _ in selector.select(timeout=max(remaining, 0.05) if not timed_out else 1):
                 fd = int(key.fd)
                 data = os.read(fd, 65536)
