@@ -59,3 +59,24 @@ class ForgetfulOutbox(ReferenceOutbox):
         finally:
             connection.close()
         return {"operation_id": operation_id, "result": {"ticket_id": ticket_id}, "replayed": False}
+
+
+class EscapingOutbox(ReferenceOutbox):
+    """accept starts a grandchild that leaves the worker's process group (setsid) while
+    still holding the worker's stdout and stderr, says its PID, then hangs.
+
+    The deadline cannot kill the escapee (it is no longer in the group), but it must
+    still bound how long faultlab waits for the worker's output.
+    """
+
+    name = "escaping"
+
+    def accept(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        child = os.fork()
+        if child == 0:
+            os.setsid()
+            while True:
+                time.sleep(3600)
+        context.acknowledge({"worker": os.getpid(), "escaped": child})
+        time.sleep(3600)
+        raise AssertionError("unreachable: the deadline kills this worker")

@@ -1,0 +1,243 @@
+"""Process hygiene: no child, zombie, descriptor or temporary directory outlives a run;
+a worker that hangs is killed at its deadline, with its whole process group."""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from faultlab.cli import main
+from faultlab.errors import ExecutionError
+from faultlab.process import ProcessRecord, Spawner, WorkerSpec, parse_response
+from faultlab.system import System, load_system
+from faultlab.trace import Step, execute
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+
+PAYLOAD = {"title": "hang"}
+
+
+def processes() -> dict[int, tuple[str, int, int]]:
+    """Every visible process: pid -> (state, ppid, process group)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # exited while we looked
+        fields = stat.rsplit(")", 1)[1].split()
+        found[int(entry)] = (fields[0], int(fields[1]), int(fields[2]))
+    return found
+
+
+def descendants(root: int) -> dict[int, str]:
+    """Every process below root (pid -> state), zombies included."""
+    table = processes()
+    found: dict[int, str] = {}
+    frontier = [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (state, ppid, _) in table.items():
+            if ppid == parent and pid not in found:
+                found[pid] = state
+                frontier.append(pid)
+    return found
+
+
+def in_group(pgid: int) -> dict[int, str]:
+    return {pid: state for pid, (state, _, group) in processes().items() if group == pgid}
+
+
+def alive(pid: int) -> bool:
+    """Running or sleeping (a zombie has already died)."""
+    info = processes().get(pid)
+    return info is not None and info[0] != "Z"
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def wait_until(condition: Callable[[], bool], seconds: float = 5.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+@pytest.fixture
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    """Point every temporary directory (here and in children) at an empty private one,
+    and record the ones faultlab makes, so a concurrent run elsewhere cannot interfere."""
+    directory = tmp_path / "tmp"
+    directory.mkdir()
+    made: list[str] = []
+    real_mkdtemp = tempfile.mkdtemp
+
+    def spy(*args: Any, **kwargs: Any) -> str:
+        path = real_mkdtemp(*args, **kwargs)
+        made.append(path)
+        return path
+
+    monkeypatch.setenv("TMPDIR", str(directory))
+    monkeypatch.setattr(tempfile, "tempdir", str(directory))
+    monkeypatch.setattr(tempfile, "mkdtemp", spy)
+    yield {"directory": directory, "made": made}
+
+
+def _check_suite_leaves_nothing(mode: str, private_tmp: dict[str, Any],
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    me = os.getpid()
+    children_before = descendants(me)
+    fds_before = open_fds()
+    assert main(["suite", "--examples", "0", "--spawn", mode]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("PASS: 5 scenarios")
+    leftover = {pid: state for pid, state in descendants(me).items()
+                if pid not in children_before}
+    assert leftover == {}, f"processes left behind: {leftover}"
+    assert not any(state == "Z" for state in descendants(me).values())
+    assert open_fds() == fds_before
+    made = private_tmp["made"]
+    assert len(made) == 5  # one fresh store directory per scenario ...
+    assert all(Path(path).name.startswith("faultlab-") for path in made)
+    assert list(private_tmp["directory"].iterdir()) == []  # ... and none left
+
+
+def test_fork_suite_leaves_no_process_fd_or_temp_dir(
+    private_tmp: dict[str, Any], capsys: pytest.CaptureFixture[str],
+) -> None:
+    _check_suite_leaves_nothing("fork", private_tmp, capsys)
+
+
+@pytest.mark.slow
+def test_exec_suite_leaves_no_process_fd_or_temp_dir(
+    private_tmp: dict[str, Any], capsys: pytest.CaptureFixture[str],
+) -> None:
+    _check_suite_leaves_nothing("exec", private_tmp, capsys)
+
+
+@pytest.fixture(params=["fork", "exec"])
+def warm_spawner(request: pytest.FixtureRequest, reference: System) -> Spawner:
+    runner: Spawner = request.getfixturevalue(f"{request.param}_spawner")
+    execute(reference, [Step("dispatch")], runner)  # the fork server is up before we count
+    return runner
+
+
+def test_a_hanging_worker_is_killed_at_its_deadline(
+    warm_spawner: Spawner, private_tmp: dict[str, Any],
+) -> None:
+    system = load_system("systems_for_tests:HangingOutbox")
+    me = os.getpid()
+    before = descendants(me)
+    started = time.monotonic()
+    with pytest.raises(ExecutionError) as caught:
+        execute(system, [Step("accept", "op-1", PAYLOAD)], warm_spawner, deadline=1.0)
+    elapsed = time.monotonic() - started
+    message = str(caught.value)
+    assert 1.0 <= elapsed < 10, elapsed
+    assert "deadline" in message and "1s" in message
+    match = re.search(r"worker pid (\d+)", message)
+    assert match is not None, message
+    pid = int(match.group(1))
+    assert pid not in processes()  # killed and reaped, not a zombie
+    assert in_group(pid) == {}
+    assert descendants(me) == before
+    assert [Path(p).exists() for p in private_tmp["made"]] == [False]  # stores removed
+
+
+def test_the_deadline_kills_the_workers_whole_group(
+    warm_spawner: Spawner, tmp_path: Path, reference: System,
+) -> None:
+    reference.initialise(tmp_path)
+    spec = WorkerSpec(
+        system="systems_for_tests:HangingFamilyOutbox", role="accept", directory=str(tmp_path),
+        operation_id="op-1", payload='{"title":"hang"}', deadline=1.0,
+    )
+    started = time.monotonic()
+    record: ProcessRecord = warm_spawner.run(spec)
+    assert time.monotonic() - started < 10
+    assert record.timed_out
+    assert record.exit_code == -9
+    assert "missed its deadline" in record.stderr
+    assert record.response is not None
+    assert record.response["worker"] == record.pid
+    grandchild = record.response["grandchild"]
+    assert grandchild != record.pid
+    assert not alive(record.pid)
+    assert wait_until(lambda: not alive(grandchild)), "the worker's own child survived"
+    assert wait_until(lambda: not any(s != "Z" for s in in_group(record.pid).values()))
+    # the next run reaps whatever the killed group left to faultlab
+    execute(reference, [Step("dispatch")], warm_spawner)
+    assert not any(state == "Z" for state in descendants(os.getpid()).values())
+
+
+def test_only_the_late_worker_is_killed(warm_spawner: Spawner, reference: System) -> None:
+    """A deadline miss is that worker's failure: the spawner keeps working afterwards."""
+    system = load_system("systems_for_tests:HangingOutbox")
+    with pytest.raises(ExecutionError, match="deadline"):
+        execute(system, [Step("accept", "op-1", PAYLOAD)], warm_spawner, deadline=0.5)
+    execution = execute(reference, [Step("accept", "op-1", PAYLOAD), Step("dispatch")],
+                        warm_spawner)
+    assert [o.record.exit_code for o in execution.observations] == [0, 0]
+    assert execution.observations[-1].record.response is not None
+    assert execution.observations[-1].record.response["result"] == {"ticket_id": 1}
+
+
+def test_a_crashed_worker_reports_minus_nine(fork_spawner: Spawner, reference: System) -> None:
+    (crashed,) = execute(reference, [Step("accept", "op-1", PAYLOAD, crash="during_accept")],
+                         fork_spawner).observations
+    assert crashed.record.exit_code == -9 and crashed.record.killed
+    assert not crashed.record.timed_out
+    assert crashed.record.pid not in processes()
+
+
+def test_spawners_are_the_modes_they_say(fork_spawner: Spawner, exec_spawner: Spawner) -> None:
+    assert (fork_spawner.mode, exec_spawner.mode) == ("fork", "exec")
+    with pytest.raises(ValueError, match="unknown spawn mode"):
+        Spawner("thread")  # type: ignore[arg-type]
+
+
+def test_parse_response_takes_the_last_json_object_line() -> None:
+    assert parse_response('noise\n{"a": 1}\n[1]\n{"b": 2}\n{"broken": \n') == {"b": 2}
+    assert parse_response("") is None
+    assert parse_response("[1, 2]\n") is None
+
+
+
+def test_the_deadline_bounds_the_wait_even_when_a_process_escapes_the_group(
+    fork_spawner: Spawner, tmp_path: Path, reference: System,
+) -> None:
+    """A grandchild that left the worker's group still holds its pipes: faultlab must stop
+    reading shortly after the deadline instead of waiting for EOF forever."""
+    reference.initialise(tmp_path)
+    execute(reference, [Step("dispatch")], fork_spawner)  # fork server up
+    spec = WorkerSpec(
+        system="systems_for_tests:EscapingOutbox", role="accept", directory=str(tmp_path),
+        operation_id="op-1", payload='{"title":"escape"}', deadline=1.0,
+    )
+    started = time.monotonic()
+    record = fork_spawner.run(spec)
+    elapsed = time.monotonic() - started
+    assert record.response is not None
+    escaped = int(record.response["escaped"])
+    try:
+        assert elapsed < 10, elapsed
+        assert record.timed_out
+        assert record.exit_code == -9
+        assert alive(escaped)  # faultlab signals only its worker's group, never the escapee
+    finally:
+        os.kill(escaped, 9)  # this test started it (through the worker); end it by its PID
+    assert wait_until(lambda: not alive(escaped))
+    execute(reference, [Step("dispatch")], fork_spawner)  # the fork server reaps the orphan
+    assert wait_until(lambda: escaped not in processes())
