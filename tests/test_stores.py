@@ -1,0 +1,138 @@
+"""Stores: faultlab's marker, refusing foreign files, snapshots, canonical payloads."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from faultlab.canonical import canonical_json, parse_payload
+from faultlab.errors import UsageError
+from faultlab.stores import (
+    APPLICATION_ID,
+    Operation,
+    OutboxRow,
+    Receipt,
+    Snapshot,
+    StoreError,
+    Ticket,
+    connect,
+    initialise,
+)
+from faultlab.system import System
+
+SPEC_COLUMNS = {
+    "caller.sqlite": {
+        "operations": ["id", "payload", "state", "result"],
+        "outbox": ["operation_id", "state"],
+    },
+    "downstream.sqlite": {
+        "tickets": ["id", "operation_id", "payload"],
+        "receipts": ["operation_id", "payload", "result"],
+    },
+}
+
+
+def test_reference_stores_have_the_specs_tables_and_marker(
+    tmp_path: Path, reference: System,
+) -> None:
+    reference.initialise(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["caller.sqlite", "downstream.sqlite"]
+    for filename, tables in SPEC_COLUMNS.items():
+        connection = sqlite3.connect(tmp_path / filename)
+        try:
+            assert connection.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+            names = {row[0] for row in connection.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            assert names == set(tables)
+            for table, columns in tables.items():
+                info = connection.execute(f"PRAGMA table_info({table})").fetchall()
+                assert [row[1] for row in info] == columns
+        finally:
+            connection.close()
+    assert reference.snapshot(tmp_path) == Snapshot()
+
+
+def test_initialise_refuses_an_existing_file(tmp_path: Path) -> None:
+    path = tmp_path / "caller.sqlite"
+    path.write_bytes(b"precious")
+    with pytest.raises(StoreError, match="already exists"):
+        initialise(path, "CREATE TABLE t (x)")
+    assert path.read_bytes() == b"precious"
+
+
+def test_connect_opens_a_faultlab_store_in_autocommit_with_full_sync(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite"
+    initialise(path, "CREATE TABLE t (x)")
+    connection = connect(path)
+    try:
+        assert connection.isolation_level is None
+        assert connection.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        connection.execute("BEGIN IMMEDIATE")
+        connection.execute("INSERT INTO t VALUES (1)")
+        connection.execute("COMMIT")
+    finally:
+        connection.close()
+
+
+def test_connect_refuses_missing_foreign_and_garbage_files(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no such store"):
+        connect(tmp_path / "missing.sqlite")
+    assert list(tmp_path.iterdir()) == []
+
+    foreign = tmp_path / "foreign.sqlite"
+    connection = sqlite3.connect(foreign)
+    connection.execute("CREATE TABLE operations (id TEXT)")
+    connection.commit()
+    connection.close()
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_bytes(b"not a database at all\n" * 100)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(StoreError, match="not initialised by faultlab"):
+        connect(foreign)
+    with pytest.raises(StoreError, match="not an SQLite database"):
+        connect(garbage)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_snapshot_writes_nothing(tmp_path: Path, reference: System) -> None:
+    reference.initialise(tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    reference.snapshot(tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_snapshot_order_is_stable_and_json_round_trips() -> None:
+    snapshot = Snapshot.from_rows({
+        "operations": [("b", "{}", "pending", None), ("a", "{}", "complete", '{"ticket_id":10}')],
+        "outbox": [("b", "pending"), ("a", "complete")],
+        "tickets": [(10, "a", "{}"), (9, "b", "{}")],
+        "receipts": [("b", "{}", '{"ticket_id":9}'), ("a", "{}", '{"ticket_id":10}')],
+    })
+    assert [o.id for o in snapshot.operations] == ["a", "b"]
+    assert [t.id for t in snapshot.tickets] == [9, 10]  # numeric, not "10" < "9"
+    assert snapshot.operation("a") == Operation("a", "{}", "complete", '{"ticket_id":10}')
+    assert snapshot.outbox_row("b") == OutboxRow("b", "pending")
+    assert snapshot.tickets_for("a") == [Ticket(10, "a", "{}")]
+    assert snapshot.receipt("b") == Receipt("b", "{}", '{"ticket_id":9}')
+    assert snapshot.pending_outbox() == [OutboxRow("b", "pending")]
+    assert snapshot.counts() == {
+        "operations_pending": 1, "operations_complete": 1, "outbox_pending": 1,
+        "outbox_complete": 1, "tickets": 2, "receipts": 2,
+    }
+    assert Snapshot.from_json(snapshot.to_json()) == snapshot
+    assert list(snapshot.to_json()) == ["operations", "outbox", "tickets", "receipts"]
+
+
+def test_canonical_json_is_the_specs() -> None:
+    payload = {"title": "t", "priority": "normal", "project": "p"}
+    assert canonical_json(payload) == '{"priority":"normal","project":"p","title":"t"}'
+    assert parse_payload('{ "title" : "t", "project": "p",\n "priority": "normal" }') == (
+        canonical_json(payload)
+    )
+    with pytest.raises(ValueError):
+        canonical_json(float("nan"))
+    for bad in ("NaN", "[Infinity]", "{", "1e999"):
+        with pytest.raises(UsageError, match="not valid JSON"):
+            parse_payload(bad)
