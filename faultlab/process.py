@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import IO, Any, Literal
@@ -249,6 +249,54 @@ def exec_worker(spec: WorkerSpec, *, new_group: bool) -> ProcessRecord:
     outputs, status, timed_out = _collect(child.pid, fds, spec.deadline, new_group)
     child.returncode = os.waitstatus_to_exitcode(status)  # reaped by _collect
     return _record(child.pid, outputs, status, started, timed_out)
+
+
+def run_command(
+    argv: Sequence[str],
+    *,
+    deadline: float = DEFAULT_DEADLINE,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    pass_fds: Sequence[int] = (),
+    started: Callable[[int], None] | None = None,
+) -> ProcessRecord:
+    """Run a program that is not faultlab (a command-line system's worker) as a worker.
+
+    No shell; stdin is /dev/null; the program gets its own process group, so the
+    deadline kills it and any child it started, and nothing else. ``started`` is
+    called with the pid before its output is collected. The child is reaped
+    before this returns; a program that cannot be started raises ExecutionError.
+    """
+    began = time.monotonic()
+    try:
+        child = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=None if env is None else dict(env),
+            cwd=cwd,
+            pass_fds=tuple(pass_fds),
+            start_new_session=True,
+        )
+    except OSError as error:
+        raise ExecutionError(f"cannot run {argv[0]}: {error.strerror or error}") from None
+    if child.stdout is None or child.stderr is None:
+        raise ExecutionError("worker pipes were not created")
+    fds = {os.dup(child.stdout.fileno()): "stdout", os.dup(child.stderr.fileno()): "stderr"}
+    child.stdout.close()
+    child.stderr.close()
+    try:
+        if started is not None:
+            started(child.pid)
+    except BaseException:
+        _kill(child.pid, True)
+        _collect(child.pid, fds, deadline, True)
+        child.returncode = -signal.SIGKILL
+        raise
+    outputs, status, timed_out = _collect(child.pid, fds, deadline, True)
+    child.returncode = os.waitstatus_to_exitcode(status)  # reaped by _collect
+    return _record(child.pid, outputs, status, began, timed_out)
 
 
 # --- the fork server ---------------------------------------------------------------------

@@ -60,31 +60,76 @@ def load_system(ref: str) -> System:
 
 
 def _load_python_system(ref: str) -> System:
+    """Import ``package.module:attribute`` and check it satisfies the contract."""
     module_name, _, attribute = ref.partition(":")
     if not module_name or not attribute:
         raise UsageError(f"system {ref!r}: expected package.module:attribute")
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise UsageError(f"system {ref!r}: cannot import {module_name}: {error}") from None
+        raise UsageError(
+            f"system {ref!r}: cannot import {module_name}: {error} (is the directory that "
+            "holds it on PYTHONPATH, or the current directory?)"
+        ) from None
+    except Exception as error:  # noqa: BLE001 - the user's module failed while importing
+        raise UsageError(
+            f"system {ref!r}: importing {module_name} failed: {type(error).__name__}: {error}"
+        ) from None
     try:
         target = getattr(module, attribute)
     except AttributeError:
         raise UsageError(f"system {ref!r}: {module_name} has no attribute {attribute!r}") from None
-    if isinstance(target, type) and issubclass(target, System):
+    if isinstance(target, type):
+        if not issubclass(target, System):
+            raise UsageError(
+                f"system {ref!r}: class {target.__name__} does not subclass "
+                "faultlab.system.System"
+            )
+        abstract = sorted(getattr(target, "__abstractmethods__", ()))
+        if abstract:
+            raise UsageError(
+                f"system {ref!r}: {target.__name__} does not implement {', '.join(abstract)}"
+            )
         try:
             target = target()
-        except TypeError as error:
-            raise UsageError(f"system {ref!r}: cannot instantiate: {error}") from None
+        except Exception as error:  # noqa: BLE001 - reported as bad input
+            raise UsageError(
+                f"system {ref!r}: cannot instantiate {target.__name__}: {error}"
+            ) from None
     if not isinstance(target, System):
+        methods = ("initialise", "accept", "dispatch", "service", "snapshot")
+        missing = [m for m in methods if not callable(getattr(target, m, None))]
+        lacking = f"; it lacks {', '.join(missing)}" if missing else ""
         raise UsageError(
             f"system {ref!r}: {type(target).__name__} is not a faultlab.system.System "
-            "(subclass it and implement initialise, accept, dispatch, service, snapshot)"
+            f"(subclass it and implement {', '.join(methods)}){lacking}"
         )
-    roles = ("accept", "dispatch", "service")
-    missing = [p.name for p in target.crash_points if p.role not in roles]
-    if missing:
-        raise UsageError(f"system {ref!r}: crash points with an unknown role: {', '.join(missing)}")
+    _check_crash_points(ref, target)
     if not target.name:
         target.name = attribute
     return target
+
+
+def _check_crash_points(ref: str, system: System) -> None:
+    from faultlab.crash import is_statement_point
+    from faultlab.system.contract import ROLES
+
+    if not isinstance(system.crash_points, (tuple, list)):
+        raise UsageError(f"system {ref!r}: crash_points must be a tuple of CrashPoint")
+    seen: set[str] = set()
+    for point in system.crash_points:
+        if not isinstance(point, CrashPoint):
+            raise UsageError(f"system {ref!r}: crash point {point!r} is not a CrashPoint")
+        if point.role not in ROLES:
+            raise UsageError(
+                f"system {ref!r}: crash point {point.name!r} has unknown role {point.role!r} "
+                f"(one of: {', '.join(ROLES)})"
+            )
+        if not point.name or is_statement_point(point.name):
+            raise UsageError(
+                f"system {ref!r}: crash point name {point.name!r} is empty or reserved "
+                "(sql:K and commit:K are faultlab's statement points)"
+            )
+        if point.name in seen:
+            raise UsageError(f"system {ref!r}: crash point {point.name!r} is declared twice")
+        seen.add(point.name)

@@ -80,6 +80,9 @@ class System(ABC):
     description: str = ""
     crash_points: tuple[CrashPoint, ...] = ()
     supports_no_deduplication: bool = True
+    #: False when workers are not faultlab processes (command-line systems): statement
+    #: crash points (``sql:K``, ``commit:K``) need faultlab's traced sqlite3 in the worker.
+    supports_statement_points: bool = True
     ref: str = ""
 
     @abstractmethod
