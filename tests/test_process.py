@@ -224,7 +224,7 @@ def test_the_deadline_bounds_the_wait_even_when_a_process_escapes_the_group(
     execute(reference, [Step("dispatch")], fork_spawner)  # fork server up
     spec = WorkerSpec(
         system="systems_for_tests:EscapingOutbox", role="accept", directory=str(tmp_path),
-        operation_id="op-1", payload='{"title":"escape"}', deadline=1.0,
+        operation_id="op-1", payload='{"title":"escape"}', deadline=0.5,
     )
     started = time.monotonic()
     record = fork_spawner.run(spec)
