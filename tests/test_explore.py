@@ -1,0 +1,144 @@
+"""The state machine: clean on the reference, the negative control found and shrunk."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from faultlab.explore import Exploration, explore
+from faultlab.machine import InvariantFailure, outbox_machine, run_example
+from faultlab.process import Spawner
+from faultlab.scenarios import SCENARIOS
+from faultlab.system import System
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "faultlab", *args], capture_output=True, text=True,
+        cwd=cwd or ROOT, timeout=300,
+    )
+
+
+def test_reference_is_clean_under_exploration(reference: System, fork_spawner: Spawner) -> None:
+    result = explore(reference, fork_spawner, examples=20, steps=8, seed_value=1)
+    assert result.trace is None, result.trace and result.trace.to_json()
+    assert result.recorder.examples >= 20
+    assert result.recorder.steps >= 100
+    assert result.recorder.sigkills > 0
+    assert sum(result.recorder.crash_hits.values()) > 0
+
+
+@pytest.fixture(scope="module")
+def negative_control(reference: System, fork_spawner: Spawner) -> Exploration:
+    return explore(reference, fork_spawner, deduplication=False, examples=30, steps=6,
+                   seed_value=0)
+
+
+def test_negative_control_is_caught_by_one_in_exactly_three_steps(
+    negative_control: Exploration,
+) -> None:
+    result = negative_control
+    trace = result.trace
+    assert trace is not None and trace.expected is not None
+    assert "ONE" in trace.expected.invariants
+    assert len(trace.steps) == 3
+    first = trace.steps[0]
+    assert first.action == "accept" and first.crash is None
+    assert {s.action for s in trace.steps[1:]} <= {"dispatch", "service"}
+    assert result.replay is not None and result.replay.verdict == trace.expected
+    final = result.replay.observations[-1].snapshot
+    assert [t.operation_id for t in final.tickets] == [first.operation_id] * 2
+    # the two ticket creations happened at steps 2 and 3
+    counts = [len(o.snapshot.tickets) for o in result.replay.observations]
+    assert counts == [0, 1, 2]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
+def test_scenarios_are_explicit_examples_of_the_machine(
+    scenario: object, fork_spawner: Spawner
+) -> None:
+    from faultlab.scenarios import Scenario
+
+    assert isinstance(scenario, Scenario)
+    machine = outbox_machine(deduplication=scenario.deduplication, spawner=fork_spawner)
+    if scenario.deduplication:
+        instance = run_example(machine, scenario.steps)
+        assert instance.failure is None
+        assert len(instance.executor.observations) == len(scenario.steps)
+    else:
+        with pytest.raises(InvariantFailure) as caught:
+            run_example(machine, scenario.steps)
+        assert caught.value.step == 3
+        assert "ONE" in {v.invariant for v in caught.value.violations}
+
+
+def test_machine_runs_as_a_unittest_testcase(fork_spawner: Spawner) -> None:
+    machine = outbox_machine(spawner=fork_spawner, examples=3, steps=4)
+    machine.TestCase("runTest").runTest()
+    assert machine.recorder.examples >= 3
+
+
+def test_explore_command_clean_creates_no_corpus(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    done = run_cli("explore", "--examples", "5", "--steps", "5", "--seed", "2", "--corpus",
+                   str(corpus), "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert "clean: no invariant failed" in done.stdout
+    assert "SIGKILLs" in done.stdout and "steps/s" in done.stdout
+    assert not corpus.exists()
+
+
+def test_explore_command_saves_a_replayable_finding(
+    tmp_path: Path, negative_control: Exploration
+) -> None:
+    """Same system, seed and budget as the API run: the same shrunk trace (--seed reproduces)."""
+    corpus = tmp_path / "corpus"
+    done = run_cli("explore", "--no-deduplication", "--examples", "30", "--steps", "6",
+                   "--seed", "0", "--corpus", str(corpus))
+    assert done.returncode == 1, done.stderr
+    assert "explore:" in done.stderr  # progress
+    files = sorted(corpus.glob("*.json"))
+    assert len(files) == 1
+    assert files[0].name.startswith("reference-nodedup-ONE-")
+    data = json.loads(files[0].read_text())
+    assert data["format"] == "faultlab-trace" and data["version"] == 1
+    assert data["deduplication"] is False and len(data["steps"]) == 3
+    assert f"saved {files[0]}" in done.stdout
+    assert negative_control.trace is not None
+    assert data["steps"] == [s.to_json() for s in negative_control.trace.steps]
+    replayed = run_cli("replay", str(files[0]))
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert "matches" in replayed.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--examples", "0"], "--examples"),
+        (["--steps", "x"], "--steps"),
+        (["--system", "nonesuch"], "unknown system"),
+        (["--format", "nonesuch"], "--format"),
+        (["--spawn", "thread"], "--spawn"),
+    ],
+)
+def test_explore_bad_input(tmp_path: Path, args: list[str], message: str) -> None:
+    corpus = tmp_path / "corpus"
+    done = run_cli("explore", "--corpus", str(corpus), *args)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not corpus.exists()
+
+
+def test_explore_refuses_a_corpus_path_that_is_a_file(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.write_text("not a directory")
+    done = run_cli("explore", "--corpus", str(corpus), "--examples", "1")
+    assert done.returncode == 2
+    assert "not a directory" in done.stderr
+    assert corpus.read_text() == "not a directory"

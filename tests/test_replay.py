@@ -1,0 +1,115 @@
+"""Replay: every corpus file matches its recorded verdict; bad input is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from faultlab.process import Spawner
+from faultlab.system import load_system
+from faultlab.trace import Step, Trace, Verdict, execute
+
+CORPUS = sorted((ROOT / "corpus").glob("*.json"))
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "faultlab", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
+
+
+def test_the_corpus_is_not_empty() -> None:
+    assert CORPUS, "corpus/ holds no findings"
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.name)
+def test_corpus_trace_matches_its_recorded_verdict(path: Path, fork_spawner: Spawner) -> None:
+    trace = Trace.load(path)
+    assert trace.expected is not None and not trace.expected.clean
+    system = load_system(trace.system)
+    execution = execute(system, trace.steps, fork_spawner, deduplication=trace.deduplication,
+                        settle=trace.settle)
+    assert execution.verdict == trace.expected
+
+
+def negative_control_trace() -> Trace:
+    payload = {"title": "backlog"}
+    return Trace(
+        system="reference", deduplication=False,
+        steps=[Step("accept", "op-1", payload), Step("dispatch", crash="after_downstream_commit"),
+               Step("dispatch")],
+        expected=Verdict(3, ("ONE", "DONE")),
+    )
+
+
+def test_replay_prints_a_table_and_matches(tmp_path: Path) -> None:
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(negative_control_trace().to_json()))
+    done = run_cli("replay", str(path), "--format", "github")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "| after_downstream_commit |" in done.stdout
+    assert "verdict: ONE+DONE at step 3; expected ONE+DONE at step 3: matches" in done.stdout
+
+
+def test_replay_exits_1_and_says_how_when_the_outcome_differs(tmp_path: Path) -> None:
+    trace = negative_control_trace()
+    trace.expected = Verdict()
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace.to_json()))
+    done = run_cli("replay", str(path))
+    assert done.returncode == 1
+    assert "verdict: ONE+DONE at step 3; expected clean: DIFFERS" in done.stdout
+
+
+def test_replay_against_a_fixed_system_passes(tmp_path: Path) -> None:
+    trace = negative_control_trace()
+    trace.deduplication = True
+    trace.system = "reference"
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace.to_json()))
+    done = run_cli("replay", str(path), "--against", "reference")
+    assert done.returncode == 0, done.stdout
+    assert "verdict: clean" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{not json", "invalid JSON"),
+        ('{"format": "faultlab-trace", "version": 99, "steps": []}', "unsupported trace version"),
+        ('{"hello": "world"}', "not a faultlab trace"),
+        ('[1, 2, 3]', "not a faultlab trace"),
+        ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
+         '"deduplication": true, "steps": [{"action": "explode"}]}', "not a trace step"),
+        ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
+         '"deduplication": true, "steps": [{"action": "dispatch", "crash": "nowhere"}]}',
+         "unknown crash point"),
+        ('{"format": "faultlab-trace", "version": 1, "system": "nonesuch", '
+         '"deduplication": true, "steps": []}', "unknown system"),
+        ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
+         '"deduplication": true}', "corrupt trace"),
+    ],
+)
+def test_replay_bad_input(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    before = sorted(os.listdir(tmp_path))
+    done = run_cli("replay", str(path))
+    assert done.returncode == 2, done.stdout
+    assert message in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert done.stdout == ""
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_replay_refuses_a_missing_file_before_running_anything(tmp_path: Path) -> None:
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(negative_control_trace().to_json()))
+    done = run_cli("replay", str(good), str(tmp_path / "missing.json"))
+    assert done.returncode == 2
+    assert "missing.json" in done.stderr and done.stdout == ""
