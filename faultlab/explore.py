@@ -144,21 +144,23 @@ def crash_coverage(explorations: list[Exploration], system: System) -> list[list
     return [[name, armed[name], fired[name]] for name in names]
 
 
+def _describe(trace: Trace) -> str:
+    return trace.expected.describe() if trace.expected else "a failure"
+
+
 def suite_exploration(
     system: System, spawner: Spawner, *, examples: int, seed: int, deadline: float, fmt: str
 ) -> dict[str, Any]:
     """suite's exploration phase: the system must be clean; the negative control must be
     caught by ONE, shrunk to exactly 3 steps."""
     clean = explore(system, spawner, examples=examples, seed_value=seed, deadline=deadline)
-    lines = []
     stats = clean.stats()
-    clean_ok = not clean.found
-    lines.append(
+    clean_ok = clean.trace is None
+    outcome = "clean" if clean.trace is None else f"FOUND {_describe(clean.trace)}: FAIL"
+    lines = [
         f"explore {system.ref}: {stats['examples']} examples, {stats['steps']} steps, "
-        f"{stats['sigkills']} SIGKILLs, {stats['seconds']}s: "
-        + ("clean" if clean_ok else f"FOUND {clean.trace.expected.describe()}"  # type: ignore[union-attr]
-           if clean.trace and clean.trace.expected else "FOUND")
-    )
+        f"{stats['sigkills']} SIGKILLs, {stats['seconds']}s: {outcome}"
+    ]
     control_ok = True
     control: Exploration | None = None
     if system.supports_no_deduplication:
@@ -169,7 +171,7 @@ def suite_exploration(
         control_ok = bool(trace and trace.expected and "ONE" in trace.expected.invariants
                           and steps == 3)
         shown = ", ".join(s.describe() for s in trace.steps) if trace else "nothing found"
-        verdict = trace.expected.describe() if trace and trace.expected else "nothing"
+        verdict = _describe(trace) if trace else "nothing"
         lines.append(
             f"negative control (deduplication off): {verdict}, shrunk to {steps} steps: {shown}"
             + ("" if control_ok else "  FAIL: expected ONE shrunk to 3 steps")
