@@ -54,6 +54,9 @@ class Exploration:
             "sigkills": r.sigkills,
             "invariant_checks": r.checks,
             "crash_points_hit": dict(sorted(r.crash_hits.items())),
+            "examples_until_found": r.first_failure_examples,
+            "seconds_until_found": None if r.first_failure_seconds is None
+            else round(r.first_failure_seconds, 3),
             "seconds": round(self.seconds, 3),
             "steps_per_second": round(r.steps / self.seconds, 1) if self.seconds else 0.0,
         }

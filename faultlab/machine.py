@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from hypothesis import HealthCheck, Verbosity, event, settings, target
-from hypothesis.errors import InvalidArgument
 from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, multiple, precondition, rule
 
 from faultlab.invariants import STEP_CHECKS, Check, Violation, vacuous
@@ -74,6 +74,8 @@ class Recorder:
     last_verdict: Verdict = field(default_factory=Verdict)
     last_violations: list[Violation] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
+    first_failure_examples: int | None = None
+    first_failure_seconds: float | None = None
     _last_progress: float = 0.0
 
     @property
@@ -102,6 +104,9 @@ class Recorder:
 
     def finish(self, steps: list[Step], verdict: Verdict, violations: list[Violation]) -> None:
         self.examples += 1
+        if not verdict.clean and self.first_failure_examples is None:
+            self.first_failure_examples = self.examples
+            self.first_failure_seconds = self.seconds
         self.last_steps = steps
         self.last_verdict = verdict
         self.last_violations = violations
