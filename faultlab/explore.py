@@ -97,7 +97,9 @@ def explore(
     started = time.monotonic()
     failure: BaseException | None = None
     try:
-        run_state_machine_as_test(seed(seed_value)(machine), settings=settings)
+        run_state_machine_as_test(  # type: ignore[no-untyped-call]
+            seed(seed_value)(machine), settings=settings
+        )
     except (InvariantFailure, Flaky) as error:
         failure = error
     seconds = time.monotonic() - started

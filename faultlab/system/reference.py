@@ -37,7 +37,7 @@ CREATE TABLE receipts (
 EXIT_CONFLICT = 3
 EXIT_DOWNSTREAM_FAILURE = 4
 
-REFERENCE_POINTS = (
+REFERENCE_POINTS: tuple[CrashPoint, ...] = (
     CrashPoint(
         "during_accept", "accept",
         "between the operation insert and the outbox insert, inside one transaction: "
