@@ -548,3 +548,44 @@ def test_announcement_descriptors_are_not_leaked(tmp_path: Path, runner: Spawner
             assert observation.record.response["fd"] >= 3
     after = len(os.listdir("/proc/self/fd")) if Path("/proc/self/fd").is_dir() else 0
     assert after == before
+
+
+# --- explore and replay ------------------------------------------------------------------------
+
+FINDING = EXAMPLE / "corpus" / "standalone-outbox-nodedup-ONE.json"
+# A command-line system has no statement points; only its declared points are drawn.
+EXPLORE = ["explore", "--system", "examples/standalone_outbox/system.json",
+           "--no-statement-crashes", "--quiet", "--steps", "6", "--seed", "1"]
+
+
+def test_a_saved_finding_replays_against_the_standalone_example() -> None:
+    trace = json.loads(FINDING.read_text())
+    assert trace["system"] == "examples/standalone_outbox/system.json"
+    assert trace["deduplication"] is False
+    result = faultlab("replay", str(FINDING.relative_to(ROOT)), cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ONE: operation op-1 has 2 tickets" in result.stdout
+    assert "matches" in result.stdout
+
+
+@pytest.mark.slow  # about 25 s here: every step starts one or two Python interpreters
+def test_explore_finds_nothing_with_deduplication(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    result = faultlab(*EXPLORE, "--examples", "10", "--corpus", str(corpus), cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not corpus.exists() or list(corpus.iterdir()) == []
+
+
+@pytest.mark.slow  # about 75 s here: Hypothesis shrinks with real processes
+def test_explore_catches_missing_deduplication_and_the_finding_replays(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    result = faultlab(*EXPLORE, "--no-deduplication", "--examples", "5", "--corpus",
+                      str(corpus), cwd=ROOT)
+    assert result.returncode == 1, result.stdout + result.stderr
+    (found,) = corpus.iterdir()
+    trace = json.loads(found.read_text())
+    assert trace["expected"]["invariants"][0] == "ONE"
+    assert trace["deduplication"] is False
+    assert len(trace["steps"]) == 3
+    replay = faultlab("replay", str(found), cwd=ROOT)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
