@@ -23,7 +23,7 @@ def check_corpus_directory(path: Path) -> None:
         raise UsageError(f"--corpus {path}: {parent} is not a directory")
 
 
-def finding_name(trace: Trace) -> str:
+def finding_name(trace: Trace, system_name: str | None = None) -> str:
     """``<system>-<INVARIANT>-<hash>.json``; the hash makes equal findings one file."""
     steps = json.dumps([s.to_json() for s in trace.steps], sort_keys=True)
     digest = hashlib.sha256(
@@ -31,16 +31,16 @@ def finding_name(trace: Trace) -> str:
     ).hexdigest()[:10]
     expected = trace.expected
     invariant = expected.invariants[0] if expected and expected.invariants else "clean"
-    base = trace.system.rsplit("/", 1)[-1]
+    base = system_name or trace.system.rsplit("/", 1)[-1]
     system = "".join(c if c.isalnum() or c in "-_" else "_" for c in base)
     suffix = "" if trace.deduplication else "-nodedup"
     return f"{system}{suffix}-{invariant}-{digest}.json"
 
 
-def save(trace: Trace, directory: Path) -> Path:
+def save(trace: Trace, directory: Path, system_name: str | None = None) -> Path:
     """Write the trace into the corpus directory (created if needed), atomically."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / finding_name(trace)
+    path = directory / finding_name(trace, system_name)
     write_json_atomically(path, trace.to_json())
     return path
 

@@ -113,7 +113,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
     if result.trace is None:
         print(f"\nclean: no invariant failed in {stats['examples']} examples")
         return EXIT_OK
-    path = corpus.save(result.trace, args.corpus)
+    path = corpus.save(result.trace, args.corpus, system.name)
     verdict = result.trace.expected.describe() if result.trace.expected else "?"
     print(f"\nFOUND: {verdict}, shrunk to {len(result.trace.steps)} steps; saved {path}")
     if result.replay is not None:

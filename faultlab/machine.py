@@ -302,6 +302,7 @@ def outbox_machine(
         from faultlab.errors import UsageError
 
         raise UsageError(f"system {system_ref!r} cannot switch deduplication off")
+    statement_crashes = statement_crashes and system.supports_statement_points
     accept_points = [p.name for p in system.points_for("accept")]
     dispatch_points = [p.name for p in system.points_for("dispatch")]
 
