@@ -1,0 +1,255 @@
+"""What one worker process costs in fork mode and in exec mode, measured side by side.
+
+    python bench/spawn.py [--repeat N] [--output FILE]
+
+In one run, with the two modes interleaved (alternating which goes first on
+each repetition, so machine noise hits both alike), it measures:
+
+* the median milliseconds per worker process, as seen by the caller of
+  ``Spawner.run``, for (a) a worker that commits one transaction (an accept of a
+  fresh operation id on the reference system) and (b) a worker that SIGKILLs
+  itself (an accept armed with ``during_accept``);
+* the floor: a bare ``os.fork()`` + ``os.waitpid()`` from this process;
+* the wall time of the five regression scenarios run in this process, spawner
+  start-up (the fork server) included, interpreter start-up excluded.
+
+It prints a table with the ratios exec/fork and whether the targets hold:
+fork-mode worker <= 5 ms median, >= 10x faster than exec per process, and the
+five scenarios >= 8x faster in fork mode. Exit status 0 when they all hold, 1
+when one does not, 2 on bad options. Every temporary directory is removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+if importlib.util.find_spec("faultlab") is None:  # run from a checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tabulate import tabulate  # noqa: E402
+
+from faultlab import __version__  # noqa: E402
+from faultlab.process import SPAWN_MODES, Spawner, SpawnMode, WorkerSpec, spawner  # noqa: E402
+from faultlab.scenarios import SCENARIOS  # noqa: E402
+from faultlab.system import System, load_system  # noqa: E402
+
+PAYLOAD = '{"priority":"normal","project":"bench","title":"one transaction"}'
+DEFAULT_REPEAT = 30
+TARGET_FORK_MS = 5.0
+TARGET_PROCESS_RATIO = 10.0
+TARGET_SCENARIO_RATIO = 8.0
+
+
+class BenchError(Exception):
+    """A measured run did not do what it was supposed to: the figures would be meaningless."""
+
+
+def _orders(repeat: int) -> list[tuple[SpawnMode, ...]]:
+    """Alternate which mode runs first on each repetition."""
+    return [SPAWN_MODES if i % 2 == 0 else SPAWN_MODES[::-1] for i in range(repeat)]
+
+
+def _time_worker(runner: Spawner, spec: WorkerSpec, expected_exit: int) -> float:
+    started = time.perf_counter()
+    record = runner.run(spec)
+    elapsed = time.perf_counter() - started
+    if record.exit_code != expected_exit:
+        raise BenchError(
+            f"{runner.mode} {spec.role} (crash={spec.crash}) exited {record.exit_code}, "
+            f"expected {expected_exit}: {record.stderr.strip()[-300:]}"
+        )
+    return elapsed * 1000
+
+
+def measure_workers(system: System, repeat: int) -> dict[str, dict[str, list[float]]]:
+    """Per-process milliseconds, interleaving modes; the fork server is warm (started once)."""
+    samples: dict[str, dict[str, list[float]]] = {
+        "commit": {mode: [] for mode in SPAWN_MODES},
+        "kill": {mode: [] for mode in SPAWN_MODES},
+    }
+    with tempfile.TemporaryDirectory(prefix="faultlab-bench-") as root, \
+            spawner("fork") as fork_runner, spawner("exec") as exec_runner:
+        runners = {"fork": fork_runner, "exec": exec_runner}
+        directories = {}
+        for mode in SPAWN_MODES:
+            directories[mode] = Path(root) / mode
+            directories[mode].mkdir()
+            system.initialise(directories[mode])
+
+        def spec(mode: SpawnMode, operation_id: str, crash: str | None) -> WorkerSpec:
+            return WorkerSpec(
+                system=system.ref, role="accept", directory=str(directories[mode]),
+                operation_id=operation_id, payload=PAYLOAD, crash=crash,
+            )
+
+        for mode in SPAWN_MODES:  # warm-up: start the fork server, fill the page cache
+            _time_worker(runners[mode], spec(mode, "warm-up", None), 0)
+            _time_worker(runners[mode], spec(mode, "warm-up-kill", "during_accept"), -9)
+        for i, order in enumerate(_orders(repeat)):
+            for mode in order:
+                samples["commit"][mode].append(
+                    _time_worker(runners[mode], spec(mode, f"operation-{i:05d}", None), 0))
+            for mode in order[::-1]:
+                samples["kill"][mode].append(
+                    _time_worker(runners[mode], spec(mode, "killed", "during_accept"), -9))
+    return samples
+
+
+def measure_fork_floor(repeat: int) -> list[float]:
+    """A bare os.fork() whose child exits at once, and the parent's waitpid."""
+    samples = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        samples.append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+def measure_scenarios(system: System, repeat: int) -> dict[str, list[float]]:
+    """Seconds for the five scenarios in this process, spawner start-up included."""
+    samples: dict[str, list[float]] = {mode: [] for mode in SPAWN_MODES}
+    for order in _orders(repeat):
+        for mode in order:
+            started = time.perf_counter()
+            with spawner(mode) as runner:
+                outcomes = [scenario.run(system, runner) for scenario in SCENARIOS]
+            samples[mode].append(time.perf_counter() - started)
+            failed = [o.name for o in outcomes if not o.passed]
+            if failed:
+                raise BenchError(f"{mode} mode: scenarios failed: {', '.join(failed)}")
+    return samples
+
+
+def _ratio(exec_value: float, fork_value: float) -> float:
+    return exec_value / fork_value if fork_value > 0 else float("inf")
+
+
+def _write_json(path: Path, data: Any) -> None:
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            json.dump(data, stream, indent=2)
+            stream.write("\n")
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--repeat", type=_positive, default=DEFAULT_REPEAT, metavar="N",
+        help=f"timed worker processes per kind and mode (default {DEFAULT_REPEAT}); the "
+             "five scenarios run max(3, N // 10) times per mode",
+    )
+    parser.add_argument("--output", type=Path, metavar="FILE",
+                        help="also write the samples, medians and ratios as JSON")
+    args = parser.parse_args(argv)
+    if args.output is not None and not (args.output.parent or Path(".")).is_dir():
+        print(f"spawn.py: --output {args.output}: directory does not exist", file=sys.stderr)
+        return 2
+
+    system = load_system("reference")
+    scenario_repeat = max(3, args.repeat // 10)
+    began = time.perf_counter()
+    print(f"faultlab {__version__}, Python {platform.python_version()}, SQLite "
+          f"{sqlite3.sqlite_version}, {platform.platform()}, {os.cpu_count()} CPUs; "
+          f"{args.repeat} workers per kind and mode, {scenario_repeat} scenario runs per mode, "
+          f"modes interleaved", file=sys.stderr)
+    try:
+        workers = measure_workers(system, args.repeat)
+        floor = measure_fork_floor(max(200, args.repeat * 5))
+        scenarios = measure_scenarios(system, scenario_repeat)
+    except BenchError as error:
+        print(f"spawn.py: {error}", file=sys.stderr)
+        return 1
+    total = time.perf_counter() - began
+
+    median: Callable[[list[float]], float] = statistics.median
+    commit = {mode: median(workers["commit"][mode]) for mode in SPAWN_MODES}
+    kill = {mode: median(workers["kill"][mode]) for mode in SPAWN_MODES}
+    suite = {mode: median(scenarios[mode]) for mode in SPAWN_MODES}
+    floor_ms = median(floor)
+    ratios = {
+        "commit": _ratio(commit["exec"], commit["fork"]),
+        "kill": _ratio(kill["exec"], kill["fork"]),
+        "scenarios": _ratio(suite["exec"], suite["fork"]),
+    }
+    rows = [
+        ["worker that commits one transaction (ms/process)",
+         f"{commit['exec']:.2f}", f"{commit['fork']:.2f}", f"{ratios['commit']:.1f}x"],
+        ["worker that SIGKILLs itself (ms/process)",
+         f"{kill['exec']:.2f}", f"{kill['fork']:.2f}", f"{ratios['kill']:.1f}x"],
+        ["bare os.fork() + waitpid floor (ms)", "-", f"{floor_ms:.3f}", "-"],
+        ["five scenarios, spawner start-up included (s)",
+         f"{suite['exec']:.3f}", f"{suite['fork']:.3f}", f"{ratios['scenarios']:.1f}x"],
+    ]
+    print(tabulate(rows, headers=["median", "exec", "fork", "exec/fork"],
+                   tablefmt="github", disable_numparse=True))
+    print()
+    fork_worst = max(commit["fork"], kill["fork"])
+    process_ratio = min(ratios["commit"], ratios["kill"])
+    targets = {
+        f"fork-mode worker <= {TARGET_FORK_MS:g} ms median": (
+            fork_worst <= TARGET_FORK_MS,
+            f"commit {commit['fork']:.2f} ms, SIGKILL {kill['fork']:.2f} ms",
+        ),
+        f"fork >= {TARGET_PROCESS_RATIO:g}x faster than exec per process": (
+            process_ratio >= TARGET_PROCESS_RATIO,
+            f"commit {ratios['commit']:.1f}x, SIGKILL {ratios['kill']:.1f}x",
+        ),
+        f"five scenarios >= {TARGET_SCENARIO_RATIO:g}x faster in fork mode": (
+            ratios["scenarios"] >= TARGET_SCENARIO_RATIO,
+            f"{suite['exec']:.3f} s / {suite['fork']:.3f} s = {ratios['scenarios']:.1f}x",
+        ),
+    }
+    for name, (holds, figures) in targets.items():
+        print(f"{'HOLDS' if holds else 'MISSED'}: {name} ({figures})")
+    print(f"(measured in {total:.1f} s)")
+
+    if args.output is not None:
+        _write_json(args.output, {
+            "benchmark": "bench/spawn.py",
+            "faultlab": __version__,
+            "python": platform.python_version(),
+            "sqlite": sqlite3.sqlite_version,
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "repeat": args.repeat,
+            "scenario_repeat": scenario_repeat,
+            "median_ms": {"commit": commit, "kill": kill, "fork_floor": floor_ms},
+            "median_scenarios_seconds": suite,
+            "ratios_exec_over_fork": ratios,
+            "targets": {name: holds for name, (holds, _) in targets.items()},
+            "samples": {"workers_ms": workers, "fork_floor_ms": floor,
+                        "scenarios_seconds": scenarios},
+            "seconds": round(total, 3),
+        })
+    return 0 if all(holds for holds, _ in targets.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
