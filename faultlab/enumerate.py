@@ -41,11 +41,9 @@ worker threads interleave.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import itertools
 import json
-import os
 import queue
 import shutil
 import sqlite3
@@ -62,7 +60,7 @@ from typing import Any
 from faultlab.canonical import canonical_json
 from faultlab.invariants import Model
 from faultlab.process import DEFAULT_DEADLINE, Spawner
-from faultlab.stores import Snapshot
+from faultlab.stores import Snapshot, scratch_directory
 from faultlab.system.contract import System
 from faultlab.trace import Execution, Executor, Observation, Step, execute
 
@@ -70,20 +68,6 @@ DEFAULT_OPERATIONS = 2
 DEFAULT_CRASHES = 1
 STATEMENT_LIMIT = 500  # a worker that runs more statements than this is not probed further
 JOURNALS = ("-journal", "-wal", "-shm")
-
-
-def scratch_directory() -> str | None:
-    """Where branch directories go: a RAM-backed directory when there is one.
-
-    Every step is followed by a copy of the stores, and every commit of the system
-    under test fsyncs (``synchronous=FULL``). A crash here is a SIGKILL, which the
-    page cache survives, so a tmpfs changes nothing the checks can see and saves
-    the disk flushes. ``None`` means the system's temporary directory.
-    """
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
-        return str(shm)
-    return None
 
 
 def default_max_steps(operations: int, crashes: int) -> int:
@@ -279,13 +263,10 @@ class _Walk:
 
     def _executor(self, node: _Node, directory: Path, spawner: Spawner) -> Executor:
         """An executor that continues from ``node`` on the stores copied into ``directory``."""
-        executor = Executor(
-            self.system, spawner, deduplication=self.deduplication, deadline=self.deadline
+        return Executor.resume(
+            self.system, spawner, directory, node.model, node.snapshot,
+            deduplication=self.deduplication, deadline=self.deadline,
         )
-        executor.directory = directory
-        executor.model = copy.deepcopy(node.model)
-        executor.snapshot = node.snapshot
-        return executor
 
     def root_node(self) -> _Node:
         directory = self._directory()

@@ -7,6 +7,7 @@ faultlab never writes to a database it did not initialise.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -112,6 +113,20 @@ class Snapshot:
         if built["tickets"]:
             built["tickets"] = tuple(sorted(built["tickets"], key=lambda r: int(r.id)))
         return cls(**built)
+
+
+def scratch_directory() -> str | None:
+    """Where faultlab's own run directories go: a RAM-backed directory when there is one.
+
+    Every commit of the system under test fsyncs (``synchronous=FULL``). A crash
+    here is a SIGKILL, which the page cache survives, so a tmpfs changes nothing
+    the checks can see and saves the disk flushes (faultlab does not model power
+    loss). ``None`` means the system's temporary directory.
+    """
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
+        return str(shm)
+    return None
 
 
 def _uri(path: Path, mode: str) -> str:

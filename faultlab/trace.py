@@ -9,6 +9,7 @@ reads a store.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ from faultlab.canonical import canonical_json
 from faultlab.errors import ExecutionError, UsageError
 from faultlab.invariants import Check, Model, Violation, check_live, check_step
 from faultlab.process import DEFAULT_DEADLINE, ProcessRecord, Spawner, WorkerSpec
-from faultlab.stores import Snapshot
+from faultlab.stores import Snapshot, scratch_directory
 from faultlab.system.contract import System
 
 TRACE_FORMAT = "faultlab-trace"
@@ -288,9 +289,23 @@ class Executor:
         self.snapshot = Snapshot()
         self.observations: list[Observation] = []
 
+    @classmethod
+    def resume(
+        cls, system: System, spawner: Spawner, directory: Path, model: Model,
+        snapshot: Snapshot, *, deduplication: bool = True, deadline: float = DEFAULT_DEADLINE,
+    ) -> Executor:
+        """Continue from stores already in ``directory`` (a branch the caller owns and removes),
+        with a copy of the model that produced them."""
+        executor = cls(system, spawner, deduplication=deduplication, deadline=deadline)
+        executor._temporary = False
+        executor.directory = directory
+        executor.model = copy.deepcopy(model)
+        executor.snapshot = snapshot
+        return executor
+
     def __enter__(self) -> Executor:
         if self._requested_directory is None:
-            self.directory = Path(tempfile.mkdtemp(prefix="faultlab-"))
+            self.directory = Path(tempfile.mkdtemp(prefix="faultlab-", dir=scratch_directory()))
         else:
             self.directory = self._requested_directory
             self.directory.mkdir(parents=True)
