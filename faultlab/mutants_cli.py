@@ -1,0 +1,130 @@
+"""``mutants``: prove that faultlab catches every mutant of the bug zoo."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from faultlab.cli import (
+    EXIT_FOUND,
+    EXIT_OK,
+    _add_format,
+    _add_spawn,
+    _positive_int,
+    check_format,
+    check_output_path,
+)
+from faultlab.corpus import DEFAULT_CORPUS, check_corpus_directory
+from faultlab.errors import UsageError
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "mutants", help="run explore and enumerate against the reference and every mutant",
+        description="Judge the reference and every mutant of the bug zoo with both search "
+                    "strategies (explore with a fixed seed, enumerate with its defaults), in "
+                    "parallel across cores, and print one table. Exit 0 only when the "
+                    "reference is clean and every mutant is caught by both; 1 otherwise; 2 on "
+                    "bad input. Each shrunk finding is saved to the corpus.",
+    )
+    parser.add_argument("--only", action="append", metavar="NAME",
+                        help="judge only this system (repeatable; reference or a mutant name)")
+    parser.add_argument("--output", type=Path, metavar="FILE",
+                        help="write the table and timings as JSON (atomically)")
+    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, metavar="DIR",
+                        help="where shrunk findings are saved (default corpus/)")
+    parser.add_argument("--examples", type=_positive_int, default=100, metavar="N",
+                        help="explore: examples per system (default 100)")
+    parser.add_argument("--steps", type=_positive_int, default=10, metavar="N",
+                        help="explore: steps per example (default 10)")
+    parser.add_argument("--seed", type=int, default=0, metavar="S",
+                        help="explore: seed (default 0)")
+    parser.add_argument("--operations", type=_positive_int, default=2, metavar="N",
+                        help="enumerate: operations per trace (default 2)")
+    parser.add_argument("--crashes", type=int, default=1, metavar="C",
+                        help="enumerate: crashes per trace (default 1)")
+    parser.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1, metavar="J",
+                        help="systems judged at once (default: the number of cores)")
+    _add_spawn(parser)
+    _add_format(parser)
+    parser.set_defaults(handler=cmd_mutants)
+
+
+def cmd_mutants(args: argparse.Namespace) -> int:
+    from faultlab import report
+    from faultlab.system import builtin_names
+    from faultlab.trace import write_json_atomically
+    from faultlab.zoo import Budget, judge_all, timing_summary
+
+    check_format(args.format)
+    check_corpus_directory(args.corpus)
+    if args.output is not None:
+        check_output_path(args.output)
+    if args.crashes < 0:
+        raise UsageError("--crashes must be 0 or more")
+    names = builtin_names()
+    if args.only:
+        unknown = [name for name in args.only if name not in names]
+        if unknown:
+            raise UsageError(f"--only: unknown system {unknown[0]!r} (one of: {', '.join(names)})")
+        names = [name for name in names if name in args.only]
+    budget = Budget(examples=args.examples, steps=args.steps, seed=args.seed,
+                    operations=args.operations, crashes=args.crashes, spawn=args.spawn,
+                    deadline=args.deadline, corpus=str(args.corpus))
+    started = time.monotonic()
+
+    def progress(judgement: Any) -> None:
+        state = "ok" if judgement.ok else "FAILED"
+        print(f"mutants: {judgement.system} judged ({state}), "
+              f"{time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
+
+    judgements = judge_all(names, budget, jobs=min(args.jobs, len(names)), progress=progress)
+    seconds = time.monotonic() - started
+    rows = []
+    for j in judgements:
+        rows.append([
+            j.system,
+            j.defect if len(j.defect) <= 48 else j.defect[:45] + "...",
+            _found(j.enumerate_found, j.enumerate_invariants),
+            _found(j.explore_found, j.explore_invariants),
+            "+".join(j.caught_by) or "-",
+            "-" if j.examples_until_found is None else j.examples_until_found,
+            "-" if j.seconds_until_found is None else j.seconds_until_found,
+            "-" if j.shrunk_steps is None else j.shrunk_steps,
+            "-" if j.reference else j.minimal_steps,
+            "ok" if j.ok and j.at_minimum else ("ok (longer)" if j.ok else "FAIL"),
+        ])
+    headers = ["system", "defect", "enumerate", "explore", "expected", "examples",
+               "seconds", "shrunk", "minimum", "verdict"]
+    print(report.table(rows, headers, args.format))
+    timings = timing_summary(judgements)
+    print(f"\nexplore: median {timings['explore_median_seconds']} s, worst "
+          f"{timings['explore_worst_seconds']} s to catch a mutant; enumerate: median "
+          f"{timings['enumerate_median_seconds']} s, worst "
+          f"{timings['enumerate_worst_seconds']} s; wall {seconds:.1f} s with "
+          f"{min(args.jobs, len(names))} jobs")
+    passed = all(j.ok for j in judgements)
+    mutants = [j for j in judgements if not j.reference]
+    caught = sum(j.ok for j in mutants)
+    reference_clean = all(j.ok for j in judgements if j.reference)
+    print(f"{'PASS' if passed else 'FAIL'}: {caught} of {len(mutants)} mutants caught by "
+          f"both explore and enumerate"
+          + ("" if not any(j.reference for j in judgements)
+             else f"; reference {'clean' if reference_clean else 'NOT clean'}"))
+    if args.output is not None:
+        write_json_atomically(args.output, {
+            "passed": passed,
+            "budget": vars(budget),
+            "seconds": round(seconds, 3),
+            "timings": timings,
+            "systems": [j.to_json() for j in judgements],
+        })
+    return EXIT_OK if passed else EXIT_FOUND
+
+
+def _found(found: bool, invariants: list[str]) -> str:
+    return ("yes " + "+".join(invariants)) if found else "no"
