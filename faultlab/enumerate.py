@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from faultlab.canonical import canonical_json
+from faultlab.coverage import Coverage
 from faultlab.invariants import Model
 from faultlab.process import DEFAULT_DEADLINE, Spawner
 from faultlab.stores import Snapshot, scratch_directory
@@ -123,6 +124,7 @@ class Enumeration:
     depth: int = 0  # the longest trace explored
     seconds: float = 0.0
     best: dict[str, Finding] = field(default_factory=dict)  # invariant -> shortest finding
+    coverage: Coverage = field(default_factory=Coverage)
 
     @property
     def found(self) -> bool:
@@ -189,6 +191,7 @@ class _Expansion:
     probes: int = 0
     skipped: int = 0
     steps_executed: int = 0
+    coverage: Coverage = field(default_factory=Coverage)
 
 
 def state_key(directory: Path, model: Model) -> str:
@@ -357,7 +360,11 @@ class _Walk:
             finally:
                 shutil.rmtree(directory, ignore_errors=True)
             expansion.steps_executed += len(observations)
+            for observation in observations:
+                expansion.coverage.observe(observation, executor.model, self.deduplication)
             failed = next((o for o in observations if o.violations), None)
+            if failed is None:
+                expansion.coverage.live_checked()
             if failed is not None:
                 cached = (_names(failed.violations), observations.index(failed) + 1)
             else:
@@ -375,6 +382,7 @@ class _Walk:
             executor = self._executor(node, directory, spawner)
             observation = executor.run(step)
             expansion.steps_executed += 1
+            expansion.coverage.observe(observation, executor.model, self.deduplication)
             child = _Child(step, fired=step.crash is None or observation.crashed)
             if not child.fired:
                 expansion.probes += 1
@@ -446,6 +454,7 @@ class _Walk:
             result.probes += expansion.probes
             result.skipped += expansion.skipped
             result.steps_executed += expansion.steps_executed
+            result.coverage.merge(expansion.coverage)
             if expansion.settle_invariants:
                 result.violations += 1
                 self._found(node.steps, expansion.settle_invariants, expansion.settle_executed,
@@ -510,6 +519,7 @@ def _merge(parts: list[_Expansion]) -> _Expansion:
         merged.probes += part.probes
         merged.skipped += part.skipped
         merged.steps_executed += part.steps_executed
+        merged.coverage.merge(part.coverage)
     return merged
 
 

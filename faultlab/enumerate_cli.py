@@ -121,6 +121,8 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
         ["wall time (s)", round(result.seconds, 2)],
     ]
     print(report.table(rows, ["enumerate", "value"], args.format))
+    print()
+    report.print_coverage(result.coverage, system, args.format)
     if not confirmed:
         print(f"\nclean: no invariant failed in {result.traces} traces")
         return EXIT_OK

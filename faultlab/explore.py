@@ -9,7 +9,6 @@ replayed once more through the executor to confirm it and to print its table.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,18 +134,6 @@ def explore(
             f"{trace.expected.describe() if trace.expected else 'nothing'}"
         )
     return result
-
-
-def crash_coverage(explorations: list[Exploration], system: System) -> list[list[Any]]:
-    """Rows: crash point, times armed, times it fired."""
-    armed: Counter[str] = Counter()
-    fired: Counter[str] = Counter()
-    for exploration in explorations:
-        armed.update(exploration.recorder.crash_armed)
-        fired.update(exploration.recorder.crash_hits)
-    names = [p.name for p in system.crash_points]
-    names += sorted(set(armed) - set(names))
-    return [[name, armed[name], fired[name]] for name in names]
 
 
 def _describe(trace: Trace) -> str:

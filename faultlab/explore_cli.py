@@ -76,7 +76,7 @@ def _progress(recorder: Any) -> None:
 
 def cmd_explore(args: argparse.Namespace) -> int:
     from faultlab import corpus, report
-    from faultlab.explore import crash_coverage, explore
+    from faultlab.explore import explore
     from faultlab.process import spawner
 
     check_format(args.format)
@@ -103,11 +103,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
     ]
     print(report.table(rows, ["explore", "value"], args.format))
     print()
-    print(report.table(crash_coverage([result], system),
-                       ["crash point", "armed", "fired"], args.format))
-    print()
-    print(report.table(report.invariant_coverage(result.recorder.invariant_hits),
-                       ["invariant", "checked with something to check", "meaning"], args.format))
+    report.print_coverage(result.recorder.coverage, system, args.format)
     for note in result.notes:
         print(f"note: {note}")
     if result.trace is None:

@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, multiple, precondition, rule
 
-from faultlab.invariants import STEP_CHECKS, Check, Violation, vacuous
+from faultlab.coverage import Coverage
+from faultlab.invariants import STEP_CHECKS, Model, Violation
 from faultlab.process import DEFAULT_DEADLINE, Spawner
 from faultlab.system import load_system
 from faultlab.trace import Executor, Observation, Step, Verdict
@@ -67,9 +68,7 @@ class Recorder:
     processes: int = 0
     sigkills: int = 0
     checks: int = 0
-    crash_hits: Counter[str] = field(default_factory=Counter)
-    crash_armed: Counter[str] = field(default_factory=Counter)
-    invariant_hits: Counter[str] = field(default_factory=Counter)
+    coverage: Coverage = field(default_factory=Coverage)
     last_steps: list[Step] = field(default_factory=list)
     last_verdict: Verdict = field(default_factory=Verdict)
     last_violations: list[Violation] = field(default_factory=list)
@@ -82,21 +81,19 @@ class Recorder:
     def seconds(self) -> float:
         return time.monotonic() - self.started
 
-    def observe(self, observation: Observation, check: Check) -> None:
+    @property
+    def crash_hits(self) -> Counter[str]:
+        return self.coverage.fired
+
+    def observe(self, observation: Observation, model: Model, deduplication: bool) -> None:
         self.steps += 1
         self.processes += 1 + (1 if (observation.record.response or {}).get("service") else 0)
         service = (observation.record.response or {}).get("service") or {}
         self.sigkills += int(observation.record.killed) + int(service.get("exit_code") == -9)
         self.checks += len(STEP_CHECKS)
-        for name in STEP_CHECKS:
-            if not vacuous(name, check):
-                self.invariant_hits[name] += 1
-        point = observation.step.crash
-        if point is not None:
-            self.crash_armed[point] += 1
-            if observation.crashed:
-                self.crash_hits[point] += 1
-                _hypothesis_call(event, f"crash point fired: {point}")
+        self.coverage.observe(observation, model, deduplication)
+        if observation.crashed and observation.step.crash is not None:
+            _hypothesis_call(event, f"crash point fired: {observation.step.crash}")
         now = time.monotonic()
         if self.progress is not None and now - self._last_progress >= 1.0:
             self._last_progress = now
@@ -146,17 +143,7 @@ class OutboxMachine(RuleBasedStateMachine):
         return observation
 
     def _observed(self, observation: Observation) -> None:
-        payload = None
-        if observation.step.action != "dispatch":
-            from faultlab.canonical import canonical_json
-
-            payload = canonical_json(observation.step.payload)
-        check = Check(
-            model=self.executor.model, before=observation.before, after=observation.snapshot,
-            action=observation.step.action, operation_id=observation.step.operation_id,
-            payload=payload, record=observation.record, deduplication=self.executor.deduplication,
-        )
-        self.recorder.observe(observation, check)
+        self.recorder.observe(observation, self.executor.model, self.executor.deduplication)
         if observation.crashed and observation.step.crash is not None:
             self.fired.add(observation.step.crash)
 
@@ -195,6 +182,8 @@ class OutboxMachine(RuleBasedStateMachine):
                     found = InvariantFailure(failed.index, list(failed.violations))
                 elif final:
                     found = InvariantFailure(None, final)
+                if failed is None:
+                    self.recorder.coverage.live_checked()
                 self.failure = found
         finally:
             self.executor.close()

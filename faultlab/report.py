@@ -13,7 +13,9 @@ from typing import Any
 from tabulate import tabulate
 
 from faultlab import __version__
+from faultlab.coverage import Coverage
 from faultlab.scenarios import Outcome
+from faultlab.system.contract import System
 from faultlab.trace import Execution, Observation
 
 PASS_LINE = "PASS: 5 scenarios; real SIGKILL, separate caller and downstream stores"
@@ -133,8 +135,8 @@ def violation_lines(execution: Execution) -> list[str]:
     return lines
 
 
-def invariant_coverage(hits: Any) -> list[list[Any]]:
-    """Rows: invariant, how often it had something to check, what it means."""
-    from faultlab.invariants import INVARIANTS
-
-    return [[name, hits.get(name, 0), meaning] for name, meaning in INVARIANTS.items()]
+def print_coverage(coverage: Coverage, system: System, fmt: str) -> None:
+    """Which crash points fired and which invariants had something to check."""
+    print(table(coverage.crash_rows(system), ["crash point", "armed", "fired"], fmt))
+    print()
+    print(table(coverage.invariant_rows(), ["invariant", "checked non-vacuously"], fmt))

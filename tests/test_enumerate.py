@@ -43,7 +43,7 @@ def test_reference_is_clean_with_one_operation_and_one_crash(
     assert not result.found and result.violations == 0
     assert result.traces > 50 and result.skipped > 0 and result.crash_states > 0
     assert result.probes > 0  # statement points were probed until they stopped firing
-    assert _scratch_entries() == before  # every branch directory was removed
+    assert _scratch_entries() <= before  # every branch directory was removed
 
 
 @pytest.mark.parametrize("name", ["no-dedup", "split-accept", "split-receipt", "idle-resend",
@@ -153,7 +153,7 @@ def test_corpus_that_is_a_file_is_refused_and_left_alone(
     assert out == "" and len(err.strip().splitlines()) == 1 and "--corpus" in err
     assert target.read_text() == "not a directory\n"
     assert [p.name for p in tmp_path.iterdir()] == ["corpus"]
-    assert _scratch_entries() == before
+    assert _scratch_entries() <= before
 
 
 # --- the whole zoo (slow) ----------------------------------------------------------------------

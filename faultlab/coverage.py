@@ -1,0 +1,65 @@
+"""What a search exercised: crash points armed and fired, invariants checked non-vacuously.
+
+A clean result means little if the crash points never fired or an invariant never
+had anything to check; explore and enumerate both print this table.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from faultlab.canonical import canonical_json
+from faultlab.crash import statement_point
+from faultlab.invariants import INVARIANTS, STEP_CHECKS, Check, Model, vacuous
+from faultlab.system.contract import System
+from faultlab.trace import Observation
+
+
+def _point_order(name: str) -> tuple[str, int]:
+    parsed = statement_point(name)
+    return (name, 0) if parsed is None else (parsed[0], parsed[1])
+
+
+@dataclass
+class Coverage:
+    armed: Counter[str] = field(default_factory=Counter)
+    fired: Counter[str] = field(default_factory=Counter)
+    checked: Counter[str] = field(default_factory=Counter)
+
+    def observe(self, observation: Observation, model: Model, deduplication: bool) -> Check:
+        """Count one executed step; return the check context (for callers that need it)."""
+        step = observation.step
+        payload = None if step.action == "dispatch" else canonical_json(step.payload)
+        check = Check(
+            model=model, before=observation.before, after=observation.snapshot,
+            action=step.action, operation_id=step.operation_id, payload=payload,
+            record=observation.record, deduplication=deduplication,
+        )
+        for name in STEP_CHECKS:
+            if not vacuous(name, check):
+                self.checked[name] += 1
+        if step.crash is not None:
+            self.armed[step.crash] += 1
+            if observation.crashed:
+                self.fired[step.crash] += 1
+        return check
+
+    def live_checked(self) -> None:
+        self.checked["LIVE"] += 1
+
+    def merge(self, other: Coverage) -> None:
+        self.armed.update(other.armed)
+        self.fired.update(other.fired)
+        self.checked.update(other.checked)
+
+    def crash_rows(self, system: System) -> list[list[Any]]:
+        """Rows: crash point, times armed, times it fired (declared points first)."""
+        names = [p.name for p in system.crash_points]
+        names += sorted(set(self.armed) - set(names), key=_point_order)
+        return [[name, self.armed[name], self.fired[name]] for name in names]
+
+    def invariant_rows(self) -> list[list[Any]]:
+        """Rows: invariant, times it had something to check."""
+        return [[name, self.checked[name]] for name in INVARIANTS]
