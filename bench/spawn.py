@@ -43,10 +43,12 @@ from tabulate import tabulate  # noqa: E402
 from faultlab import __version__  # noqa: E402
 from faultlab.process import SPAWN_MODES, Spawner, SpawnMode, WorkerSpec, spawner  # noqa: E402
 from faultlab.scenarios import SCENARIOS  # noqa: E402
+from faultlab.stores import scratch_directory  # noqa: E402
 from faultlab.system import System, load_system  # noqa: E402
 
 PAYLOAD = '{"priority":"normal","project":"bench","title":"one transaction"}'
 DEFAULT_REPEAT = 30
+BLOCK = 5  # workers per mode in a row before the other mode runs
 TARGET_FORK_MS = 5.0
 TARGET_PROCESS_RATIO = 10.0
 TARGET_SCENARIO_RATIO = 8.0
@@ -79,7 +81,8 @@ def measure_workers(system: System, repeat: int) -> dict[str, dict[str, list[flo
         "commit": {mode: [] for mode in SPAWN_MODES},
         "kill": {mode: [] for mode in SPAWN_MODES},
     }
-    with tempfile.TemporaryDirectory(prefix="faultlab-bench-") as root, \
+    # the stores live where faultlab's own runs put them (RAM-backed when available)
+    with tempfile.TemporaryDirectory(prefix="faultlab-bench-", dir=scratch_directory()) as root, \
             spawner("fork") as fork_runner, spawner("exec") as exec_runner:
         runners = {"fork": fork_runner, "exec": exec_runner}
         directories = {}
@@ -97,13 +100,20 @@ def measure_workers(system: System, repeat: int) -> dict[str, dict[str, list[flo
         for mode in SPAWN_MODES:  # warm-up: start the fork server, fill the page cache
             _time_worker(runners[mode], spec(mode, "warm-up", None), 0)
             _time_worker(runners[mode], spec(mode, "warm-up-kill", "during_accept"), -9)
-        for i, order in enumerate(_orders(repeat)):
+        # Modes alternate in blocks (the order flips each round), so both see the same
+        # machine noise while each mode runs as it does in a real run: back to back.
+        block = max(1, min(BLOCK, repeat))
+        done = 0
+        for order in _orders((repeat + block - 1) // block):
+            size = min(block, repeat - done)
             for mode in order:
-                samples["commit"][mode].append(
-                    _time_worker(runners[mode], spec(mode, f"operation-{i:05d}", None), 0))
-            for mode in order[::-1]:
-                samples["kill"][mode].append(
-                    _time_worker(runners[mode], spec(mode, "killed", "during_accept"), -9))
+                for i in range(done, done + size):
+                    samples["commit"][mode].append(
+                        _time_worker(runners[mode], spec(mode, f"operation-{i:05d}", None), 0))
+                for _ in range(size):
+                    samples["kill"][mode].append(
+                        _time_worker(runners[mode], spec(mode, "killed", "during_accept"), -9))
+            done += size
     return samples
 
 

@@ -18,10 +18,11 @@ from hypothesis.errors import Flaky
 from hypothesis.stateful import run_state_machine_as_test
 
 from faultlab import __version__
+from faultlab.canonical import canonical_json
 from faultlab.machine import InvariantFailure, Recorder, machine_settings, outbox_machine
 from faultlab.process import DEFAULT_DEADLINE, Spawner
 from faultlab.system.contract import System
-from faultlab.trace import Execution, Trace, execute
+from faultlab.trace import Execution, Step, Trace, execute
 
 DEFAULT_EXAMPLES = 100
 DEFAULT_STEPS = 10
@@ -123,17 +124,83 @@ def explore(
     )
     if isinstance(failure, Flaky):
         result.notes.append(f"Hypothesis reported a flaky failure: {failure}")
-    result.trace = trace
-    result.replay = execute(
+    replay = execute(
         system, trace.steps, spawner, deduplication=deduplication, settle=trace.settle,
         deadline=deadline,
     )
-    if result.replay.verdict != trace.expected:
+    if replay.verdict != trace.expected:
         result.notes.append(
-            f"replay showed {result.replay.verdict.describe()}, recorded "
+            f"replay showed {replay.verdict.describe()}, recorded "
             f"{trace.expected.describe() if trace.expected else 'nothing'}"
         )
+    elif not replay.verdict.clean:
+        trace, replay = minimise(system, trace, replay, spawner, deadline=deadline)
+    result.trace, result.replay = trace, replay
     return result
+
+
+def executed_prefix(execution: Execution) -> list[Step]:
+    """The steps executed up to the failing check (all of them for a final LIVE)."""
+    verdict = execution.verdict
+    upto = len(execution.observations) if verdict.step is None else verdict.step
+    return [o.step for o in execution.observations[:upto]]
+
+
+def machine_could_draw(execution: Execution) -> bool:
+    """Whether the state machine's rules could have produced this trace.
+
+    A deleted step can leave a direct service call the machine never makes: for an
+    operation the caller does not hold, or with a changed payload before the
+    operation is complete (the receiver cannot know the accepted payload yet). Such a
+    trace would fail on a correct system too, so it is not a smaller finding.
+    """
+    for observation in execution.observations:
+        step = observation.step
+        if step.action != "service" or step.operation_id is None:
+            continue
+        held = observation.before.operation(step.operation_id)
+        if held is None:
+            return False
+        if canonical_json(step.payload) != held.payload and held.state != "complete":
+            return False
+    return True
+
+
+def minimise(
+    system: System, trace: Trace, execution: Execution, spawner: Spawner, *,
+    deadline: float = DEFAULT_DEADLINE,
+) -> tuple[Trace, Execution]:
+    """Delete single steps while the trace still fails one of the same invariants.
+
+    Hypothesis shrinks the choices that generated the trace; this pass shrinks the
+    trace itself, so a finding is 1-minimal (no single step can go) whatever path
+    Hypothesis's shrinker took. Each candidate is re-executed on fresh stores, and
+    its recovery steps are recomputed, so the result is what replay will show.
+    """
+    wanted = set(execution.verdict.invariants)
+    steps = executed_prefix(execution)
+    improved = True
+    while improved and len(steps) > 1:
+        improved = False
+        for index in range(len(steps)):
+            candidate = steps[:index] + steps[index + 1:]
+            attempt = execute(system, candidate, spawner, deduplication=trace.deduplication,
+                              settle=trace.settle, deadline=deadline)
+            kept = executed_prefix(attempt)
+            if (wanted & set(attempt.verdict.invariants) and len(kept) < len(steps)
+                    and machine_could_draw(attempt)):
+                steps, execution, improved = kept, attempt, True
+                break
+    if steps == list(trace.steps):
+        return trace, execution
+    shrunk = Trace(
+        system=trace.system, deduplication=trace.deduplication, steps=steps,
+        settle=trace.settle, expected=execution.verdict,
+        violations=list(execution.violations),
+        meta={**trace.meta, "hypothesis_steps": len(trace.steps)},
+    )
+    return shrunk, execute(system, steps, spawner, deduplication=trace.deduplication,
+                           settle=trace.settle, deadline=deadline)
 
 
 def _describe(trace: Trace) -> str:

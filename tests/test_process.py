@@ -53,6 +53,26 @@ def descendants(root: int) -> dict[int, str]:
     return found
 
 
+def shape(root: int) -> dict[int | str, str]:
+    """Descendants of root, with a fork server's waiting spare named by its role, not its pid.
+
+    Between workers a fork server (a child of root) has exactly one child: the spare it
+    forked ahead for the next worker, a new process after every worker. Anything else
+    below root is listed by pid, so a leftover worker or zombie still shows.
+    """
+    table = processes()
+    found = descendants(root)
+    named: dict[int | str, str] = {}
+    for pid, state in found.items():
+        parent = table[pid][1] if pid in table else -1
+        is_spare = parent in found and table.get(parent, ("", -1, 0))[1] == root
+        key: int | str = f"spare of {parent}" if is_spare and state == "S" else pid
+        if key in named:
+            key = pid  # a second waiting child is not a spare
+        named[key] = state
+    return named
+
+
 def in_group(pgid: int) -> dict[int, str]:
     return {pid: state for pid, (state, _, group) in processes().items() if group == pgid}
 
@@ -99,11 +119,11 @@ def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dic
 def _check_suite_leaves_nothing(mode: str, private_tmp: dict[str, Any],
                                 capsys: pytest.CaptureFixture[str]) -> None:
     me = os.getpid()
-    children_before = descendants(me)
+    children_before = shape(me)
     fds_before = open_fds()
     assert main(["suite", "--examples", "0", "--spawn", mode]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("PASS: 5 scenarios")
-    leftover = {pid: state for pid, state in descendants(me).items()
+    leftover = {pid: state for pid, state in shape(me).items()
                 if pid not in children_before}
     assert leftover == {}, f"processes left behind: {leftover}"
     assert not any(state == "Z" for state in descendants(me).values())
@@ -111,7 +131,8 @@ def _check_suite_leaves_nothing(mode: str, private_tmp: dict[str, Any],
     made = private_tmp["made"]
     assert len(made) == 5  # one fresh store directory per scenario ...
     assert all(Path(path).name.startswith("faultlab-") for path in made)
-    assert list(private_tmp["directory"].iterdir()) == []  # ... and none left
+    assert not any(Path(path).exists() for path in made)  # ... and none left
+    assert list(private_tmp["directory"].iterdir()) == []
 
 
 def test_fork_suite_leaves_no_process_fd_or_temp_dir(
@@ -139,7 +160,7 @@ def test_a_hanging_worker_is_killed_at_its_deadline(
 ) -> None:
     system = load_system("systems_for_tests:HangingOutbox")
     me = os.getpid()
-    before = descendants(me)
+    before = shape(me)
     started = time.monotonic()
     with pytest.raises(ExecutionError) as caught:
         execute(system, [Step("accept", "op-1", PAYLOAD)], warm_spawner, deadline=1.0)
@@ -152,7 +173,7 @@ def test_a_hanging_worker_is_killed_at_its_deadline(
     pid = int(match.group(1))
     assert pid not in processes()  # killed and reaped, not a zombie
     assert in_group(pid) == {}
-    assert descendants(me) == before
+    assert shape(me) == before
     assert [Path(p).exists() for p in private_tmp["made"]] == [False]  # stores removed
 
 
