@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import Verbosity, seed
+from hypothesis import Phase, Verbosity, seed
 from hypothesis.errors import Flaky
 from hypothesis.stateful import run_state_machine_as_test
 
@@ -45,6 +45,11 @@ class Exploration:
     def found(self) -> bool:
         return self.trace is not None
 
+    @property
+    def shrunk_steps(self) -> int | None:
+        """Steps executed up to the failing check, recovery dispatches included."""
+        return None if self.replay is None else len(executed_prefix(self.replay))
+
     def stats(self) -> dict[str, Any]:
         r = self.recorder
         return {
@@ -68,6 +73,7 @@ class Exploration:
             "seed": self.seed,
             **self.stats(),
             "found": self.found,
+            "shrunk_steps": self.shrunk_steps,
         }
         if self.trace is not None:
             data["trace"] = self.trace.to_json()
@@ -85,15 +91,25 @@ def explore(
     deadline: float = DEFAULT_DEADLINE,
     progress: Callable[[Recorder], None] | None = None,
     statement_crashes: bool = True,
+    hypothesis_shrink: bool = False,
 ) -> Exploration:
-    """Search for a violating trace; shrink it; confirm it by replay."""
+    """Search for a violating trace; shrink it; confirm it by replay.
+
+    Shrinking is faultlab's own trace minimiser (:func:`minimise`), run on the first
+    failing example: deterministic and fast, since every candidate costs real
+    processes. ``hypothesis_shrink`` runs Hypothesis's shrinker first (many more
+    executions; it also simplifies payloads).
+    """
     recorder = Recorder(progress=progress)
     machine = outbox_machine(
         system.ref, deduplication=deduplication, spawner=spawner, deadline=deadline,
         examples=examples, steps=steps, recorder=recorder, statement_crashes=statement_crashes,
     )
     settings = machine_settings(examples, steps)
-    settings = type(settings)(settings, verbosity=Verbosity.quiet)
+    phases = tuple(settings.phases) if hypothesis_shrink else tuple(
+        phase for phase in settings.phases if phase not in (Phase.shrink, Phase.explain)
+    )
+    settings = type(settings)(settings, verbosity=Verbosity.quiet, phases=phases)
     started = time.monotonic()
     failure: BaseException | None = None
     try:
@@ -170,26 +186,60 @@ def minimise(
     system: System, trace: Trace, execution: Execution, spawner: Spawner, *,
     deadline: float = DEFAULT_DEADLINE,
 ) -> tuple[Trace, Execution]:
-    """Delete single steps while the trace still fails one of the same invariants.
+    """Shrink the trace itself: delete steps, disarm crashes, while it still fails.
 
-    Hypothesis shrinks the choices that generated the trace; this pass shrinks the
-    trace itself, so a finding is 1-minimal (no single step can go) whatever path
-    Hypothesis's shrinker took. Each candidate is re-executed on fresh stores, and
-    its recovery steps are recomputed, so the result is what replay will show.
+    Delta debugging over the executed steps: remove chunks of half the trace, then
+    quarters, down to single steps; then try each armed step without its crash; repeat
+    until nothing changes (no single step can go, no crash can be dropped). Each
+    candidate is re-executed on fresh stores with its recovery recomputed, so the
+    result is exactly what replay shows. Any invariant may fail in the smaller trace,
+    as Hypothesis's own shrinker allows (every failure raises the same exception).
     """
-    wanted = set(execution.verdict.invariants)
-    steps = executed_prefix(execution)
-    improved = True
-    while improved and len(steps) > 1:
-        improved = False
-        for index in range(len(steps)):
-            candidate = steps[:index] + steps[index + 1:]
-            attempt = execute(system, candidate, spawner, deduplication=trace.deduplication,
-                              settle=trace.settle, deadline=deadline)
-            kept = executed_prefix(attempt)
-            if (wanted & set(attempt.verdict.invariants) and len(kept) < len(steps)
-                    and machine_could_draw(attempt)):
-                steps, execution, improved = kept, attempt, True
+    def kept(result: Execution, candidate: list[Step]) -> list[Step]:
+        """A step failure keeps the steps up to it; a final one keeps the trace's own steps
+        (replay recomputes the recovery)."""
+        return executed_prefix(result) if result.verdict.step is not None else list(candidate)
+
+    def attempt(candidate: list[Step]) -> tuple[Execution, list[Step]] | None:
+        result = execute(system, candidate, spawner, deduplication=trace.deduplication,
+                         settle=trace.settle, deadline=deadline)
+        if result.verdict.clean or not machine_could_draw(result):
+            return None
+        if len(executed_prefix(result)) >= size:  # measured in executed steps, recovery too
+            return None
+        return result, kept(result, candidate)
+
+    steps = kept(execution, list(trace.steps))
+    size = len(executed_prefix(execution))
+
+    changed = True
+    while changed:
+        changed = False
+        chunk = max(1, len(steps) // 2)
+        while len(steps) > 1:
+            improved = False
+            start = 0
+            while start < len(steps) and len(steps) > 1:
+                found = attempt(steps[:start] + steps[start + chunk:])
+                if found is not None:
+                    (execution, steps), improved = found, True
+                    size = len(executed_prefix(execution))
+                else:
+                    start += chunk
+            if chunk == 1 and not improved:
+                break
+            if not improved:
+                chunk = max(1, chunk // 2)
+        for index, step in enumerate(steps):
+            if step.crash is None:
+                continue
+            disarmed = Step(step.action, step.operation_id, step.payload, None)
+            size += 1  # an equally long trace without the crash is simpler too
+            found = attempt(steps[:index] + [disarmed] + steps[index + 1:])
+            size -= 1
+            if found is not None:
+                (execution, steps), changed = found, True
+                size = len(executed_prefix(execution))
                 break
     if steps == list(trace.steps):
         return trace, execution
@@ -226,9 +276,9 @@ def suite_exploration(
         control = explore(system, spawner, deduplication=False, examples=examples,
                           seed_value=seed, deadline=deadline)
         trace = control.trace
-        steps = len(trace.steps) if trace else 0
+        steps = control.shrunk_steps or 0
         control_ok = bool(trace and trace.expected and "ONE" in trace.expected.invariants
-                          and steps == 3)
+                          and control.shrunk_steps == 3)
         shown = ", ".join(s.describe() for s in trace.steps) if trace else "nothing found"
         verdict = _describe(trace) if trace else "nothing"
         lines.append(

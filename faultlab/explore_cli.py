@@ -43,6 +43,10 @@ def register(commands: Any) -> None:
     explore.add_argument("--no-statement-crashes", dest="statement_crashes",
                          action="store_false",
                          help="draw only the system's named crash points, not sql:K/commit:K")
+    explore.add_argument("--hypothesis-shrink", action="store_true",
+                         help="also run Hypothesis's shrinker before faultlab's trace "
+                              "minimiser (slower: every candidate is real processes; it also "
+                              "simplifies payloads)")
     explore.add_argument("--quiet", action="store_true", help="no progress on stderr")
     _add_spawn(explore)
     _add_format(explore)
@@ -87,6 +91,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
             system, runner, deduplication=args.deduplication, examples=args.examples,
             steps=args.steps, seed_value=args.seed, deadline=args.deadline,
             progress=None if args.quiet else _progress, statement_crashes=args.statement_crashes,
+            hypothesis_shrink=args.hypothesis_shrink,
         )
     stats = result.stats()
     rows = [
@@ -111,7 +116,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
         return EXIT_OK
     path = corpus.save(result.trace, args.corpus, system.name)
     verdict = result.trace.expected.describe() if result.trace.expected else "?"
-    print(f"\nFOUND: {verdict}, shrunk to {len(result.trace.steps)} steps; saved {path}")
+    print(f"\nFOUND: {verdict}, shrunk to {result.shrunk_steps} executed steps; saved {path}")
     if result.replay is not None:
         print(report.execution_table(result.replay, args.format))
         for line in report.violation_lines(result.replay):

@@ -104,7 +104,7 @@ def judge(name: str, budget: Budget) -> Judgement:
         examples_until_found=recorder.first_failure_examples,
         seconds_until_found=None if recorder.first_failure_seconds is None
         else round(recorder.first_failure_seconds, 3),
-        shrunk_steps=len(trace.steps) if trace else None,
+        shrunk_steps=explored.shrunk_steps,
         explore_seconds=round(explored.seconds, 3),
         explore_steps=recorder.steps,
         corpus_file=saved,

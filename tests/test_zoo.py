@@ -25,7 +25,7 @@ def check_caught_at_minimum(name: str, spawner: Spawner) -> None:
     trace = result.trace
     assert trace is not None and trace.expected is not None, f"{name} was not caught"
     assert set(trace.expected.invariants) & set(getattr(system, "caught_by", ()))
-    assert len(trace.steps) == getattr(system, "minimal_steps", None)
+    assert result.shrunk_steps == getattr(system, "minimal_steps", None)
     assert result.replay is not None and result.replay.verdict == trace.expected
     # the same trace is clean on the reference, unless it needs a point only the mutant has
     reference = load_system("reference")
