@@ -257,7 +257,7 @@ def cmd_systems(args: argparse.Namespace) -> int:
 Command = Callable[[argparse.Namespace], int]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, extensions: bool = True) -> argparse.ArgumentParser:
     parser = _Parser(
         prog="faultlab",
         description="Property-based crash testing for two-store outbox workers: real "
@@ -313,8 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_format(systems)
     systems.set_defaults(handler=cmd_systems)
 
-    for register in _extensions():
-        register(commands)
+    if extensions:
+        for register in _extensions():
+            register(commands)
     return parser
 
 
@@ -335,7 +336,8 @@ def _extensions() -> list[Callable[[Any], None]]:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = build_parser()
+        # an exec-mode worker is started per step: skip importing the other commands
+        parser = build_parser(extensions=not argv or argv[0] != "worker")
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()

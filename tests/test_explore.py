@@ -142,3 +142,13 @@ def test_explore_refuses_a_corpus_path_that_is_a_file(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "not a directory" in done.stderr
     assert corpus.read_text() == "not a directory"
+
+
+def test_hypothesis_shrinking_reaches_the_same_three_steps(
+    reference: System, fork_spawner: Spawner
+) -> None:
+    result = explore(reference, fork_spawner, deduplication=False, examples=30, steps=6,
+                     seed_value=0, hypothesis_shrink=True)
+    assert result.trace is not None and result.trace.expected is not None
+    assert "ONE" in result.trace.expected.invariants
+    assert result.shrunk_steps == 3
