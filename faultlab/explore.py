@@ -113,7 +113,7 @@ def explore(
     started = time.monotonic()
     failure: BaseException | None = None
     try:
-        run_state_machine_as_test(  # type: ignore[no-untyped-call]
+        run_state_machine_as_test(  # type: ignore[no-untyped-call,unused-ignore]
             seed(seed_value)(machine), settings=settings
         )
     except (InvariantFailure, Flaky) as error:

@@ -166,9 +166,11 @@ class OutboxMachine(RuleBasedStateMachine):
     def has_pending_work(self) -> bool:
         return bool(self.executor.snapshot.pending_outbox())
 
-    def is_complete(self, operation_id: str) -> bool:
-        operation = self.executor.snapshot.operation(operation_id)
-        return operation is not None and operation.state == "complete"
+    def complete_operations(self) -> list[str]:
+        return [
+            op.id for op in self.executor.snapshot.operations
+            if op.state == "complete" and op.id in self.payloads
+        ]
 
     def teardown(self) -> None:
         found: InvariantFailure | None = None
@@ -322,12 +324,18 @@ def outbox_machine(
         def recover(self) -> None:
             self.execute(Step("dispatch"))
 
-        @rule(operation=operations, change=st.booleans())
-        def service(self, operation: str, change: bool) -> None:
-            payload = self.payloads[operation]
-            if change and self.is_complete(operation):
-                payload = changed(payload)  # the seed's conflict case: a changed retry
-            self.execute(Step("service", operation, payload))
+        @rule(operation=operations)
+        def service(self, operation: str) -> None:
+            """A second delivery of an accepted operation, straight to the receiver."""
+            self.execute(Step("service", operation, self.payloads[operation]))
+
+        @precondition(lambda self: bool(self.complete_operations()))
+        @rule(data=st.data())
+        def service_changed(self, data: st.DataObject) -> None:
+            """The seed's conflict case: a completed operation retried with a changed payload
+            (only once complete: before delivery the receiver cannot know the accepted one)."""
+            operation = data.draw(st.sampled_from(self.complete_operations()), label="operation")
+            self.execute(Step("service", operation, changed(self.payloads[operation])))
 
         @precondition(lambda self: statement_crashes)
         @rule(target=operations, payload=PAYLOADS, crash=st.sampled_from(STATEMENT_POINTS))

@@ -16,7 +16,9 @@ from faultlab.system import load_system
 from faultlab.system.mutants import MUTANTS
 from faultlab.trace import execute
 
-QUICK = ["split-accept", "caller-overwrite", "no-payload-check"]
+QUICK = [
+    "split-accept", "caller-overwrite", "no-payload-check", "idle-resend", "non-canonical-retry",
+]
 
 
 def check_caught_at_minimum(name: str, spawner: Spawner) -> None:
