@@ -144,6 +144,7 @@ def test_explore_refuses_a_corpus_path_that_is_a_file(tmp_path: Path) -> None:
     assert corpus.read_text() == "not a directory"
 
 
+@pytest.mark.slow
 def test_hypothesis_shrinking_reaches_the_same_three_steps(
     reference: System, fork_spawner: Spawner
 ) -> None:
