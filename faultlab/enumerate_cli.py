@@ -18,6 +18,7 @@ from faultlab.cli import (
     _load_system,
     _positive_int,
     check_format,
+    int_at_least,
 )
 from faultlab.corpus import DEFAULT_CORPUS, check_corpus_directory
 from faultlab.enumerate import DEFAULT_CRASHES, DEFAULT_OPERATIONS, default_max_steps
@@ -25,14 +26,7 @@ from faultlab.enumerate import DEFAULT_CRASHES, DEFAULT_OPERATIONS, default_max_
 MAX_JOBS = 8
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
-    return value
+_count = int_at_least(0)
 
 
 def default_jobs() -> int:

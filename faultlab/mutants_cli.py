@@ -17,6 +17,7 @@ from faultlab.cli import (
     _positive_int,
     check_format,
     check_output_path,
+    int_at_least,
 )
 from faultlab.corpus import DEFAULT_CORPUS, check_corpus_directory
 from faultlab.errors import UsageError
@@ -45,7 +46,7 @@ def register(commands: Any) -> None:
                         help="explore: seed (default 0)")
     parser.add_argument("--operations", type=_positive_int, default=2, metavar="N",
                         help="enumerate: operations per trace (default 2)")
-    parser.add_argument("--crashes", type=int, default=1, metavar="C",
+    parser.add_argument("--crashes", type=int_at_least(0), default=1, metavar="C",
                         help="enumerate: crashes per trace (default 1)")
     parser.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1, metavar="J",
                         help="systems judged at once (default: the number of cores)")
@@ -64,8 +65,6 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     check_corpus_directory(args.corpus)
     if args.output is not None:
         check_output_path(args.output)
-    if args.crashes < 0:
-        raise UsageError("--crashes must be 0 or more")
     names = builtin_names()
     if args.only:
         unknown = [name for name in args.only if name not in names]
