@@ -348,8 +348,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser(extensions=not argv or argv[0] != "worker")
         args = parser.parse_args(argv)
         if args.command is None:
-            parser.print_help()
-            return EXIT_USAGE
+            raise UsageError(
+                "no command given (one of: suite, explore, replay, enumerate, mutants, systems, "
+                "worker; see --help)"
+            )
         result: int = args.handler(args)
         return result
     except UsageError as error:
