@@ -44,6 +44,3 @@ def save(trace: Trace, directory: Path, system_name: str | None = None) -> Path:
     write_json_atomically(path, trace.to_json())
     return path
 
-
-def files(directory: Path) -> list[Path]:
-    return sorted(directory.glob("*.json")) if directory.is_dir() else []

@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -273,7 +273,6 @@ class Executor:
         deduplication: bool = True,
         directory: Path | None = None,
         deadline: float = DEFAULT_DEADLINE,
-        on_observation: Callable[[Observation], None] | None = None,
     ) -> None:
         if not deduplication and not system.supports_no_deduplication:
             raise UsageError(f"system {system.name!r} cannot switch deduplication off")
@@ -281,7 +280,6 @@ class Executor:
         self.spawner = spawner
         self.deduplication = deduplication
         self.deadline = deadline
-        self.on_observation = on_observation
         self._requested_directory = directory
         self._temporary = directory is None
         self.directory = Path()
@@ -367,8 +365,6 @@ class Executor:
             len(self.observations) + 1, step, record, before, after, tuple(violations), phase
         )
         self.observations.append(observation)
-        if self.on_observation is not None:
-            self.on_observation(observation)
         return observation
 
     def settle(self) -> tuple[list[Observation], list[Violation]]:
