@@ -10,9 +10,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from faultlab.canonical import canonical_json
 from faultlab.crash import statement_point
-from faultlab.invariants import INVARIANTS, STEP_CHECKS, Check, Model, vacuous
+from faultlab.invariants import INVARIANTS, STEP_CHECKS, vacuous
 from faultlab.system.contract import System
 from faultlab.trace import Observation
 
@@ -28,23 +27,17 @@ class Coverage:
     fired: Counter[str] = field(default_factory=Counter)
     checked: Counter[str] = field(default_factory=Counter)
 
-    def observe(self, observation: Observation, model: Model, deduplication: bool) -> Check:
-        """Count one executed step; return the check context (for callers that need it)."""
+    def observe(self, observation: Observation) -> None:
+        """Count one executed step, reusing the check context the executor built for it."""
         step = observation.step
-        payload = None if step.action == "dispatch" else canonical_json(step.payload)
-        check = Check(
-            model=model, before=observation.before, after=observation.snapshot,
-            action=step.action, operation_id=step.operation_id, payload=payload,
-            record=observation.record, deduplication=deduplication,
-        )
-        for name in STEP_CHECKS:
-            if not vacuous(name, check):
-                self.checked[name] += 1
+        if observation.check is not None:
+            for name in STEP_CHECKS:
+                if not vacuous(name, observation.check):
+                    self.checked[name] += 1
         if step.crash is not None:
             self.armed[step.crash] += 1
             if observation.crashed:
                 self.fired[step.crash] += 1
-        return check
 
     def live_checked(self) -> None:
         self.checked["LIVE"] += 1

@@ -361,7 +361,7 @@ class _Walk:
                 shutil.rmtree(directory, ignore_errors=True)
             expansion.steps_executed += len(observations)
             for observation in observations:
-                expansion.coverage.observe(observation, executor.model, self.deduplication)
+                expansion.coverage.observe(observation)
             failed = next((o for o in observations if o.violations), None)
             if failed is None:
                 expansion.coverage.live_checked()
@@ -382,7 +382,7 @@ class _Walk:
             executor = self._executor(node, directory, spawner)
             observation = executor.run(step)
             expansion.steps_executed += 1
-            expansion.coverage.observe(observation, executor.model, self.deduplication)
+            expansion.coverage.observe(observation)
             child = _Child(step, fired=step.crash is None or observation.crashed)
             if not child.fired:
                 expansion.probes += 1

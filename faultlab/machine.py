@@ -27,7 +27,7 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, multiple, precondition, rule
 
 from faultlab.coverage import Coverage
-from faultlab.invariants import STEP_CHECKS, Model, Violation
+from faultlab.invariants import STEP_CHECKS, Violation
 from faultlab.process import DEFAULT_DEADLINE, Spawner
 from faultlab.system import load_system
 from faultlab.trace import Executor, Observation, Step, Verdict
@@ -85,13 +85,13 @@ class Recorder:
     def crash_hits(self) -> Counter[str]:
         return self.coverage.fired
 
-    def observe(self, observation: Observation, model: Model, deduplication: bool) -> None:
+    def observe(self, observation: Observation) -> None:
         self.steps += 1
         self.processes += 1 + (1 if (observation.record.response or {}).get("service") else 0)
         service = (observation.record.response or {}).get("service") or {}
         self.sigkills += int(observation.record.killed) + int(service.get("exit_code") == -9)
         self.checks += len(STEP_CHECKS)
-        self.coverage.observe(observation, model, deduplication)
+        self.coverage.observe(observation)
         if observation.crashed and observation.step.crash is not None:
             _hypothesis_call(event, f"crash point fired: {observation.step.crash}")
         now = time.monotonic()
@@ -143,7 +143,7 @@ class OutboxMachine(RuleBasedStateMachine):
         return observation
 
     def _observed(self, observation: Observation) -> None:
-        self.recorder.observe(observation, self.executor.model, self.executor.deduplication)
+        self.recorder.observe(observation)
         if observation.crashed and observation.step.crash is not None:
             self.fired.add(observation.step.crash)
 

@@ -85,6 +85,7 @@ class Observation:
     snapshot: Snapshot
     violations: tuple[Violation, ...]
     phase: str = "step"
+    check: Check | None = field(default=None, compare=False, repr=False)  # what was checked
 
     @property
     def crashed(self) -> bool:
@@ -355,14 +356,15 @@ class Executor:
         before = self.snapshot
         after = self.system.snapshot(self.directory)
         self.model.observe(step.action, spec.operation_id, payload, record)
-        violations = check_step(Check(
+        check = Check(
             model=self.model, before=before, after=after, action=step.action,
             operation_id=spec.operation_id, payload=payload, record=record,
             deduplication=self.deduplication,
-        ))
+        )
         self.snapshot = after
         observation = Observation(
-            len(self.observations) + 1, step, record, before, after, tuple(violations), phase
+            len(self.observations) + 1, step, record, before, after,
+            tuple(check_step(check)), phase, check,
         )
         self.observations.append(observation)
         return observation
