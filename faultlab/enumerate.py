@@ -61,7 +61,7 @@ from faultlab.canonical import canonical_json
 from faultlab.coverage import Coverage
 from faultlab.invariants import Model
 from faultlab.process import DEFAULT_DEADLINE, Spawner
-from faultlab.stores import Snapshot, scratch_directory
+from faultlab.stores import Snapshot, scratch_directory, uri
 from faultlab.system.contract import System
 from faultlab.trace import Execution, Executor, Observation, Step, execute
 
@@ -206,7 +206,7 @@ def state_key(directory: Path, model: Model) -> str:
         if header != b"SQLite format 3\x00":
             digest.update(path.read_bytes())
             continue
-        connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True)
+        connection = sqlite3.connect(uri(path, "rw"), uri=True)
         try:
             connection.execute("PRAGMA query_only=ON")
             for line in connection.iterdump():

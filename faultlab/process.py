@@ -465,13 +465,26 @@ def _reap_orphans(keep: int | None = None) -> None:
             return
 
 
-def zygote_main() -> None:
-    """The fork server: read one spec per line, fork a worker, answer with its record."""
-    import sqlite3  # noqa: F401  (warm the import for every forked child)
+def preload() -> None:
+    """Import, once in the fork server, every module a built-in system's worker uses.
+
+    A forked worker inherits what the fork server imported; a module it imports
+    itself costs that import in every worker process (milliseconds each). A test
+    runs each role after this and checks that ``sys.modules`` did not grow.
+    """
+    import sqlite3  # noqa: F401
 
     import faultlab.worker  # noqa: F401
+    from faultlab.system import builtin_names
+
+    builtin_names()  # imports the reference and the mutants
+
+
+def zygote_main() -> None:
+    """The fork server: read one spec per line, fork a worker, answer with its record."""
     from faultlab.system import load_system
 
+    preload()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _set_child_subreaper()
     requests = sys.stdin.buffer

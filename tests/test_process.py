@@ -262,3 +262,50 @@ def test_the_deadline_bounds_the_wait_even_when_a_process_escapes_the_group(
     assert wait_until(lambda: not alive(escaped))
     execute(reference, [Step("dispatch")], fork_spawner)  # the fork server reaps the orphan
     assert wait_until(lambda: escaped not in processes())
+
+
+_IMPORTS_PROBE = """
+import json, sys
+from faultlab.process import WorkerSpec, preload
+preload()
+from faultlab.worker import run_worker
+before = set(sys.modules)
+for system, directory in json.loads(sys.argv[1]).items():
+    for role, operation_id, payload in (
+        ("accept", "op-1", sys.argv[2]), ("accept", "op-1", sys.argv[2]),
+        ("dispatch", None, None), ("dispatch", None, None), ("service", "op-1", sys.argv[2]),
+    ):
+        run_worker(WorkerSpec(system=system, role=role, directory=directory,
+                              operation_id=operation_id, payload=payload, crash=None))
+print(json.dumps({"imported": sorted(set(sys.modules) - before)}))
+"""
+
+
+def test_a_fork_mode_worker_imports_nothing_the_fork_server_did_not(tmp_path: Path) -> None:
+    """Every role of every built-in system runs on what ``preload`` imported.
+
+    A module first imported inside a worker is imported again in every worker
+    process: on Python 3.13 ``Path.as_uri()`` alone cost 13 ms per worker that way.
+    """
+    import json
+    import subprocess
+    import sys
+
+    from faultlab.process import child_environment
+    from faultlab.system import builtin_names
+
+    directories = {}
+    for name in builtin_names():
+        directory = tmp_path / name
+        directory.mkdir()
+        load_system(name).initialise(directory)
+        directories[name] = str(directory)
+    completed = subprocess.run(
+        [sys.executable, "-c", _IMPORTS_PROBE, json.dumps(directories),
+         json.dumps({"title": "imports"})],
+        capture_output=True, text=True, env=child_environment(), timeout=120, check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    response = parse_response(completed.stdout)
+    assert response is not None and "imported" in response, completed.stdout
+    assert response["imported"] == []

@@ -65,7 +65,7 @@ from typing import Any, NoReturn
 from faultlab import crash
 from faultlab.errors import ExecutionError, UsageError
 from faultlab.process import DEFAULT_DEADLINE, ProcessRecord, Spawner, WorkerSpec, run_command
-from faultlab.stores import TABLES, Snapshot
+from faultlab.stores import TABLES, Snapshot, uri
 from faultlab.system.contract import ROLES, CrashPoint, Refusal, System, WorkerContext
 
 COMMANDS = ("init", "accept", "dispatch", "service")
@@ -539,7 +539,7 @@ class CommandSystem(System):
             )
         try:
             connection = sqlite3.connect(
-                f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
+                uri(path, "ro"), uri=True, isolation_level=None,
                 timeout=BUSY_TIMEOUT_SECONDS,
             )
             connection.execute("PRAGMA query_only=ON")
