@@ -133,11 +133,14 @@ def scratch_directory() -> str | None:
 def uri(path: Path, mode: str) -> str:
     """An SQLite ``file:`` URI for ``path`` opened in ``mode`` (ro, rw, rwc).
 
-    Built here rather than with ``Path.as_uri()``: on Python 3.13 that imports
-    ``urllib.parse`` on first use, which a fork-mode worker would then pay for in
-    every process (about 13 ms, three times the rest of the worker).
+    Built here rather than with ``Path.resolve().as_uri()``: on Python 3.13 that
+    imports ``urllib.parse`` on first use, which a fork-mode worker would then pay
+    for in every process (about 13 ms, three times the rest of the worker), and
+    ``resolve`` costs a system call per path component. SQLite resolves symbolic
+    links and ``..`` itself.
     """
-    return f"file://{quote_from_bytes(os.fsencode(path.resolve()))}?mode={mode}"
+    absolute = os.path.join(os.getcwd(), path)  # an absolute path stays as it is
+    return f"file://{quote_from_bytes(os.fsencode(absolute))}?mode={mode}"
 
 
 def initialise(path: Path, schema: str) -> None:
@@ -163,13 +166,15 @@ def connect(path: Path) -> sqlite3.Connection:
     Refuses (StoreError) a missing file or one without the marker, before any write.
     The connection is in autocommit mode: callers write ``BEGIN IMMEDIATE`` ... ``COMMIT``.
     """
-    if not path.is_file():
-        raise StoreError(f"{path}: no such store (initialise the directory with faultlab first)")
-    try:
+    try:  # mode=rw never creates the file; why it failed is looked at only if it did
         connection = sqlite3.connect(
             uri(path, "rw"), uri=True, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000
         )
     except sqlite3.Error as error:
+        if not path.is_file():
+            raise StoreError(
+                f"{path}: no such store (initialise the directory with faultlab first)"
+            ) from None
         raise StoreError(f"{path}: cannot open: {error}") from None
     try:
         marker = connection.execute("PRAGMA application_id").fetchone()[0]
