@@ -19,16 +19,25 @@ __all__ = ["CrashPoint", "Refusal", "System", "WorkerContext", "builtin_names", 
 _cache: dict[str, System] = {}
 
 
-def _builtins() -> dict[str, Callable[[], System]]:
+REFERENCE = "reference"
+
+
+def _reference() -> System:
     from faultlab.system.reference import ReferenceOutbox
 
-    registry: dict[str, Callable[[], System]] = {"reference": ReferenceOutbox}
-    try:
-        from faultlab.system.mutants import MUTANTS
-    except ImportError:  # pragma: no cover - the zoo is optional during bootstrap
-        MUTANTS = {}
-    registry.update(MUTANTS)
-    return registry
+    return ReferenceOutbox()
+
+
+def _builtins() -> dict[str, Callable[[], System]]:
+    """Every built-in system by name: the reference, then the mutants of the zoo.
+
+    Only a name other than the reference imports the zoo (and the trace machinery
+    its mutants declare their minimal traces with): a fork server that runs the
+    reference stays that much smaller, so each worker forks and exits faster.
+    """
+    from faultlab.system.mutants import MUTANTS
+
+    return {REFERENCE: _reference, **MUTANTS}
 
 
 def builtin_names() -> list[str]:
@@ -39,7 +48,7 @@ def load_system(ref: str) -> System:
     """Resolve a system reference, or raise UsageError naming what is wrong."""
     if ref in _cache:
         return _cache[ref]
-    builtins = _builtins()
+    builtins = {REFERENCE: _reference} if ref == REFERENCE else _builtins()
     if ref in builtins:
         system = builtins[ref]()
     elif ref.endswith(".json"):
