@@ -10,6 +10,10 @@ each repetition, so machine noise hits both alike), it measures:
   fresh operation id on the reference system) and (b) a worker that SIGKILLs
   itself (an accept armed with ``during_accept``);
 * the floor: a bare ``os.fork()`` + ``os.waitpid()`` from this process;
+* the CPU time one fork-mode worker costs, summed over every process involved
+  (this one, the fork server, the worker and the spare prepared for the next),
+  and the share of all CPUs that keeps busy: near 100% means fork mode is
+  CPU-bound here, so work moved off the clock (into the spare) still costs;
 * the wall time of the five regression scenarios run in this process, spawner
   start-up (the fork server) included, interpreter start-up excluded.
 
@@ -130,6 +134,38 @@ def measure_fork_floor(repeat: int) -> list[float]:
     return samples
 
 
+def _fork_run_cpu(system: System, root: Path, workers: int) -> tuple[float, float]:
+    """CPU seconds (every process: this one, the fork server, its workers) and wall
+    seconds of one fork-mode run of ``workers`` back-to-back commit workers."""
+    directory = Path(tempfile.mkdtemp(dir=root))
+    system.initialise(directory)
+    before, started = os.times(), time.perf_counter()
+    with spawner("fork") as runner:  # closing it reaps the fork server, so its CPU
+        for i in range(workers):     # and its reaped workers' CPU count as our children's
+            _time_worker(runner, WorkerSpec(
+                system=system.ref, role="accept", directory=str(directory),
+                operation_id=f"operation-{i:05d}", payload=PAYLOAD,
+            ), 0)
+    wall, after = time.perf_counter() - started, os.times()
+    cpu = sum(after[:4]) - sum(before[:4])  # user, system, children's user and system
+    return cpu, wall
+
+
+def measure_fork_cpu(system: System, workers: int) -> tuple[float, float]:
+    """CPU milliseconds per fork-mode worker, and the share of all CPUs kept busy.
+
+    A run of one worker is subtracted from a run of ``workers``, so the fork
+    server's start-up cancels out. On a machine with few cores this says whether
+    the fork server is CPU-bound: then work moved off the clock still costs.
+    """
+    with tempfile.TemporaryDirectory(prefix="faultlab-bench-", dir=scratch_directory()) as root:
+        one_cpu, one_wall = _fork_run_cpu(system, Path(root), 1)
+        many_cpu, many_wall = _fork_run_cpu(system, Path(root), workers)
+    per_worker = (many_cpu - one_cpu) / (workers - 1)
+    busy = (many_cpu - one_cpu) / ((many_wall - one_wall) * (os.cpu_count() or 1))
+    return per_worker * 1000, busy
+
+
 def measure_scenarios(system: System, repeat: int) -> dict[str, list[float]]:
     """Seconds for the five scenarios in this process, spawner start-up included."""
     samples: dict[str, list[float]] = {mode: [] for mode in SPAWN_MODES}
@@ -188,10 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"faultlab {__version__}, Python {platform.python_version()}, SQLite "
           f"{sqlite3.sqlite_version}, {platform.platform()}, {os.cpu_count()} CPUs; "
           f"{args.repeat} workers per kind and mode, {scenario_repeat} scenario runs per mode, "
-          f"modes interleaved", file=sys.stderr)
+          f"modes interleaved", flush=True)
     try:
         workers = measure_workers(system, args.repeat)
         floor = measure_fork_floor(max(200, args.repeat * 5))
+        cpu_ms, busy = measure_fork_cpu(system, max(100, args.repeat * 4))
         scenarios = measure_scenarios(system, scenario_repeat)
     except BenchError as error:
         print(f"spawn.py: {error}", file=sys.stderr)
@@ -214,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         ["worker that SIGKILLs itself (ms/process)",
          f"{kill['exec']:.2f}", f"{kill['fork']:.2f}", f"{ratios['kill']:.1f}x"],
         ["bare os.fork() + waitpid floor (ms)", "-", f"{floor_ms:.3f}", "-"],
+        ["CPU per commit worker, all processes (ms)", "-",
+         f"{cpu_ms:.2f} ({busy:.0%} of {os.cpu_count()} CPUs)", "-"],
         ["five scenarios, spawner start-up included (s)",
          f"{suite['exec']:.3f}", f"{suite['fork']:.3f}", f"{ratios['scenarios']:.1f}x"],
     ]
@@ -251,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
             "repeat": args.repeat,
             "scenario_repeat": scenario_repeat,
             "median_ms": {"commit": commit, "kill": kill, "fork_floor": floor_ms},
+            "fork_cpu_ms_per_worker": cpu_ms,
+            "fork_cpu_busy_share": busy,
             "median_scenarios_seconds": suite,
             "ratios_exec_over_fork": ratios,
             "targets": {name: holds for name, (holds, _) in targets.items()},
