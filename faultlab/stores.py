@@ -139,7 +139,7 @@ def uri(path: Path, mode: str) -> str:
     ``resolve`` costs a system call per path component. SQLite resolves symbolic
     links and ``..`` itself.
     """
-    absolute = os.path.join(os.getcwd(), path)  # an absolute path stays as it is
+    absolute = os.fspath(path) if os.path.isabs(path) else os.path.join(os.getcwd(), path)
     return f"file://{quote_from_bytes(os.fsencode(absolute))}?mode={mode}"
 
 

@@ -136,3 +136,23 @@ def test_canonical_json_is_the_specs() -> None:
     for bad in ("NaN", "[Infinity]", "{", "1e999"):
         with pytest.raises(UsageError, match="not valid JSON"):
             parse_payload(bad)
+
+
+@pytest.mark.parametrize("name", ["plain", "with space", "q?mark", "hash#tag", "per%cent", "ünï"])
+def test_stores_open_by_uri_whatever_the_directory_is_called(
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """faultlab builds its SQLite URIs itself; characters a URI treats specially
+    must reach the file system as they are, absolute or relative."""
+    directory = tmp_path / name
+    directory.mkdir()
+    initialise(directory / "store.sqlite", "CREATE TABLE t (a INTEGER)")
+    assert sorted(p.name for p in directory.iterdir()) == ["store.sqlite"]
+    monkeypatch.chdir(tmp_path)
+    for path in (directory / "store.sqlite", Path(name) / "store.sqlite"):
+        connection = connect(path)
+        try:
+            assert connection.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+        finally:
+            connection.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
