@@ -3,8 +3,11 @@ a worker that hangs is killed at its deadline, with its whole process group."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -15,8 +18,14 @@ import pytest
 
 from faultlab.cli import main
 from faultlab.errors import ExecutionError
-from faultlab.process import ProcessRecord, Spawner, WorkerSpec, parse_response
-from faultlab.system import System, load_system
+from faultlab.process import (
+    ProcessRecord,
+    Spawner,
+    WorkerSpec,
+    child_environment,
+    parse_response,
+)
+from faultlab.system import System, builtin_names, load_system
 from faultlab.trace import Step, execute
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
@@ -291,13 +300,6 @@ def test_a_fork_mode_worker_imports_nothing_the_fork_server_did_not(tmp_path: Pa
     A module first imported inside a worker is imported again in every worker
     process: on Python 3.13 ``Path.as_uri()`` alone cost 13 ms per worker that way.
     """
-    import json
-    import subprocess
-    import sys
-
-    from faultlab.process import child_environment
-    from faultlab.system import builtin_names
-
     directories = {}
     for name in builtin_names():
         directory = tmp_path / name

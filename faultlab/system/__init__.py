@@ -14,7 +14,9 @@ from collections.abc import Callable
 from faultlab.errors import UsageError
 from faultlab.system.contract import CrashPoint, Refusal, System, WorkerContext
 
-__all__ = ["CrashPoint", "Refusal", "System", "WorkerContext", "builtin_names", "load_system"]
+__all__ = [
+    "REFERENCE", "CrashPoint", "Refusal", "System", "WorkerContext", "builtin_names", "load_system",
+]
 
 _cache: dict[str, System] = {}
 
