@@ -3,7 +3,8 @@
 Two spawn modes give the same process boundary:
 
 * ``fork`` (default): a fork server started once per run has already imported
-  faultlab and sqlite3; it forks one child per worker (about a millisecond).
+  what a worker uses (:func:`preload`); it forks one child per worker, the next
+  one while the current one runs (a few milliseconds a worker: bench/spawn.py).
 * ``exec``: a fresh interpreter per worker, ``python -m faultlab worker ...``.
 
 Each worker runs in its own process group, so a missed deadline kills exactly
