@@ -288,7 +288,8 @@ def build_parser(*, extensions: bool = True) -> argparse.ArgumentParser:
                        help="keep each scenario's stores under DIR/<scenario>/ (DIR must not "
                             "exist)")
     suite.add_argument("--examples", type=int, default=50, metavar="N",
-                       help="examples for the exploration phase (default 50; 0 skips it)")
+                       help="examples the exploration phase must complete (default 50; 0 skips "
+                            "it); ones Hypothesis abandons partway come on top")
     suite.add_argument("--seed", type=int, default=0, metavar="S",
                        help="seed for the exploration phase (default 0)")
     _add_spawn(suite)

@@ -33,7 +33,9 @@ def register(commands: Any) -> None:
     )
     _add_system(explore)
     explore.add_argument("--examples", type=_positive_int, default=100, metavar="N",
-                         help="examples (traces) to generate (default 100)")
+                         help="examples (traces) Hypothesis must complete (default 100); ones it "
+                              "abandons partway, when it cannot draw a rule, run on top, so the "
+                              "summary can count a few more")
     explore.add_argument("--steps", type=_positive_int, default=10, metavar="N",
                          help="steps per example, before the final recovery (default 10)")
     explore.add_argument("--seed", type=int, default=0, metavar="S",
