@@ -25,7 +25,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import IO, Any, Literal, NoReturn
 
 from faultlab.errors import ExecutionError
@@ -86,7 +86,7 @@ class ProcessRecord:
         return self.exit_code == -signal.SIGKILL
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return dict(vars(self))  # flat fields: asdict's deep copy is a cost on every worker
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ProcessRecord:
@@ -532,7 +532,7 @@ class ForkServer:
         if stdin is None or stdout is None or process.poll() is not None:
             raise ExecutionError("the fork server is not running")
         try:
-            stdin.write(json.dumps(asdict(spec)).encode() + b"\n")
+            stdin.write(json.dumps(vars(spec)).encode() + b"\n")
             stdin.flush()
             line = stdout.readline()
         except BrokenPipeError:
@@ -571,7 +571,8 @@ class Spawner:
         self.processes = 0
 
     def run(self, spec: WorkerSpec) -> ProcessRecord:
-        spec = replace(spec, spawn=self.mode)
+        if spec.spawn != self.mode:
+            spec = replace(spec, spawn=self.mode)
         self.processes += 1
         if self.mode == "exec":
             return exec_worker(spec, new_group=True)
