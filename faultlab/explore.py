@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hypothesis import Phase, Verbosity, seed
+from hypothesis import __version__ as _hypothesis_version
 from hypothesis.errors import Flaky
 from hypothesis.stateful import run_state_machine_as_test
 
@@ -24,6 +25,8 @@ from faultlab.process import DEFAULT_DEADLINE, Spawner
 from faultlab.system.contract import System
 from faultlab.trace import Execution, Step, Trace, execute
 
+#: Explorations record it: the same seed gives the same run with the same Hypothesis.
+HYPOTHESIS_VERSION: str = _hypothesis_version
 DEFAULT_EXAMPLES = 100
 DEFAULT_STEPS = 10
 
@@ -71,6 +74,7 @@ class Exploration:
             "system": self.system,
             "deduplication": self.deduplication,
             "seed": self.seed,
+            "hypothesis": HYPOTHESIS_VERSION,  # a seed reproduces a run with this version
             **self.stats(),
             "found": self.found,
             "shrunk_steps": self.shrunk_steps,
@@ -132,6 +136,7 @@ def explore(
         meta={
             "found_by": "explore",
             "seed": seed_value,
+            "hypothesis": HYPOTHESIS_VERSION,
             "examples": examples,
             "steps_per_example": steps,
             "faultlab": __version__,
@@ -267,8 +272,9 @@ def suite_exploration(
     clean_ok = clean.trace is None
     outcome = "clean" if clean.trace is None else f"FOUND {_describe(clean.trace)}: FAIL"
     lines = [
-        f"explore {system.ref}: {stats['examples']} examples, {stats['steps']} steps, "
-        f"{stats['sigkills']} SIGKILLs, {stats['seconds']}s: {outcome}"
+        f"explore {system.ref} (seed {seed}, Hypothesis {HYPOTHESIS_VERSION}): "
+        f"{stats['examples']} examples, {stats['steps']} steps, {stats['sigkills']} SIGKILLs, "
+        f"{stats['seconds']}s: {outcome}"
     ]
     control_ok = True
     control: Exploration | None = None

@@ -82,7 +82,7 @@ def _progress(recorder: Any) -> None:
 
 def cmd_explore(args: argparse.Namespace) -> int:
     from faultlab import corpus, report
-    from faultlab.explore import explore
+    from faultlab.explore import HYPOTHESIS_VERSION, explore
     from faultlab.process import spawner
 
     check_format(args.format)
@@ -99,6 +99,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
     rows = [
         ["system", f"{system.ref}{'' if args.deduplication else ' (deduplication off)'}"],
         ["seed", args.seed],
+        ["Hypothesis", HYPOTHESIS_VERSION],
         ["examples", stats["examples"]],
         ["steps", stats["steps"]],
         ["processes", stats["processes"]],

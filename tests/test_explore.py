@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import hypothesis
 import pytest
 from conftest import ROOT
 
@@ -93,7 +94,17 @@ def test_explore_command_clean_creates_no_corpus(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "clean: no invariant failed" in done.stdout
     assert "SIGKILLs" in done.stdout and "steps/s" in done.stdout
+    assert hypothesis.__version__ in done.stdout  # what the seed reproduces a run with
     assert not corpus.exists()
+
+
+def test_an_exploration_and_its_finding_record_the_hypothesis_version(
+    negative_control: Exploration,
+) -> None:
+    """A seed reproduces a run only with the same Hypothesis, so both say which."""
+    assert negative_control.to_json()["hypothesis"] == hypothesis.__version__
+    assert negative_control.trace is not None
+    assert negative_control.trace.meta["hypothesis"] == hypothesis.__version__
 
 
 def test_explore_command_saves_a_replayable_finding(
