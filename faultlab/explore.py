@@ -9,7 +9,8 @@ replayed once more through the executor to confirm it and to print its table.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +85,38 @@ class Exploration:
         return data
 
 
+@contextmanager
+def _no_local_constants() -> Iterator[None]:
+    """Keep Hypothesis from mining constants out of the modules it thinks are "local".
+
+    Since 6.131, Hypothesis sometimes draws literals found in loaded modules outside
+    site-packages and the standard library. Which modules those are depends on how
+    faultlab was installed (a checkout is "local", a wheel is not), on the system
+    under test and on the test runner, so the same ``--seed`` explored differently
+    from a checkout and from ``pip install .``. faultlab's strategies name every
+    value they want; with no local constants a seed means one run per Hypothesis
+    version. Versions without the mechanism are left as they are.
+    """
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:  # pragma: no cover - a Hypothesis without the module
+        yield
+        return
+    original = getattr(providers, "_get_local_constants", None)
+    cache: Any = getattr(getattr(providers, "CONSTANTS_CACHE", None), "cache", None)
+    if original is None or cache is None or not hasattr(providers, "Constants"):
+        yield  # pragma: no cover - another Hypothesis: nothing to switch off
+        return
+    empty = providers.Constants()
+    providers._get_local_constants = lambda: empty
+    cache.clear()  # values computed with local constants before this run
+    try:
+        yield
+    finally:
+        providers._get_local_constants = original
+        cache.clear()
+
+
 def explore(
     system: System,
     spawner: Spawner,
@@ -117,9 +150,10 @@ def explore(
     started = time.monotonic()
     failure: BaseException | None = None
     try:
-        run_state_machine_as_test(  # type: ignore[no-untyped-call,unused-ignore]
-            seed(seed_value)(machine), settings=settings
-        )
+        with _no_local_constants():
+            run_state_machine_as_test(  # type: ignore[no-untyped-call,unused-ignore]
+                seed(seed_value)(machine), settings=settings
+            )
     except (InvariantFailure, Flaky) as error:
         failure = error
     seconds = time.monotonic() - started

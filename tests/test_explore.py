@@ -13,7 +13,7 @@ from conftest import ROOT
 
 from faultlab.explore import Exploration, explore
 from faultlab.machine import InvariantFailure, outbox_machine, run_example
-from faultlab.process import Spawner
+from faultlab.process import Spawner, child_environment
 from faultlab.scenarios import SCENARIOS
 from faultlab.system import System
 
@@ -167,3 +167,36 @@ def test_hypothesis_shrinking_reaches_the_same_three_steps(
     assert result.trace is not None and result.trace.expected is not None
     assert "ONE" in result.trace.expected.invariants
     assert result.shrunk_steps == 3
+
+
+_SEEDED_RUN = """
+import json, sys
+if len(sys.argv) > 1:  # load a module Hypothesis counts as local, full of literals
+    sys.path.insert(0, sys.argv[1])
+    import faultlab_test_literals  # noqa: F401
+from faultlab.explore import explore
+from faultlab.process import spawner
+from faultlab.system import load_system
+with spawner("fork") as runner:
+    result = explore(load_system("reference"), runner, examples=15, steps=6, seed_value=3)
+stats = result.stats()
+print(json.dumps({k: stats[k] for k in ("examples", "steps", "sigkills", "crash_points_hit")}))
+"""
+
+
+def test_a_seed_explores_the_same_whatever_other_code_is_loaded(tmp_path: Path) -> None:
+    """Hypothesis draws literals from modules it counts as local (a checkout, a user's
+    system, test files); faultlab switches that off, so --seed means one run."""
+    (tmp_path / "faultlab_test_literals.py").write_text(
+        "INTEGERS = [" + ", ".join(str(n) for n in range(-3, 400, 7)) + "]\n"
+        "STRINGS = ['op-1', 'op-2', 'urgent', 'low', 'backlog', 'sql:1', 'commit:1']\n"
+    )
+    runs = []
+    for extra in ([], [str(tmp_path)]):
+        done = subprocess.run([sys.executable, "-c", _SEEDED_RUN, *extra], capture_output=True,
+                              text=True, timeout=300, check=False, cwd=tmp_path,
+                              env=child_environment())
+        assert done.returncode == 0, done.stderr
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert runs[0]["steps"] > 0
+    assert runs[0] == runs[1]
