@@ -207,7 +207,8 @@ def _suite_exploration(args: argparse.Namespace, system: Any, runner: Any) -> di
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from faultlab.canonical import parse_payload
-    from faultlab.process import WorkerSpec
+    from faultlab.records import WorkerSpec
+    from faultlab.system.contract import check_crash_point
     from faultlab.worker import run_worker
 
     system = _load_system(args.system, args.deduplication)
@@ -221,15 +222,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if args.operation_id is None:
             raise UsageError(f"worker {args.role}: --operation-id is required")
         payload = parse_payload(args.payload)
-    if args.crash is not None:
-        from faultlab import crash
-
-        allowed = [p.name for p in system.points_for(args.role)]
-        if args.crash not in allowed and not crash.is_statement_point(args.crash):
-            raise UsageError(
-                f"unknown crash point {args.crash!r} for worker {args.role} of system "
-                f"{system.name!r} (declared: {', '.join(allowed) or 'none'}; or sql:K, commit:K)"
-            )
+    check_crash_point(system, args.role, args.crash)
     spec = WorkerSpec(
         system=args.system, role=args.role, directory=str(directory),
         operation_id=args.operation_id, payload=payload, crash=args.crash,

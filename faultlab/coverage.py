@@ -10,8 +10,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from faultlab.crash import statement_point
 from faultlab.invariants import INVARIANTS, STEP_CHECKS, vacuous
+from faultlab.nemesis.crash import statement_point
 from faultlab.system.contract import System
 from faultlab.trace import Observation
 

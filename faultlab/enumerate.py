@@ -60,7 +60,8 @@ from typing import Any
 from faultlab.canonical import canonical_json
 from faultlab.coverage import Coverage
 from faultlab.invariants import Model
-from faultlab.process import DEFAULT_DEADLINE, Spawner
+from faultlab.process import Spawner
+from faultlab.records import DEFAULT_DEADLINE
 from faultlab.stores import Snapshot, scratch_directory, uri
 from faultlab.system.contract import System
 from faultlab.trace import Execution, Executor, Observation, Step, execute

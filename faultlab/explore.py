@@ -22,7 +22,8 @@ from hypothesis.stateful import run_state_machine_as_test
 from faultlab import __version__
 from faultlab.canonical import canonical_json
 from faultlab.machine import InvariantFailure, Recorder, machine_settings, outbox_machine
-from faultlab.process import DEFAULT_DEADLINE, Spawner
+from faultlab.process import Spawner
+from faultlab.records import DEFAULT_DEADLINE
 from faultlab.system.contract import System
 from faultlab.trace import Execution, Step, Trace, execute
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from faultlab.process import ProcessRecord
+from faultlab.records import ProcessRecord
 from faultlab.stores import Snapshot
 
 INVARIANTS: dict[str, str] = {

@@ -28,7 +28,8 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, multiple, precond
 
 from faultlab.coverage import Coverage
 from faultlab.invariants import STEP_CHECKS, Violation
-from faultlab.process import DEFAULT_DEADLINE, Spawner
+from faultlab.process import Spawner
+from faultlab.records import DEFAULT_DEADLINE
 from faultlab.system import load_system
 from faultlab.trace import Executor, Observation, Step, Verdict
 

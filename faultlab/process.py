@@ -26,86 +26,27 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import IO, Any, Literal, NoReturn
+from typing import IO, Any, NoReturn
 
 from faultlab.errors import ExecutionError
+from faultlab.records import (
+    DEFAULT_DEADLINE,
+    SPAWN_MODES,
+    ProcessRecord,
+    SpawnMode,
+    WorkerSpec,
+    parse_response,
+)
 
-SpawnMode = Literal["fork", "exec"]
-SPAWN_MODES: tuple[SpawnMode, ...] = ("fork", "exec")
-DEFAULT_DEADLINE = 15.0
+#: The fork server's entry point, named as exec mode names ``python -m faultlab worker``: the
+#: process layer starts it by name and never imports the worker or the systems it runs.
+FORK_SERVER_ENTRY = "faultlab.worker:serve_forks"
 _MAX_OUTPUT = 1 << 20
 #: After a deadline kill, how long to wait for the pipes to close. A process that left the
 #: worker's group can hold them open forever; faultlab must not wait for it.
 _KILL_GRACE = 2.0
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """Everything a worker process needs: which system, which role, where, armed how."""
-
-    system: str
-    role: str
-    directory: str
-    operation_id: str | None = None
-    payload: str | None = None
-    crash: str | None = None
-    deduplication: bool = True
-    spawn: SpawnMode = "fork"
-    deadline: float = DEFAULT_DEADLINE
-
-    def argv(self) -> list[str]:
-        """The ``python -m faultlab worker`` command line for this spec."""
-        args = [sys.executable, "-m", "faultlab", "worker", self.role]
-        args += ["--directory", self.directory, "--system", self.system]
-        args += ["--spawn", self.spawn, "--deadline", repr(self.deadline)]
-        if self.operation_id is not None:
-            args += ["--operation-id", self.operation_id]
-        if self.payload is not None:
-            args += ["--payload", self.payload]
-        if self.crash is not None:
-            args += ["--crash", self.crash]
-        if not self.deduplication:
-            args.append("--no-deduplication")
-        return args
-
-
-@dataclass(frozen=True)
-class ProcessRecord:
-    """How one worker process ended: exit code is -N when killed by signal N."""
-
-    pid: int
-    exit_code: int
-    response: dict[str, Any] | None
-    stdout: str
-    stderr: str
-    elapsed: float
-    timed_out: bool = False
-
-    @property
-    def killed(self) -> bool:
-        return self.exit_code == -signal.SIGKILL
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(vars(self))  # flat fields: asdict's deep copy is a cost on every worker
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ProcessRecord:
-        return cls(**data)
-
-
-def parse_response(stdout: str) -> dict[str, Any] | None:
-    """The worker's response is the last complete JSON object line it wrote."""
-    for line in reversed(stdout.splitlines()):
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            return value
-    return None
+#: How a worker runs inside a process: the role's code, returning the exit status.
+WorkerMain = Callable[[WorkerSpec], int]
 
 
 def _collect(pid: int, fds: dict[int, str], deadline: float, group: bool) -> tuple[
@@ -207,11 +148,9 @@ def _record(pid: int, outputs: dict[str, bytes], status: int, started: float,
 
 def _child_main(
     out_w: int, err_w: int, *, new_group: bool, read_spec: Callable[[], WorkerSpec | None],
-    keep: int = -1,
+    run: WorkerMain, keep: int = -1,
 ) -> NoReturn:
     """The body of a forked worker: its own group, stdout/stderr to the pipes, run, exit."""
-    from faultlab.worker import run_worker
-
     code = 70
     try:
         if new_group:
@@ -236,7 +175,7 @@ def _child_main(
         if spec is None:  # a spare that was never assigned: the fork server is closing
             code = 0
         else:
-            code = run_worker(spec)
+            code = run(spec)
     except BaseException:
         try:
             os.write(2, traceback.format_exc().encode())
@@ -252,8 +191,8 @@ def _child_main(
         os._exit(code)
 
 
-def fork_worker(spec: WorkerSpec, *, new_group: bool) -> ProcessRecord:
-    """Fork this (already warmed-up) process and run the worker in the child."""
+def fork_worker(spec: WorkerSpec, run: WorkerMain, *, new_group: bool) -> ProcessRecord:
+    """Fork this (already warmed-up) process and run ``run(spec)`` in the child."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     started = time.monotonic()
@@ -261,7 +200,7 @@ def fork_worker(spec: WorkerSpec, *, new_group: bool) -> ProcessRecord:
     if pid == 0:  # child: never returns
         os.close(out_r)
         os.close(err_r)
-        _child_main(out_w, err_w, new_group=new_group, read_spec=lambda: spec)
+        _child_main(out_w, err_w, new_group=new_group, read_spec=lambda: spec, run=run)
     os.close(out_w)
     os.close(err_w)
     outputs, status, timed_out = _collect(
@@ -310,7 +249,7 @@ def _read_spec(fd: int) -> WorkerSpec | None:
     return WorkerSpec(**json.loads(b"".join(chunks))) if chunks else None
 
 
-def _fork_spare() -> _Spare:
+def _fork_spare(run: WorkerMain) -> _Spare:
     """Fork the next worker ahead of time, so fork and copy-on-write happen off the clock.
 
     The spare is a fresh process like any other worker: it starts in its own process
@@ -324,7 +263,7 @@ def _fork_spare() -> _Spare:
         for fd in (control_w, out_r, err_r):
             os.close(fd)
         _child_main(out_w, err_w, new_group=True, read_spec=lambda: _read_spec(control_r),
-                    keep=control_r)
+                    run=run, keep=control_r)
     for fd in (control_r, out_w, err_w):
         os.close(fd)
     return _Spare(pid, control_w, out_r, err_r)
@@ -363,23 +302,8 @@ def child_environment() -> dict[str, str]:
 
 def exec_worker(spec: WorkerSpec, *, new_group: bool) -> ProcessRecord:
     """Run the worker in a fresh interpreter: ``python -m faultlab worker ...``."""
-    started = time.monotonic()
-    child = subprocess.Popen(
-        spec.argv(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=child_environment(),
-        start_new_session=new_group,
-    )
-    if child.stdout is None or child.stderr is None:
-        raise ExecutionError("worker pipes were not created")
-    fds = {os.dup(child.stdout.fileno()): "stdout", os.dup(child.stderr.fileno()): "stderr"}
-    child.stdout.close()
-    child.stderr.close()
-    outputs, status, timed_out = _collect(child.pid, fds, spec.deadline, new_group)
-    child.returncode = os.waitstatus_to_exitcode(status)  # reaped by _collect
-    return _record(child.pid, outputs, status, started, timed_out)
+    return run_command(spec.argv(), deadline=spec.deadline, env=child_environment(),
+                       new_group=new_group)
 
 
 def run_command(
@@ -390,10 +314,12 @@ def run_command(
     cwd: str | None = None,
     pass_fds: Sequence[int] = (),
     started: Callable[[int], None] | None = None,
+    new_group: bool = True,
 ) -> ProcessRecord:
-    """Run a program that is not faultlab (a command-line system's worker) as a worker.
+    """Run a program as a worker: an exec-mode faultlab worker, or a command-line system's.
 
-    No shell; stdin is /dev/null; the program gets its own process group, so the
+    No shell; stdin is /dev/null; the program gets its own process group (unless
+    ``new_group`` is false: a service child stays in its dispatcher's group), so the
     deadline kills it and any child it started, and nothing else. ``started`` is
     called with the pid before its output is collected. The child is reaped
     before this returns; a program that cannot be started raises ExecutionError.
@@ -408,7 +334,7 @@ def run_command(
             env=None if env is None else dict(env),
             cwd=cwd,
             pass_fds=tuple(pass_fds),
-            start_new_session=True,
+            start_new_session=new_group,
         )
     except OSError as error:
         raise ExecutionError(f"cannot run {argv[0]}: {error.strerror or error}") from None
@@ -421,21 +347,24 @@ def run_command(
         if started is not None:
             started(child.pid)
     except BaseException:
-        _kill(child.pid, True)
-        _collect(child.pid, fds, deadline, True)
+        _kill(child.pid, new_group)
+        _collect(child.pid, fds, deadline, new_group)
         child.returncode = -signal.SIGKILL
         raise
-    outputs, status, timed_out = _collect(child.pid, fds, deadline, True)
+    outputs, status, timed_out = _collect(child.pid, fds, deadline, new_group)
     child.returncode = os.waitstatus_to_exitcode(status)  # reaped by _collect
     return _record(child.pid, outputs, status, began, timed_out)
 
 
 # --- the fork server ---------------------------------------------------------------------
 
-_BOOTSTRAP = (
-    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-    "from faultlab.process import zygote_main; zygote_main()"
-)
+def _bootstrap(entry: str) -> str:
+    """The fork server's ``python -c`` program: restore sys.path, call ``module:function``."""
+    module, _, function = entry.partition(":")
+    return (
+        "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+        f"from {module} import {function} as main; main()"
+    )
 
 
 def _set_child_subreaper() -> None:
@@ -451,10 +380,10 @@ def _set_child_subreaper() -> None:
         pass
 
 
-def _reap_orphans(keep: int | None = None) -> None:
+def _reap_orphans() -> None:
     """Reap orphaned grandchildren that were reparented to the fork server.
 
-    The waiting spare (``keep``) is alive and blocked, so ``WNOHANG`` never takes it.
+    The waiting spare is alive and blocked, so ``WNOHANG`` never takes it.
     """
     while True:
         try:
@@ -465,28 +394,12 @@ def _reap_orphans(keep: int | None = None) -> None:
             return
 
 
-def preload() -> None:
-    """Import, once in the fork server, every module a reference worker uses.
+def zygote_main(run: WorkerMain, prepare: Callable[[WorkerSpec], None]) -> None:
+    """The fork server: read one spec per line, fork a worker, answer with its record.
 
-    A forked worker inherits what the fork server imported; a module it imports
-    itself costs that import in every worker process (milliseconds each). Other
-    systems are loaded by the fork server when first asked for, before it forks
-    their workers. A test runs each role of every built-in system after this and
-    ``load_system``, and checks that ``sys.modules`` did not grow.
+    ``prepare(spec)`` runs here before the fork (loading the spec's system once, so every
+    child inherits it warm); ``run(spec)`` is the worker's body in the child.
     """
-    import sqlite3  # noqa: F401
-
-    import faultlab.worker  # noqa: F401
-    from faultlab.system import REFERENCE, load_system
-
-    load_system(REFERENCE)
-
-
-def zygote_main() -> None:
-    """The fork server: read one spec per line, fork a worker, answer with its record."""
-    from faultlab.system import load_system
-
-    preload()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _set_child_subreaper()
     requests = sys.stdin.buffer
@@ -496,16 +409,16 @@ def zygote_main() -> None:
         for line in requests:
             try:
                 spec = WorkerSpec(**json.loads(line))
-                load_system(spec.system)  # cached here, so children inherit it warm
-                worker = spare if spare is not None else _fork_spare()
+                prepare(spec)
+                worker = spare if spare is not None else _fork_spare(run)
                 spare = None
                 started = _assign(worker, line)
-                spare = _fork_spare()  # the next worker forks while this one runs
+                spare = _fork_spare(run)  # the next worker forks while this one runs
                 record = _finish(worker, spec, started)
                 reply: dict[str, Any] = {"record": record.to_json()}
             except Exception as error:  # noqa: BLE001 - reported to the client, not swallowed
                 reply = {"error": f"{type(error).__name__}: {error}"}
-            _reap_orphans(keep=spare.pid if spare is not None else None)
+            _reap_orphans()
             replies.write(json.dumps(reply).encode() + b"\n")
             replies.flush()
     finally:
@@ -516,9 +429,9 @@ def zygote_main() -> None:
 class ForkServer:
     """Client side of the fork server; one per run, closed (and reaped) at the end."""
 
-    def __init__(self) -> None:
+    def __init__(self, entry: str = FORK_SERVER_ENTRY) -> None:
         self._process = subprocess.Popen(
-            [sys.executable, "-c", _BOOTSTRAP, json.dumps(sys.path)],
+            [sys.executable, "-c", _bootstrap(entry), json.dumps(sys.path)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             start_new_session=True,
@@ -561,7 +474,12 @@ class ForkServer:
 
 
 class Spawner:
-    """Runs workers in the chosen mode; the only way faultlab starts a worker."""
+    """Runs workers in the chosen mode; the only way faultlab starts a worker.
+
+    It is the :class:`faultlab.system.contract.StepRunner` systems run their steps
+    through: :meth:`run` for faultlab's own worker processes, :meth:`run_program` for a
+    command-line system's programs. ``processes`` counts both.
+    """
 
     def __init__(self, mode: SpawnMode = "fork") -> None:
         if mode not in SPAWN_MODES:
@@ -569,6 +487,16 @@ class Spawner:
         self.mode: SpawnMode = mode
         self._server: ForkServer | None = None
         self.processes = 0
+
+    def run_program(
+        self, argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None = None,
+        cwd: str | None = None, pass_fds: Sequence[int] = (),
+        started: Callable[[int], None] | None = None,
+    ) -> ProcessRecord:
+        """Run a program that is not faultlab as one worker (see :func:`run_command`)."""
+        self.processes += 1
+        return run_command(argv, deadline=deadline, env=env, cwd=cwd, pass_fds=pass_fds,
+                           started=started)
 
     def run(self, spec: WorkerSpec) -> ProcessRecord:
         if spec.spawn != self.mode:

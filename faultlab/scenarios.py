@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from faultlab.process import ProcessRecord, Spawner
+from faultlab.process import Spawner
+from faultlab.records import ProcessRecord
 from faultlab.system.contract import System
 from faultlab.trace import Execution, Observation, Step, execute
 

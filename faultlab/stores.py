@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 from urllib.parse import quote_from_bytes
 
 APPLICATION_ID = 0x46544C42  # "FTLB"
-BUSY_TIMEOUT_MS = 5000
+#: Seconds a connection waits for another process's lock before failing.
+BUSY_TIMEOUT = 5.0
 
 
 class StoreError(Exception):
@@ -168,7 +169,7 @@ def connect(path: Path) -> sqlite3.Connection:
     """
     try:  # mode=rw never creates the file; why it failed is looked at only if it did
         connection = sqlite3.connect(
-            uri(path, "rw"), uri=True, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000
+            uri(path, "rw"), uri=True, isolation_level=None, timeout=BUSY_TIMEOUT
         )
     except sqlite3.Error as error:
         if not path.is_file():

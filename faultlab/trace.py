@@ -20,13 +20,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from faultlab import crash
 from faultlab.canonical import canonical_json
 from faultlab.errors import ExecutionError, UsageError
 from faultlab.invariants import Check, Model, Violation, check_live, check_step
-from faultlab.process import DEFAULT_DEADLINE, ProcessRecord, Spawner, WorkerSpec
+from faultlab.process import Spawner
+from faultlab.records import DEFAULT_DEADLINE, ProcessRecord, WorkerSpec
 from faultlab.stores import Snapshot, scratch_directory
-from faultlab.system.contract import System
+from faultlab.system.contract import System, check_crash_point
 
 TRACE_FORMAT = "faultlab-trace"
 TRACE_VERSION = 1
@@ -254,13 +254,7 @@ def validate_step(system: System, step: Step) -> None:
             canonical_json(step.payload)
         except (TypeError, ValueError) as error:
             raise UsageError(f"{step.action} payload is not JSON: {error}") from None
-    if step.crash is not None and not crash.is_statement_point(step.crash):
-        allowed = [point.name for point in system.points_for(step.action)]
-        if step.crash not in allowed:
-            raise UsageError(
-                f"unknown crash point {step.crash!r} for a {step.action} step of system "
-                f"{system.name!r} (declared: {', '.join(allowed) or 'none'}; or sql:K, commit:K)"
-            )
+    check_crash_point(system, step.action, step.crash)
 
 
 class Executor:
@@ -275,8 +269,7 @@ class Executor:
         directory: Path | None = None,
         deadline: float = DEFAULT_DEADLINE,
     ) -> None:
-        if not deduplication and not system.supports_no_deduplication:
-            raise UsageError(f"system {system.name!r} cannot switch deduplication off")
+        system.require_deduplication_switch(deduplication)
         self.system = system
         self.spawner = spawner
         self.deduplication = deduplication

@@ -15,13 +15,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from faultlab import crash
-from faultlab.process import ProcessRecord, WorkerSpec, exec_worker, fork_worker
+from faultlab.errors import EXIT_USAGE
+from faultlab.nemesis import crash
+from faultlab.process import exec_worker, fork_worker, zygote_main
+from faultlab.records import ProcessRecord, WorkerSpec
 from faultlab.stores import StoreError, connect
-from faultlab.system import load_system
+from faultlab.system import REFERENCE, load_system
 from faultlab.system.contract import Refusal, System
-
-EXIT_USAGE = 2
 
 
 class Context:
@@ -49,7 +49,7 @@ class Context:
         )
         if self.spec.spawn == "exec":
             return exec_worker(spec, new_group=False)
-        return fork_worker(spec, new_group=False)
+        return fork_worker(spec, run_worker, new_group=False)
 
     def acknowledge(self, response: dict[str, Any]) -> None:
         """Print a response line now (it counts even if the process dies afterwards)."""
@@ -93,3 +93,25 @@ def _required(value: str | None) -> str:
     if value is None:
         raise Refusal("missing_argument", EXIT_USAGE)
     return value
+
+
+def preload() -> None:
+    """Import, once in the fork server, every module a reference worker uses.
+
+    A forked worker inherits what the fork server imported; a module it imports
+    itself costs that import in every worker process (milliseconds each). Other
+    systems are loaded by the fork server when first asked for, before it forks
+    their workers. A test runs each role of every built-in system after this and
+    ``load_system``, and checks that ``sys.modules`` did not grow.
+    """
+    load_system(REFERENCE)
+
+
+def _prepare(spec: WorkerSpec) -> None:
+    load_system(spec.system)  # cached in the fork server, so its children inherit it warm
+
+
+def serve_forks() -> None:
+    """The fork server's entry point (:data:`faultlab.process.FORK_SERVER_ENTRY`)."""
+    preload()
+    zygote_main(run_worker, _prepare)

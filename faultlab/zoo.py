@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from faultlab.process import DEFAULT_DEADLINE, SpawnMode
+from faultlab.records import DEFAULT_DEADLINE, SpawnMode
 
 
 @dataclass

@@ -15,7 +15,7 @@ from faultlab.invariants import (
     check_live,
     check_step,
 )
-from faultlab.process import ProcessRecord
+from faultlab.records import ProcessRecord
 from faultlab.stores import Operation, OutboxRow, Receipt, Snapshot, Ticket
 
 P = '{"title":"a"}'

@@ -18,13 +18,8 @@ import pytest
 
 from faultlab.cli import main
 from faultlab.errors import ExecutionError
-from faultlab.process import (
-    ProcessRecord,
-    Spawner,
-    WorkerSpec,
-    child_environment,
-    parse_response,
-)
+from faultlab.process import Spawner, child_environment
+from faultlab.records import ProcessRecord, WorkerSpec, parse_response
 from faultlab.system import System, builtin_names, load_system
 from faultlab.trace import Step, execute
 
@@ -275,7 +270,8 @@ def test_the_deadline_bounds_the_wait_even_when_a_process_escapes_the_group(
 
 _IMPORTS_PROBE = """
 import json, sys
-from faultlab.process import WorkerSpec, preload
+from faultlab.records import WorkerSpec
+from faultlab.worker import preload
 from faultlab.system import load_system
 preload()
 from faultlab.worker import run_worker

@@ -12,7 +12,13 @@ import importlib
 from collections.abc import Callable
 
 from faultlab.errors import UsageError
-from faultlab.system.contract import CrashPoint, Refusal, System, WorkerContext
+from faultlab.system.contract import (
+    CrashPoint,
+    Refusal,
+    System,
+    WorkerContext,
+    crash_point_problem,
+)
 
 __all__ = [
     "REFERENCE", "CrashPoint", "Refusal", "System", "WorkerContext", "builtin_names", "load_system",
@@ -122,25 +128,8 @@ def _load_python_system(ref: str) -> System:
 
 
 def _check_crash_points(ref: str, system: System) -> None:
-    from faultlab.crash import is_statement_point
-    from faultlab.system.contract import ROLES
-
     if not isinstance(system.crash_points, (tuple, list)):
         raise UsageError(f"system {ref!r}: crash_points must be a tuple of CrashPoint")
-    seen: set[str] = set()
-    for point in system.crash_points:
-        if not isinstance(point, CrashPoint):
-            raise UsageError(f"system {ref!r}: crash point {point!r} is not a CrashPoint")
-        if point.role not in ROLES:
-            raise UsageError(
-                f"system {ref!r}: crash point {point.name!r} has unknown role {point.role!r} "
-                f"(one of: {', '.join(ROLES)})"
-            )
-        if not point.name or is_statement_point(point.name):
-            raise UsageError(
-                f"system {ref!r}: crash point name {point.name!r} is empty or reserved "
-                "(sql:K and commit:K are faultlab's statement points)"
-            )
-        if point.name in seen:
-            raise UsageError(f"system {ref!r}: crash point {point.name!r} is declared twice")
-        seen.add(point.name)
+    problem = crash_point_problem(system.crash_points)
+    if problem is not None:
+        raise UsageError(f"system {ref!r}: {problem}")

@@ -9,20 +9,22 @@ when that point is armed, the call SIGKILLs the worker's own process.
 
 from __future__ import annotations
 
+import re
+import sqlite3
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
+from faultlab.errors import UsageError
+from faultlab.nemesis.crash import is_statement_point
+from faultlab.records import ProcessRecord, WorkerSpec
 from faultlab.stores import Snapshot
-
-if TYPE_CHECKING:
-    import sqlite3
-
-    from faultlab.process import ProcessRecord, Spawner, WorkerSpec
 
 Role = Literal["accept", "dispatch", "service"]
 ROLES: tuple[Role, ...] = ("accept", "dispatch", "service")
+_POINT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,41 @@ class CrashPoint:
     name: str
     role: Role
     expected: str
+
+
+def crash_point_problem(points: Iterable[object]) -> str | None:
+    """What is wrong with a system's declared crash points (the first problem), or None.
+
+    One rule for every kind of system: Python systems check their ``crash_points`` with
+    it when loaded, command-line systems their file's ``crash_points``.
+    """
+    seen: set[str] = set()
+    for point in points:
+        if not isinstance(point, CrashPoint):
+            return f"crash point {point!r} is not a CrashPoint"
+        if not isinstance(point.name, str) or not _POINT_NAME.match(point.name) \
+                or is_statement_point(point.name):
+            return (f"crash point name {point.name!r} is not a valid point name (letters, "
+                    "digits, _ . -; sql:K and commit:K are reserved)")
+        if point.role not in ROLES:
+            return (f"crash point {point.name!r} has unknown role {point.role!r} "
+                    f"(one of: {', '.join(ROLES)})")
+        if point.name in seen:
+            return f"crash point {point.name!r} is declared twice"
+        seen.add(point.name)
+    return None
+
+
+def check_crash_point(system: System, action: str, point: str | None) -> None:
+    """Refuse a crash point a step of ``action`` cannot arm on ``system`` (UsageError)."""
+    if point is None or is_statement_point(point):
+        return
+    allowed = [declared.name for declared in system.points_for(action)]
+    if point not in allowed:
+        raise UsageError(
+            f"unknown crash point {point!r} for a {action} step of system {system.name!r} "
+            f"(declared: {', '.join(allowed) or 'none'}; or sql:K, commit:K)"
+        )
 
 
 class Refusal(Exception):
@@ -65,6 +102,20 @@ class WorkerContext(Protocol):
 
     def call_service(self, operation_id: str, payload: str) -> ProcessRecord:
         """Run the service role as a child process of this worker and wait for it."""
+
+
+class StepRunner(Protocol):
+    """How a system runs one step as a real process (faultlab's spawner implements it)."""
+
+    def run(self, spec: WorkerSpec) -> ProcessRecord:
+        """Run faultlab's own worker process for ``spec``."""
+
+    def run_program(
+        self, argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None = None,
+        cwd: str | None = None, pass_fds: Sequence[int] = (),
+        started: Callable[[int], None] | None = None,
+    ) -> ProcessRecord:
+        """Run a program that is not faultlab as the worker (its own process group)."""
 
 
 class System(ABC):
@@ -115,6 +166,11 @@ class System(ABC):
         }
         return tuple(p for p in self.crash_points if p.role in roles.get(action, ()))
 
-    def run_step(self, spec: WorkerSpec, spawner: Spawner) -> ProcessRecord:
-        """Run one worker as a real process. Python systems use faultlab's spawner."""
-        return spawner.run(spec)
+    def require_deduplication_switch(self, deduplication: bool) -> None:
+        """Refuse to run with deduplication off when the system has no way to switch it."""
+        if not deduplication and not self.supports_no_deduplication:
+            raise UsageError(f"system {self.ref or self.name!r} cannot switch deduplication off")
+
+    def run_step(self, spec: WorkerSpec, runner: StepRunner) -> ProcessRecord:
+        """Run one worker as a real process. Python systems run faultlab's own worker."""
+        return runner.run(spec)
