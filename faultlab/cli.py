@@ -197,7 +197,6 @@ def _suite_exploration(args: argparse.Namespace, system: Any, runner: Any) -> di
 
     result: dict[str, Any] = suite_exploration(
         system, runner, examples=args.examples, seed=args.seed, deadline=args.deadline,
-        fmt=args.format,
     )
     return result
 

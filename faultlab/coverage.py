@@ -10,10 +10,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from faultlab.executor import Observation
 from faultlab.invariants import INVARIANTS, STEP_CHECKS, vacuous
 from faultlab.nemesis.crash import statement_point
 from faultlab.system.contract import System
-from faultlab.trace import Observation
 
 
 def _point_order(name: str) -> tuple[str, int]:

@@ -1,4 +1,4 @@
-"""``enumerate``: bounded exhaustive crash exploration (see :mod:`faultlab.enumerate`)."""
+"""``enumerate``: bounded exhaustive crash exploration (see :mod:`faultlab.enumeration`)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from faultlab.cli import (
     int_at_least,
 )
 from faultlab.corpus import DEFAULT_CORPUS, check_corpus_directory
-from faultlab.enumerate import DEFAULT_CRASHES, DEFAULT_OPERATIONS, default_max_steps
+from faultlab.enumeration import DEFAULT_CRASHES, DEFAULT_OPERATIONS, default_max_steps
 
 MAX_JOBS = 8
 
@@ -76,7 +76,7 @@ def _progress(message: str) -> None:
 
 def cmd_enumerate(args: argparse.Namespace) -> int:
     from faultlab import __version__, corpus, report
-    from faultlab.enumerate import confirm, enumerate_system, executed_steps
+    from faultlab.enumeration import confirm, enumerate_system
     from faultlab.process import Spawner
     from faultlab.trace import Trace
 
@@ -147,7 +147,7 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
                 "operations": args.operations,
                 "crashes": args.crashes,
                 "max_steps": max_steps,
-                "executed_steps": executed_steps(execution),
+                "executed_steps": len(execution.executed_prefix()),
                 "seconds_to_find": round(finding.seconds, 3),
                 "faultlab": __version__,
                 "recorded": recorded,

@@ -20,12 +20,13 @@ from hypothesis.errors import Flaky
 from hypothesis.stateful import run_state_machine_as_test
 
 from faultlab import __version__
-from faultlab.canonical import canonical_json
+from faultlab.executor import Execution, execute
 from faultlab.machine import InvariantFailure, Recorder, machine_settings, outbox_machine
 from faultlab.process import Spawner
 from faultlab.records import DEFAULT_DEADLINE
+from faultlab.shrink import minimise
 from faultlab.system.contract import System
-from faultlab.trace import Execution, Step, Trace, execute
+from faultlab.trace import Step, Trace
 
 #: Explorations record it: the same seed gives the same run with the same Hypothesis.
 HYPOTHESIS_VERSION: str = _hypothesis_version
@@ -53,7 +54,7 @@ class Exploration:
     @property
     def shrunk_steps(self) -> int | None:
         """Steps executed up to the failing check, recovery dispatches included."""
-        return None if self.replay is None else len(executed_prefix(self.replay))
+        return None if self.replay is None else len(self.replay.executed_prefix())
 
     def stats(self) -> dict[str, Any]:
         r = self.recorder
@@ -190,107 +191,13 @@ def explore(
             f"{trace.expected.describe() if trace.expected else 'nothing'}"
         )
     elif not replay.verdict.clean:
-        trace, replay = minimise(system, trace, replay, spawner, deadline=deadline)
+        def run(steps: list[Step]) -> Execution:
+            return execute(system, steps, spawner, deduplication=deduplication,
+                           settle=trace.settle, deadline=deadline)
+
+        trace, replay = minimise(trace, replay, run)
     result.trace, result.replay = trace, replay
     return result
-
-
-def executed_prefix(execution: Execution) -> list[Step]:
-    """The steps executed up to the failing check (all of them for a final LIVE)."""
-    verdict = execution.verdict
-    upto = len(execution.observations) if verdict.step is None else verdict.step
-    return [o.step for o in execution.observations[:upto]]
-
-
-def machine_could_draw(execution: Execution) -> bool:
-    """Whether the state machine's rules could have produced this trace.
-
-    A deleted step can leave a direct service call the machine never makes: for an
-    operation the caller does not hold, or with a changed payload before the
-    operation is complete (the receiver cannot know the accepted payload yet). Such a
-    trace would fail on a correct system too, so it is not a smaller finding.
-    """
-    for observation in execution.observations:
-        step = observation.step
-        if step.action != "service" or step.operation_id is None:
-            continue
-        held = observation.before.operation(step.operation_id)
-        if held is None:
-            return False
-        if canonical_json(step.payload) != held.payload and held.state != "complete":
-            return False
-    return True
-
-
-def minimise(
-    system: System, trace: Trace, execution: Execution, spawner: Spawner, *,
-    deadline: float = DEFAULT_DEADLINE,
-) -> tuple[Trace, Execution]:
-    """Shrink the trace itself: delete steps, disarm crashes, while it still fails.
-
-    Delta debugging over the executed steps: remove chunks of half the trace, then
-    quarters, down to single steps; then try each armed step without its crash; repeat
-    until nothing changes (no single step can go, no crash can be dropped). Each
-    candidate is re-executed on fresh stores with its recovery recomputed, so the
-    result is exactly what replay shows. Any invariant may fail in the smaller trace,
-    as Hypothesis's own shrinker allows (every failure raises the same exception).
-    """
-    def kept(result: Execution, candidate: list[Step]) -> list[Step]:
-        """A step failure keeps the steps up to it; a final one keeps the trace's own steps
-        (replay recomputes the recovery)."""
-        return executed_prefix(result) if result.verdict.step is not None else list(candidate)
-
-    def attempt(candidate: list[Step]) -> tuple[Execution, list[Step]] | None:
-        result = execute(system, candidate, spawner, deduplication=trace.deduplication,
-                         settle=trace.settle, deadline=deadline)
-        if result.verdict.clean or not machine_could_draw(result):
-            return None
-        if len(executed_prefix(result)) >= size:  # measured in executed steps, recovery too
-            return None
-        return result, kept(result, candidate)
-
-    steps = kept(execution, list(trace.steps))
-    size = len(executed_prefix(execution))
-
-    changed = True
-    while changed:
-        changed = False
-        chunk = max(1, len(steps) // 2)
-        while len(steps) > 1:
-            improved = False
-            start = 0
-            while start < len(steps) and len(steps) > 1:
-                found = attempt(steps[:start] + steps[start + chunk:])
-                if found is not None:
-                    (execution, steps), improved = found, True
-                    size = len(executed_prefix(execution))
-                else:
-                    start += chunk
-            if chunk == 1 and not improved:
-                break
-            if not improved:
-                chunk = max(1, chunk // 2)
-        for index, step in enumerate(steps):
-            if step.crash is None:
-                continue
-            disarmed = Step(step.action, step.operation_id, step.payload, None)
-            size += 1  # an equally long trace without the crash is simpler too
-            found = attempt(steps[:index] + [disarmed] + steps[index + 1:])
-            size -= 1
-            if found is not None:
-                (execution, steps), changed = found, True
-                size = len(executed_prefix(execution))
-                break
-    if steps == list(trace.steps):
-        return trace, execution
-    shrunk = Trace(
-        system=trace.system, deduplication=trace.deduplication, steps=steps,
-        settle=trace.settle, expected=execution.verdict,
-        violations=list(execution.violations),
-        meta={**trace.meta, "hypothesis_steps": len(trace.steps)},
-    )
-    return shrunk, execute(system, steps, spawner, deduplication=trace.deduplication,
-                           settle=trace.settle, deadline=deadline)
 
 
 def _describe(trace: Trace) -> str:
@@ -298,7 +205,7 @@ def _describe(trace: Trace) -> str:
 
 
 def suite_exploration(
-    system: System, spawner: Spawner, *, examples: int, seed: int, deadline: float, fmt: str
+    system: System, spawner: Spawner, *, examples: int, seed: int, deadline: float
 ) -> dict[str, Any]:
     """suite's exploration phase: the system must be clean; the negative control must be
     caught by ONE, shrunk to exactly 3 steps."""

@@ -130,8 +130,9 @@ def cmd_explore(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from faultlab import report
+    from faultlab.executor import execute, validate_step
     from faultlab.process import spawner
-    from faultlab.trace import Trace, execute
+    from faultlab.trace import Trace
 
     check_format(args.format)
     traces = [Trace.load(path) for path in args.traces]
@@ -141,8 +142,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
         system = against if against is not None else _load_system(trace.system)
         if not trace.deduplication and not system.supports_no_deduplication:
             raise UsageError(f"{path}: system {system.ref!r} cannot switch deduplication off")
-        from faultlab.trace import validate_step
-
         for step in trace.steps:
             try:
                 validate_step(system, step)

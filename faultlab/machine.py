@@ -27,11 +27,12 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, multiple, precondition, rule
 
 from faultlab.coverage import Coverage
+from faultlab.executor import Executor, Observation
 from faultlab.invariants import STEP_CHECKS, Violation
 from faultlab.process import Spawner
 from faultlab.records import DEFAULT_DEADLINE
 from faultlab.system import load_system
-from faultlab.trace import Executor, Observation, Step, Verdict
+from faultlab.trace import Step, Verdict, changed_payload
 
 STATEMENT_POINTS = ("sql:1", "sql:2", "sql:3", "sql:4", "sql:5", "sql:6", "commit:1")
 
@@ -42,11 +43,6 @@ PAYLOADS = st.fixed_dictionaries(
         "count": st.integers(min_value=0, max_value=3),
     },
 )
-
-
-def changed(payload: dict[str, Any]) -> dict[str, Any]:
-    """A payload that differs from ``payload`` (a retry that changed the request)."""
-    return {**payload, "revision": int(payload.get("revision", 0)) + 1}
 
 
 class InvariantFailure(Exception):
@@ -88,9 +84,9 @@ class Recorder:
 
     def observe(self, observation: Observation) -> None:
         self.steps += 1
-        self.processes += 1 + (1 if (observation.record.response or {}).get("service") else 0)
-        service = (observation.record.response or {}).get("service") or {}
-        self.sigkills += int(observation.record.killed) + int(service.get("exit_code") == -9)
+        record = observation.record
+        self.processes += 1 + (1 if record.service else 0)
+        self.sigkills += int(record.killed) + int(record.service_killed)
         self.checks += len(STEP_CHECKS)
         self.coverage.observe(observation)
         if observation.crashed and observation.step.crash is not None:
@@ -319,7 +315,7 @@ def outbox_machine(
         @rule(operation=operations, change=st.booleans())
         def accept_again(self, operation: str, change: bool) -> None:
             payload = self.payloads[operation]
-            self.execute(Step("accept", operation, changed(payload) if change else payload))
+            self.execute(Step("accept", operation, changed_payload(payload) if change else payload))
 
         @rule()
         def recover(self) -> None:
@@ -336,7 +332,7 @@ def outbox_machine(
             """The seed's conflict case: a completed operation retried with a changed payload
             (only once complete: before delivery the receiver cannot know the accepted one)."""
             operation = data.draw(st.sampled_from(self.complete_operations()), label="operation")
-            self.execute(Step("service", operation, changed(self.payloads[operation])))
+            self.execute(Step("service", operation, changed_payload(self.payloads[operation])))
 
         @precondition(lambda self: statement_crashes)
         @rule(target=operations, payload=PAYLOADS, crash=st.sampled_from(STATEMENT_POINTS))

@@ -14,9 +14,9 @@ from tabulate import tabulate
 
 from faultlab import __version__
 from faultlab.coverage import Coverage
+from faultlab.executor import Execution, Observation
 from faultlab.scenarios import Outcome
 from faultlab.system.contract import System
-from faultlab.trace import Execution, Observation
 
 PASS_LINE = "PASS: 5 scenarios; real SIGKILL, separate caller and downstream stores"
 

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from faultlab.executor import Execution, Observation, execute
 from faultlab.process import Spawner
 from faultlab.records import ProcessRecord
 from faultlab.system.contract import System
-from faultlab.trace import Execution, Observation, Step, execute
+from faultlab.trace import Step
 
 OPERATION_ID = "operation-001"
 FIXTURE_PAYLOAD: dict[str, str] = {

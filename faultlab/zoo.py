@@ -70,7 +70,7 @@ class Budget:
 def judge(name: str, budget: Budget) -> Judgement:
     """Explore and enumerate one system (runs in a worker process of the pool)."""
     from faultlab import corpus
-    from faultlab.enumerate import enumerate_system
+    from faultlab.enumeration import enumerate_system
     from faultlab.explore import explore
     from faultlab.process import spawner
     from faultlab.system import load_system

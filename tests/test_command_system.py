@@ -24,11 +24,12 @@ import pytest
 
 from faultlab.cli import main
 from faultlab.errors import ExecutionError, UsageError
+from faultlab.executor import Executor, execute
 from faultlab.process import Spawner, child_environment
 from faultlab.scenarios import SCENARIOS, scenario_names
 from faultlab.system import System, load_system
 from faultlab.system.command import CommandSystem, load_command_system, substitute
-from faultlab.trace import Executor, Step, execute
+from faultlab.trace import Step
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "standalone_outbox"

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from faultlab.errors import UsageError
+from faultlab.executor import Observation, execute
 from faultlab.process import Spawner
 from faultlab.stores import Snapshot
 from faultlab.system import System
-from faultlab.trace import Observation, Step, execute
+from faultlab.trace import Step
 
 OP = "operation-001"
 PAYLOAD = {"project": "demo-agent", "title": "crash points", "priority": "normal"}

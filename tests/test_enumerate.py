@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from faultlab.cli import main
-from faultlab.enumerate import enumerate_system
+from faultlab.enumeration import enumerate_system
+from faultlab.executor import execute
 from faultlab.process import Spawner
 from faultlab.stores import scratch_directory
 from faultlab.system import System, load_system
 from faultlab.system.mutants import MUTANTS, Mutant
-from faultlab.trace import Trace, execute
+from faultlab.trace import Trace
 
 
 @pytest.fixture(scope="module")

@@ -13,14 +13,14 @@ from contextlib import redirect_stdout
 import pytest
 
 from faultlab.cli import main
-from faultlab.enumerate import executed_steps
 from faultlab.errors import UsageError
+from faultlab.executor import execute, validate_step
 from faultlab.invariants import INVARIANTS
 from faultlab.process import Spawner
 from faultlab.system import System, builtin_names, load_system
 from faultlab.system.mutants import CHANGED, MUTANTS, OP, PAYLOAD, Mutant
 from faultlab.system.reference import REFERENCE_POINTS
-from faultlab.trace import Step, execute, validate_step
+from faultlab.trace import Step
 
 NAMES = list(MUTANTS)
 
@@ -64,7 +64,7 @@ def test_minimal_trace_catches_the_mutant_and_is_clean_on_the_reference(
     verdict = found.verdict
     assert not verdict.clean, f"{name}: minimal trace found nothing"
     assert set(verdict.invariants) <= set(system.caught_by), verdict.describe()
-    assert executed_steps(found) == system.minimal_steps
+    assert len(found.executed_prefix()) == system.minimal_steps
 
     control = execute(reference, system.minimal_trace, fork_spawner, settle=True)
     assert control.verdict.clean, control.violations

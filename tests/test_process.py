@@ -18,10 +18,11 @@ import pytest
 
 from faultlab.cli import main
 from faultlab.errors import ExecutionError
+from faultlab.executor import execute
 from faultlab.process import Spawner, child_environment
 from faultlab.records import ProcessRecord, WorkerSpec, parse_response
 from faultlab.system import System, builtin_names, load_system
-from faultlab.trace import Step, execute
+from faultlab.trace import Step
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 

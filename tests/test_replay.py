@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
+from faultlab.executor import execute
 from faultlab.process import Spawner
 from faultlab.system import load_system
-from faultlab.trace import Step, Trace, Verdict, execute
+from faultlab.trace import Step, Trace, Verdict
 
 CORPUS = sorted((ROOT / "corpus").glob("*.json"))
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
+from faultlab.executor import execute
 from faultlab.explore import explore
 from faultlab.process import Spawner
 from faultlab.system import load_system
 from faultlab.system.mutants import MUTANTS
-from faultlab.trace import execute
 
 QUICK = [
     "split-accept", "caller-overwrite", "no-payload-check", "idle-resend", "non-canonical-retry",

@@ -59,12 +59,13 @@ from typing import Any
 
 from faultlab.canonical import canonical_json
 from faultlab.coverage import Coverage
+from faultlab.executor import Execution, Executor, execute
 from faultlab.invariants import Model
 from faultlab.process import Spawner
 from faultlab.records import DEFAULT_DEADLINE
 from faultlab.stores import Snapshot, scratch_directory, uri
 from faultlab.system.contract import System
-from faultlab.trace import Execution, Executor, Observation, Step, execute
+from faultlab.trace import Step, Verdict, changed_payload
 
 DEFAULT_OPERATIONS = 2
 DEFAULT_CRASHES = 1
@@ -83,10 +84,6 @@ def operation_id(number: int) -> str:
 
 def payload_for(operation: str) -> dict[str, Any]:
     return {"title": f"task {operation}", "priority": "normal"}
-
-
-def changed_payload(operation: str) -> dict[str, Any]:
-    return {**payload_for(operation), "priority": "urgent"}
 
 
 # --- results -------------------------------------------------------------------------------------
@@ -297,7 +294,7 @@ class _Walk:
             steps.append(Step("accept", fresh, payload_for(fresh)))
         for operation in submitted:
             steps.append(Step("accept", operation, payload_for(operation)))
-            steps.append(Step("accept", operation, changed_payload(operation)))
+            steps.append(Step("accept", operation, changed_payload(payload_for(operation))))
         for operation in submitted:
             stored = node.snapshot.operation(operation)
             if stored is None:
@@ -307,8 +304,7 @@ class _Walk:
             if outbox is not None and outbox.state == "pending":
                 steps.append(Step("service", operation, payload))
             if node.snapshot.tickets_for(operation) and isinstance(payload, dict):
-                revised = {**payload, "revision": int(payload.get("revision", 0)) + 1}
-                steps.append(Step("service", operation, revised))
+                steps.append(Step("service", operation, changed_payload(payload)))
         return [(step, node.crashes_left > 0) for step in steps]
 
     # -- one node ---------------------------------------------------------------------------
@@ -367,9 +363,10 @@ class _Walk:
             if failed is None:
                 expansion.coverage.live_checked()
             if failed is not None:
-                cached = (_names(failed.violations), observations.index(failed) + 1)
+                names = Verdict.of(None, failed.violations).invariants
+                cached = (names, observations.index(failed) + 1)
             else:
-                cached = (_names(final), len(observations))
+                cached = (Verdict.of(None, final).invariants, len(observations))
             with self._settle_lock:
                 self.settled[node.key] = cached
         expansion.settle_invariants = cached[0]
@@ -389,7 +386,7 @@ class _Walk:
                 expansion.probes += 1
                 return child
             if observation.violations:
-                child.invariants = _names(observation.violations)
+                child.invariants = Verdict.of(None, observation.violations).invariants
                 return child
             child.key = state_key(directory, executor.model)
             crashes_left = node.crashes_left - (step.crash is not None)
@@ -528,10 +525,6 @@ def _armed(step: Step, point: str) -> Step:
     return Step(step.action, step.operation_id, step.payload, point)
 
 
-def _names(violations: Sequence[Any]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(v.invariant for v in violations))
-
-
 def enumerate_system(
     system: System,
     spawners: Sequence[Spawner],
@@ -571,12 +564,6 @@ def confirm(
     )
 
 
-def executed_steps(execution: Execution) -> int:
-    """Steps executed up to the failing check (all of them for a final ``LIVE``)."""
-    failed: Observation | None = next((o for o in execution.observations if o.violations), None)
-    return failed.index if failed is not None else len(execution.observations)
-
-
 __all__ = [
     "DEFAULT_CRASHES",
     "DEFAULT_OPERATIONS",
@@ -585,5 +572,4 @@ __all__ = [
     "confirm",
     "default_max_steps",
     "enumerate_system",
-    "executed_steps",
 ]
