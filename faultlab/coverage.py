@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from faultlab.executor import Observation
-from faultlab.invariants import INVARIANTS, STEP_CHECKS, vacuous
+from faultlab.invariants import INVARIANTS, STEP_INVARIANTS
 from faultlab.nemesis.crash import statement_point
 from faultlab.system.contract import System
 
@@ -31,9 +31,9 @@ class Coverage:
         """Count one executed step, reusing the check context the executor built for it."""
         step = observation.step
         if observation.check is not None:
-            for name in STEP_CHECKS:
-                if not vacuous(name, observation.check):
-                    self.checked[name] += 1
+            for invariant in STEP_INVARIANTS:
+                if not invariant.vacuous(observation.check):
+                    self.checked[invariant.name] += 1
         if step.crash is not None:
             self.armed[step.crash] += 1
             if observation.crashed:
@@ -55,4 +55,4 @@ class Coverage:
 
     def invariant_rows(self) -> list[list[Any]]:
         """Rows: invariant, times it had something to check."""
-        return [[name, self.checked[name]] for name in INVARIANTS]
+        return [[invariant.name, self.checked[invariant.name]] for invariant in INVARIANTS]

@@ -57,6 +57,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from faultlab import defaults
 from faultlab.canonical import canonical_json
 from faultlab.coverage import Coverage
 from faultlab.executor import Execution, Executor, execute
@@ -67,15 +68,8 @@ from faultlab.stores import Snapshot, scratch_directory, uri
 from faultlab.system.contract import System
 from faultlab.trace import Step, Verdict, changed_payload
 
-DEFAULT_OPERATIONS = 2
-DEFAULT_CRASHES = 1
 STATEMENT_LIMIT = 500  # a worker that runs more statements than this is not probed further
 JOURNALS = ("-journal", "-wal", "-shm")
-
-
-def default_max_steps(operations: int, crashes: int) -> int:
-    """Room for every operation to be accepted and dispatched, each crash, and one more step."""
-    return 2 * operations + crashes + 1
 
 
 def operation_id(number: int) -> str:
@@ -530,8 +524,8 @@ def enumerate_system(
     spawners: Sequence[Spawner],
     *,
     deduplication: bool = True,
-    operations: int = DEFAULT_OPERATIONS,
-    crashes: int = DEFAULT_CRASHES,
+    operations: int = defaults.OPERATIONS,
+    crashes: int = defaults.CRASHES,
     max_steps: int | None = None,
     deadline: float = DEFAULT_DEADLINE,
     first: bool = False,
@@ -545,7 +539,7 @@ def enumerate_system(
     if not spawners:
         raise ValueError("enumerate needs at least one spawner")
     if max_steps is None:
-        max_steps = default_max_steps(operations, crashes)
+        max_steps = defaults.max_steps(operations, crashes)
     walk = _Walk(
         system, spawners, deduplication=deduplication, operations=operations, crashes=crashes,
         max_steps=max_steps, deadline=deadline, first=first, progress=progress,
@@ -565,11 +559,8 @@ def confirm(
 
 
 __all__ = [
-    "DEFAULT_CRASHES",
-    "DEFAULT_OPERATIONS",
     "Enumeration",
     "Finding",
     "confirm",
-    "default_max_steps",
-    "enumerate_system",
+        "enumerate_system",
 ]

@@ -19,7 +19,7 @@ from hypothesis import __version__ as _hypothesis_version
 from hypothesis.errors import Flaky
 from hypothesis.stateful import run_state_machine_as_test
 
-from faultlab import __version__
+from faultlab import __version__, defaults
 from faultlab.executor import Execution, execute
 from faultlab.machine import InvariantFailure, Recorder, machine_settings, outbox_machine
 from faultlab.process import Spawner
@@ -30,8 +30,6 @@ from faultlab.trace import Step, Trace
 
 #: Explorations record it: the same seed gives the same run with the same Hypothesis.
 HYPOTHESIS_VERSION: str = _hypothesis_version
-DEFAULT_EXAMPLES = 100
-DEFAULT_STEPS = 10
 
 
 @dataclass
@@ -124,8 +122,8 @@ def explore(
     spawner: Spawner,
     *,
     deduplication: bool = True,
-    examples: int = DEFAULT_EXAMPLES,
-    steps: int = DEFAULT_STEPS,
+    examples: int = defaults.EXAMPLES,
+    steps: int = defaults.STEPS,
     seed_value: int = 0,
     deadline: float = DEFAULT_DEADLINE,
     progress: Callable[[Recorder], None] | None = None,

@@ -20,22 +20,6 @@ from typing import Any
 from faultlab.records import ProcessRecord
 from faultlab.stores import Snapshot
 
-INVARIANTS: dict[str, str] = {
-    "ATOM": "an operation row exists iff its outbox row exists",
-    "ONE": "at most one ticket per operation id",
-    "RCPT": "every ticket has its receipt, and the receipt's result names that ticket "
-            "(under deduplication)",
-    "PAIR": "an operation's state equals its outbox row's state",
-    "DONE": "a complete operation has exactly one ticket, its stored result names it and "
-            "equals the receipt's result and what the dispatcher answered",
-    "PAY": "a ticket's payload equals the accepted payload; a downstream call with a changed "
-           "payload is refused",
-    "KEY": "every downstream operation id was accepted by the caller",
-    "QUIET": "a dispatch that finds no pending work answers idle and changes neither store",
-    "ACK": "every acknowledged operation is in the caller store with its acknowledged payload",
-    "LIVE": "after recovery every accepted operation is complete with exactly one ticket",
-}
-
 
 @dataclass(frozen=True)
 class Violation:
@@ -234,22 +218,79 @@ def check_ack(c: Check) -> list[str]:
     return found
 
 
-STEP_CHECKS: dict[str, Callable[[Check], list[str]]] = {
-    "ATOM": check_atom,
-    "ONE": check_one,
-    "RCPT": check_receipts,
-    "PAIR": check_pair,
-    "DONE": check_done,
-    "PAY": check_payload,
-    "KEY": check_key,
-    "QUIET": check_quiet,
-    "ACK": check_ack,
-}
+def _never(c: Check) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class Invariant:
+    """One invariant: its stable name, what it means, how it is checked, when it is vacuous.
+
+    ``check`` returns one message per violation found after a step; ``None`` marks the
+    final invariant (``LIVE``), judged by :func:`check_live` after recovery.
+    ``vacuous`` says the step gave it nothing to check (for coverage reports).
+    Adding an invariant is adding one entry to :data:`INVARIANTS`.
+    """
+
+    name: str
+    meaning: str
+    check: Callable[[Check], list[str]] | None
+    vacuous: Callable[[Check], bool] = _never
+
+    @property
+    def final(self) -> bool:
+        return self.check is None
+
+
+INVARIANTS: tuple[Invariant, ...] = (
+    Invariant(
+        "ATOM", "an operation row exists iff its outbox row exists", check_atom,
+        lambda c: not c.after.operations and not c.after.outbox,
+    ),
+    Invariant("ONE", "at most one ticket per operation id", check_one,
+              lambda c: not c.after.tickets),
+    Invariant(
+        "RCPT", "every ticket has its receipt, and the receipt's result names that ticket "
+        "(under deduplication)", check_receipts,
+        lambda c: not c.deduplication or not c.after.tickets,
+    ),
+    Invariant("PAIR", "an operation's state equals its outbox row's state", check_pair,
+              lambda c: not c.after.outbox),
+    Invariant(
+        "DONE", "a complete operation has exactly one ticket, its stored result names it and "
+        "equals the receipt's result and what the dispatcher answered", check_done,
+        lambda c: not any(op.state == "complete" for op in c.after.operations),
+    ),
+    Invariant(
+        "PAY", "a ticket's payload equals the accepted payload; a downstream call with a "
+        "changed payload is refused", check_payload,
+        lambda c: not c.after.tickets and c.action != "service",
+    ),
+    Invariant("KEY", "every downstream operation id was accepted by the caller", check_key,
+              lambda c: not c.after.tickets),
+    Invariant(
+        "QUIET", "a dispatch that finds no pending work answers idle and changes neither "
+        "store", check_quiet,
+        lambda c: c.action != "dispatch" or bool(c.before.pending_outbox()),
+    ),
+    Invariant(
+        "ACK", "every acknowledged operation is in the caller store with its acknowledged "
+        "payload", check_ack, lambda c: not c.model.acknowledged,
+    ),
+    Invariant("LIVE", "after recovery every accepted operation is complete with exactly one "
+              "ticket", None),
+)
+BY_NAME: dict[str, Invariant] = {invariant.name: invariant for invariant in INVARIANTS}
+STEP_INVARIANTS: tuple[Invariant, ...] = tuple(i for i in INVARIANTS if not i.final)
 
 
 def check_step(c: Check) -> list[Violation]:
     """Every per-step invariant, in a stable order."""
-    return [Violation(name, message) for name, fn in STEP_CHECKS.items() for message in fn(c)]
+    return [
+        Violation(invariant.name, message)
+        for invariant in STEP_INVARIANTS if invariant.check is not None
+        for message in invariant.check(c)
+    ]
 
 
 def check_live(snapshot: Snapshot, *, still_pending_after: int | None = None) -> list[Violation]:
@@ -266,19 +307,3 @@ def check_live(snapshot: Snapshot, *, still_pending_after: int | None = None) ->
                 "recovery"
             )
     return [Violation("LIVE", message) for message in found]
-
-
-def vacuous(name: str, c: Check) -> bool:
-    """Whether an invariant had nothing to check on this step (for coverage reports)."""
-    a = c.after
-    return {
-        "ATOM": not a.operations and not a.outbox,
-        "ONE": not a.tickets,
-        "RCPT": not c.deduplication or not a.tickets,
-        "PAIR": not a.outbox,
-        "DONE": not any(op.state == "complete" for op in a.operations),
-        "PAY": not a.tickets and c.action != "service",
-        "KEY": not a.tickets,
-        "QUIET": c.action != "dispatch" or bool(c.before.pending_outbox()),
-        "ACK": not c.model.acknowledged,
-    }.get(name, False)

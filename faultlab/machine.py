@@ -26,9 +26,10 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, multiple, precondition, rule
 
+from faultlab import defaults
 from faultlab.coverage import Coverage
 from faultlab.executor import Executor, Observation
-from faultlab.invariants import STEP_CHECKS, Violation
+from faultlab.invariants import STEP_INVARIANTS, Violation
 from faultlab.process import Spawner
 from faultlab.records import DEFAULT_DEADLINE
 from faultlab.system import load_system
@@ -87,7 +88,7 @@ class Recorder:
         record = observation.record
         self.processes += 1 + (1 if record.service else 0)
         self.sigkills += int(record.killed) + int(record.service_killed)
-        self.checks += len(STEP_CHECKS)
+        self.checks += len(STEP_INVARIANTS)
         self.coverage.observe(observation)
         if observation.crashed and observation.step.crash is not None:
             _hypothesis_call(event, f"crash point fired: {observation.step.crash}")
@@ -233,7 +234,9 @@ def _shared_spawner() -> Spawner:
     return _spawner_singleton
 
 
-def machine_settings(examples: int = 50, steps: int = 10) -> settings:
+def machine_settings(
+    examples: int = defaults.TESTCASE_EXAMPLES, steps: int = defaults.STEPS
+) -> settings:
     """Settings for slow real steps: no deadline, no too-slow health check, no database."""
     return settings(
         max_examples=examples,
@@ -279,8 +282,8 @@ def outbox_machine(
     deduplication: bool = True,
     spawner: Spawner | None = None,
     deadline: float = DEFAULT_DEADLINE,
-    examples: int = 50,
-    steps: int = 10,
+    examples: int = defaults.TESTCASE_EXAMPLES,
+    steps: int = defaults.STEPS,
     recorder: Recorder | None = None,
     statement_crashes: bool = True,
 ) -> type[OutboxMachine]:

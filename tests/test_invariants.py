@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from faultlab.invariants import (
+    BY_NAME,
     INVARIANTS,
-    STEP_CHECKS,
+    STEP_INVARIANTS,
     Check,
     Model,
     check_live,
@@ -72,9 +73,27 @@ VIOLATING: dict[str, Callable[[], Check]] = {
 }
 
 
+def step_check(name: str) -> Callable[[Check], list[str]]:
+    found = BY_NAME[name].check
+    assert found is not None, f"{name} is not a step invariant"
+    return found
+
+
 def test_every_step_invariant_has_a_violating_case() -> None:
-    assert set(VIOLATING) == set(STEP_CHECKS)
-    assert set(STEP_CHECKS) | {"LIVE"} == set(INVARIANTS)
+    assert set(VIOLATING) == {invariant.name for invariant in STEP_INVARIANTS}
+    assert [invariant.name for invariant in INVARIANTS if invariant.final] == ["LIVE"]
+    assert len(BY_NAME) == len(INVARIANTS)  # names are unique
+
+
+def test_vacuity_rules_see_the_difference_between_empty_and_busy_stores() -> None:
+    empty = Check(model=Model(), before=Snapshot(), after=Snapshot(), action="accept",
+                  operation_id=None, payload=None, record=record(), deduplication=True)
+    busy = check(complete_snapshot(), acknowledged={"op-1": P})
+    for invariant in STEP_INVARIANTS:
+        if invariant.name == "QUIET":  # judged by the step's action, not the stores
+            continue
+        assert invariant.vacuous(empty), f"{invariant.name} is not vacuous on empty stores"
+        assert not invariant.vacuous(busy), f"{invariant.name} is vacuous on busy stores"
 
 
 def test_a_complete_consistent_snapshot_violates_nothing() -> None:
@@ -84,10 +103,10 @@ def test_a_complete_consistent_snapshot_violates_nothing() -> None:
 
 @pytest.mark.parametrize("name", sorted(VIOLATING))
 def test_invariant_catches_its_violation(name: str) -> None:
-    found = STEP_CHECKS[name](VIOLATING[name]())
+    found = step_check(name)(VIOLATING[name]())
     assert found, f"{name} did not catch its violating snapshot"
     # and the same check on the consistent snapshot finds nothing
-    assert STEP_CHECKS[name](check(complete_snapshot())) == []
+    assert step_check(name)(check(complete_snapshot())) == []
 
 
 def test_one_is_demanded_even_without_deduplication_but_rcpt_is_not() -> None:
@@ -110,12 +129,12 @@ def test_pay_catches_a_changed_payload_answered_instead_of_refused() -> None:
 
 def test_quiet_holds_for_an_idle_dispatch_and_for_a_dispatch_with_work() -> None:
     idle = check(complete_snapshot(), action="dispatch", response={"idle": True})
-    assert STEP_CHECKS["QUIET"](idle) == []
+    assert step_check("QUIET")(idle) == []
     pending = complete_snapshot(operations=(Operation("op-1", P, "pending", None),),
                                 outbox=(OutboxRow("op-1", "pending"),), tickets=(), receipts=())
     busy = check(complete_snapshot(), before=pending, action="dispatch",
                  response={"operation_id": "op-1", "result": {"ticket_id": 1}})
-    assert STEP_CHECKS["QUIET"](busy) == []
+    assert step_check("QUIET")(busy) == []
 
 
 def test_done_catches_a_dispatcher_answer_that_differs_from_what_was_stored() -> None:

@@ -15,7 +15,7 @@ import pytest
 from faultlab.cli import main
 from faultlab.errors import UsageError
 from faultlab.executor import execute, validate_step
-from faultlab.invariants import INVARIANTS
+from faultlab.invariants import BY_NAME
 from faultlab.process import Spawner
 from faultlab.system import System, builtin_names, load_system
 from faultlab.system.mutants import CHANGED, MUTANTS, OP, PAYLOAD, Mutant
@@ -48,7 +48,7 @@ def test_mutant_loads_and_describes_itself(name: str) -> None:
     system = mutant(name)
     assert system.name == name and system.ref == name
     assert system.description and "\n" not in system.description
-    assert system.caught_by and set(system.caught_by) <= set(INVARIANTS)
+    assert system.caught_by and set(system.caught_by) <= set(BY_NAME)
     assert system.minimal_steps >= 1 and system.minimal_trace
     # the reference's points come first, unchanged; a mutant may only add its own
     assert system.crash_points[: len(REFERENCE_POINTS)] == REFERENCE_POINTS

@@ -7,23 +7,22 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-from faultlab.cli import (
-    EXIT_FOUND,
-    EXIT_OK,
-    _add_format,
-    _add_spawn,
-    _positive_int,
+from faultlab import defaults
+from faultlab.cli.common import (
+    Commands,
+    add_format,
+    add_spawn,
     check_format,
     check_output_path,
-    int_at_least,
+    count,
+    positive_int,
 )
 from faultlab.corpus import DEFAULT_CORPUS, check_corpus_directory
-from faultlab.errors import UsageError
+from faultlab.errors import EXIT_FOUND, EXIT_OK, UsageError
 
 
-def register(commands: Any) -> None:
+def register(commands: Commands) -> None:
     parser = commands.add_parser(
         "mutants", help="run explore and enumerate against the reference and every mutant",
         description="Judge the reference and every mutant of the bug zoo with both search "
@@ -38,20 +37,20 @@ def register(commands: Any) -> None:
                         help="write the table and timings as JSON (atomically)")
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, metavar="DIR",
                         help="where shrunk findings are saved (default corpus/)")
-    parser.add_argument("--examples", type=_positive_int, default=100, metavar="N",
-                        help="explore: examples per system (default 100)")
-    parser.add_argument("--steps", type=_positive_int, default=10, metavar="N",
-                        help="explore: steps per example (default 10)")
-    parser.add_argument("--seed", type=int, default=0, metavar="S",
-                        help="explore: seed (default 0)")
-    parser.add_argument("--operations", type=_positive_int, default=2, metavar="N",
-                        help="enumerate: operations per trace (default 2)")
-    parser.add_argument("--crashes", type=int_at_least(0), default=1, metavar="C",
-                        help="enumerate: crashes per trace (default 1)")
-    parser.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1, metavar="J",
+    parser.add_argument("--examples", type=positive_int, default=defaults.EXAMPLES, metavar="N",
+                        help=f"explore: examples per system (default {defaults.EXAMPLES})")
+    parser.add_argument("--steps", type=positive_int, default=defaults.STEPS, metavar="N",
+                        help=f"explore: steps per example (default {defaults.STEPS})")
+    parser.add_argument("--seed", type=int, default=defaults.SEED, metavar="S",
+                        help=f"explore: seed (default {defaults.SEED})")
+    parser.add_argument("--operations", type=positive_int, default=defaults.OPERATIONS, metavar="N",
+                        help=f"enumerate: operations per trace (default {defaults.OPERATIONS})")
+    parser.add_argument("--crashes", type=count, default=defaults.CRASHES, metavar="C",
+                        help=f"enumerate: crashes per trace (default {defaults.CRASHES})")
+    parser.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1, metavar="J",
                         help="systems judged at once (default: the number of cores)")
-    _add_spawn(parser)
-    _add_format(parser)
+    add_spawn(parser)
+    add_format(parser)
     parser.set_defaults(handler=cmd_mutants)
 
 
@@ -59,7 +58,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     from faultlab import report
     from faultlab.system import builtin_names
     from faultlab.trace import write_json_atomically
-    from faultlab.zoo import Budget, judge_all, timing_summary
+    from faultlab.zoo import Budget, Judgement, judge_all, timing_summary
 
     check_format(args.format)
     check_corpus_directory(args.corpus)
@@ -76,7 +75,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
                     deadline=args.deadline, corpus=str(args.corpus))
     started = time.monotonic()
 
-    def progress(judgement: Any) -> None:
+    def progress(judgement: Judgement) -> None:
         state = "ok" if judgement.ok else "FAILED"
         print(f"mutants: {judgement.system} judged ({state}), "
               f"{time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)

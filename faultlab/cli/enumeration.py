@@ -9,24 +9,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from faultlab.cli import (
-    EXIT_FOUND,
-    EXIT_OK,
-    _add_format,
-    _add_spawn,
-    _add_system,
-    _load_system,
-    _positive_int,
+from faultlab import defaults
+from faultlab.cli.common import (
+    Commands,
+    add_format,
+    add_spawn,
+    add_system,
     check_format,
-    int_at_least,
+    count,
+    load_system,
+    positive_int,
 )
 from faultlab.corpus import DEFAULT_CORPUS, check_corpus_directory
-from faultlab.enumeration import DEFAULT_CRASHES, DEFAULT_OPERATIONS, default_max_steps
+from faultlab.errors import EXIT_FOUND, EXIT_OK
 
 MAX_JOBS = 8
-
-
-_count = int_at_least(0)
 
 
 def default_jobs() -> int:
@@ -34,7 +31,7 @@ def default_jobs() -> int:
     return max(1, min(MAX_JOBS, 2 * (os.cpu_count() or 1)))
 
 
-def register(commands: Any) -> None:
+def register(commands: Commands) -> None:
     parser = commands.add_parser(
         "enumerate", help="run every trace up to a small budget, crashing at every point",
         description="Bounded exhaustive exploration, beside explore's random search: run every "
@@ -47,26 +44,26 @@ def register(commands: Any) -> None:
                     "invariant is saved to the corpus and printed as a table. Exit 0 when "
                     "nothing was found, 1 when something was, 2 on bad input.",
     )
-    _add_system(parser)
-    parser.add_argument("--operations", type=_positive_int, default=DEFAULT_OPERATIONS,
+    add_system(parser)
+    parser.add_argument("--operations", type=positive_int, default=defaults.OPERATIONS,
                         metavar="N",
-                        help=f"operation ids a trace may use (default {DEFAULT_OPERATIONS})")
-    parser.add_argument("--crashes", type=_count, default=DEFAULT_CRASHES, metavar="C",
-                        help=f"crashes per trace (default {DEFAULT_CRASHES}; 0: none)")
-    parser.add_argument("--max-steps", type=_positive_int, metavar="S",
+                        help=f"operation ids a trace may use (default {defaults.OPERATIONS})")
+    parser.add_argument("--crashes", type=count, default=defaults.CRASHES, metavar="C",
+                        help=f"crashes per trace (default {defaults.CRASHES}; 0: none)")
+    parser.add_argument("--max-steps", type=positive_int, metavar="S",
                         help="steps per trace before the final recovery "
                              "(default 2N + C + 1: every operation accepted and dispatched, "
                              "each crash, one more step)")
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, metavar="DIR",
                         help="where findings are saved (default corpus/; created when needed)")
-    parser.add_argument("--jobs", type=_positive_int, default=default_jobs(), metavar="J",
+    parser.add_argument("--jobs", type=positive_int, default=default_jobs(), metavar="J",
                         help="worker threads, each with its own fork server "
                              f"(default {default_jobs()}: two per core, at most {MAX_JOBS})")
     parser.add_argument("--first", action="store_true",
                         help="stop after the trace length at which something was first found")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    _add_spawn(parser)
-    _add_format(parser)
+    add_spawn(parser)
+    add_format(parser)
     parser.set_defaults(handler=cmd_enumerate)
 
 
@@ -82,8 +79,8 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
 
     check_format(args.format)
     check_corpus_directory(args.corpus)
-    system = _load_system(args.system, args.deduplication)
-    max_steps = args.max_steps or default_max_steps(args.operations, args.crashes)
+    system = load_system(args.system, args.deduplication)
+    max_steps = args.max_steps or defaults.max_steps(args.operations, args.crashes)
     spawners = [Spawner(args.spawn) for _ in range(args.jobs)]
     try:
         result = enumerate_system(

@@ -1,0 +1,68 @@
+"""Command line: ``python -m faultlab COMMAND``.
+
+One module of this package per command, each with ``register(commands)`` and its
+handler, listed once in :data:`COMMANDS`; shared options and input checks live in
+:mod:`faultlab.cli.common`. Adding a command is a new module and one line here.
+Heavy imports (hypothesis, tabulate) happen inside the handlers that need them,
+so an exec-mode worker (``python -m faultlab worker ...``) starts quickly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from faultlab import __version__
+from faultlab.cli import enumeration, explore, mutants, replay, suite, systems, worker
+from faultlab.cli.common import Parser
+from faultlab.errors import EXIT_FOUND, EXIT_USAGE, ExecutionError, UsageError
+
+#: Every command, in the order ``--help`` lists them.
+COMMANDS = {
+    "suite": suite,
+    "explore": explore,
+    "replay": replay,
+    "enumerate": enumeration,
+    "mutants": mutants,
+    "systems": systems,
+    "worker": worker,
+}
+
+
+def build_parser(*, only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or just one command's (``only``: an exec-mode worker)."""
+    parser = Parser(
+        prog="faultlab",
+        description="Property-based crash testing for two-store outbox workers: real "
+                    "processes, real SIGKILL, real SQLite stores.",
+    )
+    parser.add_argument("--version", action="version", version=f"faultlab {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for name, command in COMMANDS.items():
+        if only is None or name == only:
+            command.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        # an exec-mode worker is started per step: build only its own command line
+        parser = build_parser(only="worker" if argv[:1] == ["worker"] else None)
+        args = parser.parse_args(argv)
+        if args.command is None:
+            raise UsageError(
+                f"no command given (one of: {', '.join(COMMANDS)}; see --help)"
+            )
+        result: int = args.handler(args)
+        return result
+    except UsageError as error:
+        print(f"faultlab: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except ExecutionError as error:
+        print(f"faultlab: {error}", file=sys.stderr)
+        return EXIT_FOUND
+    except KeyboardInterrupt:
+        print("faultlab: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,129 @@
+"""What every command shares: the parser class, common options, checks of user input.
+
+Each command is a module of this package with ``register(commands)`` and its
+handler; they import these helpers and nothing from each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn, TypeAlias
+
+from faultlab import system as registry
+from faultlab.errors import UsageError
+from faultlab.records import DEFAULT_DEADLINE, SPAWN_MODES
+from faultlab.system.contract import System
+
+#: The object ``add_subparsers`` returns: each command module registers itself on it.
+Commands: TypeAlias = "argparse._SubParsersAction[Parser]"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but bad input is one line on stderr and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see --help)")
+
+
+def _formats() -> list[str]:
+    from tabulate import tabulate_formats
+
+    return list(tabulate_formats)
+
+
+def add_format(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--format", default="simple", metavar="FMT",
+        help="table format, passed to tabulate's tablefmt: simple (default), plain, github, "
+             "grid, pipe, ...",
+    )
+
+
+def add_system(parser: argparse.ArgumentParser, *, dedup: bool = True) -> None:
+    parser.add_argument(
+        "--system", default="reference", metavar="NAME",
+        help="system under test: a built-in name (reference, or a bug-zoo mutant; see "
+             "`faultlab systems`), package.module:attribute, or path/to/system.json",
+    )
+    if dedup:
+        parser.add_argument(
+            "--no-deduplication", dest="deduplication", action="store_false",
+            help="switch the receiver's deduplication off (the negative control)",
+        )
+
+
+def add_spawn(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--spawn", choices=SPAWN_MODES, default="fork",
+        help="how workers start: fork (default; a fork server forks one child per worker) or "
+             "exec (a fresh interpreter per worker, python -m faultlab worker)",
+    )
+    parser.add_argument(
+        "--deadline", type=positive_float, default=DEFAULT_DEADLINE, metavar="SECONDS",
+        help=f"kill a worker that runs longer than this (default {DEFAULT_DEADLINE:g})",
+    )
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
+    return value
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer no smaller than ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}: {text!r}")
+        return value
+
+    return parse
+
+
+positive_int = int_at_least(1)
+count = int_at_least(0)
+
+
+def check_format(fmt: str) -> None:
+    if fmt not in _formats():
+        raise UsageError(f"unknown --format {fmt!r} (one of: {', '.join(_formats())})")
+
+
+def check_output_path(path: Path) -> None:
+    """Refuse an output path we could not write, before running anything."""
+    if path.is_dir():
+        raise UsageError(f"--output {path}: is a directory")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"--output {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"--output {path}: not writable")
+
+
+def check_new_directory(path: Path, option: str = "--directory") -> None:
+    if path.exists() or path.is_symlink():
+        raise UsageError(f"{option} {path}: already exists; give a path that does not exist")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"{option} {path}: parent directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"{option} {path}: parent directory {parent} is not writable")
+
+
+def load_system(ref: str, deduplication: bool = True) -> System:
+    """Load the system named on the command line; refuse an impossible --no-deduplication."""
+    system = registry.load_system(ref)
+    system.require_deduplication_switch(deduplication)
+    return system

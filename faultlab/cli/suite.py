@@ -1,0 +1,98 @@
+"""``suite``: the five regression scenarios, then a short exploration and the negative control."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from faultlab.cli.common import (
+    Commands,
+    add_format,
+    add_spawn,
+    add_system,
+    check_format,
+    check_new_directory,
+    check_output_path,
+    load_system,
+)
+from faultlab.errors import EXIT_FOUND, EXIT_OK
+
+
+def register(commands: Commands) -> None:
+    parser = commands.add_parser(
+        "suite", help="run the five regression scenarios (and a short exploration)",
+        description="Run the five regression scenarios of the seed lab on fresh stores, print "
+                    "a table and the seed's summary lines, then explore the system (fixed seed) "
+                    "and run the negative control. Exit 0 when everything passes, 1 when a "
+                    "check fails, 2 on bad input.",
+    )
+    add_system(parser, dedup=False)
+    parser.add_argument("--output", type=Path, metavar="FILE",
+                       help="write the evidence JSON here (overwritten; written atomically)")
+    parser.add_argument("--directory", type=Path, metavar="DIR",
+                       help="keep each scenario's stores under DIR/<scenario>/ (DIR must not "
+                            "exist)")
+    parser.add_argument("--examples", type=int, default=50, metavar="N",
+                       help="examples the exploration phase must complete (default 50; 0 skips "
+                            "it); ones Hypothesis abandons partway come on top")
+    parser.add_argument("--seed", type=int, default=0, metavar="S",
+                       help="seed for the exploration phase (default 0)")
+    add_spawn(parser)
+    add_format(parser)
+    parser.set_defaults(handler=cmd_suite)
+
+
+def cmd_suite(args: argparse.Namespace) -> int:
+    from faultlab import report
+    from faultlab.explore import suite_exploration
+    from faultlab.process import spawner
+    from faultlab.scenarios import SCENARIOS
+    from faultlab.trace import write_json_atomically
+
+    check_format(args.format)
+    system = load_system(args.system)
+    if args.output is not None:
+        check_output_path(args.output)
+    if args.directory is not None:
+        check_new_directory(args.directory)
+    exploration = None
+    outcomes = []
+    started = time.perf_counter()
+    with spawner(args.spawn) as runner:
+        if args.directory is not None:
+            args.directory.mkdir()
+        for scenario in SCENARIOS:
+            directory = args.directory / scenario.name if args.directory is not None else None
+            began = time.perf_counter()
+            outcome = scenario.run(system, runner, directory)
+            outcome.seconds = time.perf_counter() - began
+            outcomes.append(outcome)
+        scenario_seconds = time.perf_counter() - started
+        if args.examples > 0:
+            exploration = suite_exploration(
+                system, runner, examples=args.examples, seed=args.seed, deadline=args.deadline
+            )
+    seconds = time.perf_counter() - started
+    print(report.scenario_table(outcomes, args.format))
+    print()
+    for line in report.summary_lines(outcomes):
+        print(line)
+    failed = [o for o in outcomes if not o.passed]
+    for outcome in failed:
+        for failure in outcome.failures:
+            print(f"FAIL: {outcome.name}: {failure}")
+    if exploration is not None:
+        for line in exploration["lines"]:
+            print(line)
+    passed = not failed and (exploration is None or exploration["passed"])
+    if passed:
+        print(report.PASS_LINE)
+    if args.output is not None:
+        data = report.evidence(outcomes, spawn=args.spawn, seconds=seconds)
+        data["timings"]["scenarios_seconds"] = round(scenario_seconds, 4)
+        if exploration is not None:
+            data["exploration"] = exploration["evidence"]
+            data["passed"] = data["passed"] and exploration["passed"]
+        write_json_atomically(args.output, data)
+    return EXIT_OK if passed else EXIT_FOUND

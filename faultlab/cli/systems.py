@@ -1,0 +1,38 @@
+"""``systems``: the built-in systems, or one system's crash points."""
+
+from __future__ import annotations
+
+import argparse
+
+from faultlab.cli.common import Commands, add_format, check_format
+from faultlab.errors import EXIT_OK
+
+
+def register(commands: Commands) -> None:
+    parser = commands.add_parser(
+        "systems", help="list systems, or one system's crash points",
+        description="Without --system: every built-in system. With --system: its crash points "
+                    "and the outcome a correct system shows at each.",
+    )
+    parser.add_argument("--system", metavar="NAME")
+    add_format(parser)
+    parser.set_defaults(handler=cmd_systems)
+
+
+def cmd_systems(args: argparse.Namespace) -> int:
+    from faultlab import report
+    from faultlab.system import builtin_names, load_system
+
+    check_format(args.format)
+    if args.system is not None:
+        system = load_system(args.system)
+        rows = [[p.name, p.role, p.expected] for p in system.crash_points]
+        print(f"{system.name}: {system.description}")
+        print(report.table(rows, ["crash point", "role", "expected outcome"], args.format))
+        return EXIT_OK
+    rows = []
+    for name in builtin_names():
+        system = load_system(name)
+        rows.append([name, str(len(system.crash_points)), system.description])
+    print(report.table(rows, ["system", "crash points", "description"], args.format))
+    return EXIT_OK

@@ -1,0 +1,54 @@
+"""``worker``: one worker role in this process (what exec mode spawns)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from faultlab.cli.common import Commands, add_spawn, add_system, load_system
+from faultlab.errors import UsageError
+
+
+def register(commands: Commands) -> None:
+    parser = commands.add_parser(
+        "worker", help="run one worker role in this process (what exec mode spawns)",
+        description="Run one worker role against an existing directory whose stores faultlab "
+                    "initialised. Prints one JSON response line. Exit 0 on success, 3 "
+                    "payload_conflict, 4 downstream_failure, 2 bad input, -9 when a crash "
+                    "point fires.",
+    )
+    parser.add_argument("role", choices=("accept", "dispatch", "service"))
+    parser.add_argument("--directory", required=True, metavar="DIR")
+    parser.add_argument("--operation-id", metavar="ID")
+    parser.add_argument("--payload", metavar="JSON")
+    parser.add_argument("--crash", metavar="POINT",
+                        help="arm a crash point: a declared name, sql:K or commit:K")
+    add_system(parser)
+    add_spawn(parser)
+    parser.set_defaults(handler=cmd_worker)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from faultlab.canonical import parse_payload
+    from faultlab.records import WorkerSpec
+    from faultlab.system.contract import check_crash_point
+    from faultlab.worker import run_worker
+
+    system = load_system(args.system, args.deduplication)
+    directory = Path(args.directory)
+    if not directory.is_dir():
+        raise UsageError(f"--directory {directory}: no such directory")
+    payload = None
+    if args.role in ("accept", "service"):
+        if args.payload is None:
+            raise UsageError(f"worker {args.role}: --payload is required")
+        if args.operation_id is None:
+            raise UsageError(f"worker {args.role}: --operation-id is required")
+        payload = parse_payload(args.payload)
+    check_crash_point(system, args.role, args.crash)
+    spec = WorkerSpec(
+        system=args.system, role=args.role, directory=str(directory),
+        operation_id=args.operation_id, payload=payload, crash=args.crash,
+        deduplication=args.deduplication, spawn=args.spawn, deadline=args.deadline,
+    )
+    return run_worker(spec)
