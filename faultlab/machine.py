@@ -289,10 +289,7 @@ def outbox_machine(
 ) -> type[OutboxMachine]:
     """Build the state machine for one system; its ``TestCase`` runs under pytest/unittest."""
     system = load_system(system_ref)
-    if not deduplication and not system.supports_no_deduplication:
-        from faultlab.errors import UsageError
-
-        raise UsageError(f"system {system_ref!r} cannot switch deduplication off")
+    system.require_deduplication_switch(deduplication)
     statement_crashes = statement_crashes and system.supports_statement_points
     accept_points = [p.name for p in system.points_for("accept")]
     dispatch_points = [p.name for p in system.points_for("dispatch")]

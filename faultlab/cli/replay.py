@@ -39,8 +39,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     plans = []
     for path, trace in zip(args.traces, traces, strict=True):
         system = against if against is not None else load_system(trace.system)
-        if not trace.deduplication and not system.supports_no_deduplication:
-            raise UsageError(f"{path}: system {system.ref!r} cannot switch deduplication off")
+        try:
+            system.require_deduplication_switch(trace.deduplication)
+        except UsageError as error:
+            raise UsageError(f"{path}: {error}") from None
         for step in trace.steps:
             try:
                 validate_step(system, step)

@@ -19,6 +19,7 @@ nothing new: it is parametrised over :data:`MUTANTS`.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,6 @@ from faultlab.system.reference import (
 from faultlab.trace import Step
 
 OP = "op-1"
-OTHER = "op-2"
 PAYLOAD: dict[str, Any] = {"title": "backlog", "priority": "normal"}
 CHANGED: dict[str, Any] = {"title": "backlog", "priority": "urgent"}
 
@@ -92,7 +92,8 @@ class SplitAccept(Mutant):
     minimal_trace = (Step("accept", OP, PAYLOAD, crash="commit:1"),)
 
     def insert_operation(
-        self, context: WorkerContext, connection: Any, operation_id: str, payload: str
+        self, context: WorkerContext, connection: sqlite3.Connection, operation_id: str,
+        payload: str,
     ) -> None:
         connection.execute(
             "INSERT INTO operations (id, payload, state, result) VALUES (?, ?, 'pending', NULL)",
@@ -116,7 +117,8 @@ class SplitAcceptOutboxFirst(Mutant):
     minimal_trace = (Step("accept", OP, PAYLOAD, crash="commit:1"),)
 
     def insert_operation(
-        self, context: WorkerContext, connection: Any, operation_id: str, payload: str
+        self, context: WorkerContext, connection: sqlite3.Connection, operation_id: str,
+        payload: str,
     ) -> None:
         connection.execute(
             "INSERT INTO outbox (operation_id, state) VALUES (?, 'pending')", (operation_id,)
@@ -234,7 +236,7 @@ class CompleteBeforeSend(Mutant):
     minimal_steps = 2
     minimal_trace = (Step("accept", OP, PAYLOAD), Step("dispatch", crash="before_dispatch"))
 
-    def next_pending(self, connection: Any) -> tuple[str, str] | None:
+    def next_pending(self, connection: sqlite3.Connection) -> tuple[str, str] | None:
         connection.execute("BEGIN IMMEDIATE")
         row = connection.execute(
             "SELECT o.operation_id, op.payload FROM outbox o "
@@ -282,7 +284,7 @@ class IdleResend(Mutant):
     minimal_steps = 3
     minimal_trace = (Step("accept", OP, PAYLOAD), Step("dispatch"), Step("dispatch"))
 
-    def next_pending(self, connection: Any) -> tuple[str, str] | None:
+    def next_pending(self, connection: sqlite3.Connection) -> tuple[str, str] | None:
         row = connection.execute(
             "SELECT o.operation_id, op.payload FROM outbox o "
             "JOIN operations op ON op.id = o.operation_id "
@@ -400,7 +402,8 @@ class SplitReceipt(Mutant):
     minimal_trace = (Step("accept", OP, PAYLOAD), Step("service", OP, PAYLOAD, crash="commit:1"))
 
     def record_ticket(
-        self, context: WorkerContext, connection: Any, operation_id: str, payload: str
+        self, context: WorkerContext, connection: sqlite3.Connection, operation_id: str,
+        payload: str,
     ) -> dict[str, Any]:
         ticket_id = connection.execute(
             "INSERT INTO tickets (operation_id, payload) VALUES (?, ?)", (operation_id, payload)

@@ -10,6 +10,7 @@ one method, so every defect is a small, readable diff against this file.
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +128,8 @@ class ReferenceOutbox(System):
         }
 
     def insert_operation(
-        self, context: WorkerContext, connection: Any, operation_id: str, payload: str
+        self, context: WorkerContext, connection: sqlite3.Connection, operation_id: str,
+        payload: str,
     ) -> None:
         connection.execute(
             "INSERT INTO operations (id, payload, state, result) VALUES (?, ?, 'pending', NULL)",
@@ -138,7 +140,7 @@ class ReferenceOutbox(System):
             "INSERT INTO outbox (operation_id, state) VALUES (?, 'pending')", (operation_id,)
         )
 
-    def next_pending(self, connection: Any) -> tuple[str, str] | None:
+    def next_pending(self, connection: sqlite3.Connection) -> tuple[str, str] | None:
         row = connection.execute(
             "SELECT o.operation_id, op.payload FROM outbox o "
             "JOIN operations op ON op.id = o.operation_id "
@@ -219,7 +221,8 @@ class ReferenceOutbox(System):
         return {"operation_id": operation_id, "result": result, "replayed": False}
 
     def record_ticket(
-        self, context: WorkerContext, connection: Any, operation_id: str, payload: str
+        self, context: WorkerContext, connection: sqlite3.Connection, operation_id: str,
+        payload: str,
     ) -> dict[str, Any]:
         """Insert the ticket and its receipt and commit them together (transaction open)."""
         ticket_id = connection.execute(

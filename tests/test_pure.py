@@ -1,0 +1,138 @@
+"""Fast unit tests of the pure functions under the search: shrinking, the could-the-machine-
+draw-it filter, the enumerator's state key. No worker process runs here."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from faultlab.enumeration import state_key
+from faultlab.executor import Execution, Observation
+from faultlab.invariants import Model, Violation
+from faultlab.records import ProcessRecord
+from faultlab.shrink import machine_could_draw, minimise
+from faultlab.stores import Operation, Snapshot
+from faultlab.trace import Step, Trace
+
+RECORD = ProcessRecord(pid=1, exit_code=0, response=None, stdout="", stderr="", elapsed=0.0)
+
+
+def execution_of(steps: list[Step], fails: Callable[[list[Step]], int | None],
+                 before: Snapshot | None = None) -> Execution:
+    """A synthetic execution: ``fails(steps)`` names the 1-based step that violates ONE."""
+    failing = fails(steps)
+    observations = []
+    for index, step in enumerate(steps, 1):
+        violations = (Violation("ONE", "two tickets"),) if index == failing else ()
+        observations.append(Observation(index, step, RECORD, before or Snapshot(), Snapshot(),
+                                        violations))
+        if violations:
+            break
+    return Execution(observations, [])
+
+
+A = Step("accept", "op-1", {"title": "a"})
+B = Step("accept", "op-2", {"title": "b"})
+CRASH = Step("dispatch", crash="after_downstream_commit")
+RECOVER = Step("dispatch")
+
+
+def needs_a_then_crash_then_recover(steps: list[Step]) -> int | None:
+    """Fails at the first plain dispatch after an accept of op-1 and an armed dispatch."""
+    seen_a = seen_crash = False
+    for index, step in enumerate(steps, 1):
+        seen_a = seen_a or step == A
+        if seen_a and step.action == "dispatch" and step.crash is not None:
+            seen_crash = True
+        elif seen_crash and step == RECOVER:
+            return index
+    return None
+
+
+def test_minimise_deletes_every_step_the_failure_does_not_need_and_runs_no_candidate_twice(
+) -> None:
+    noisy = [B, A, B, RECOVER, CRASH, B, RECOVER, B, RECOVER]
+    runs: list[tuple[str, ...]] = []
+
+    def run(steps: list[Step]) -> Execution:
+        runs.append(tuple(step.describe() for step in steps))
+        return execution_of(steps, needs_a_then_crash_then_recover)
+
+    started = time.perf_counter()
+    original = execution_of(noisy, needs_a_then_crash_then_recover)
+    trace = Trace("reference", True, noisy, expected=original.verdict)
+    shrunk, execution = minimise(trace, original, run)
+    assert shrunk.steps == [A, CRASH, RECOVER]
+    assert execution.verdict.step == 3 and execution.verdict.invariants == ("ONE",)
+    assert len(runs) == len(set(runs)), "a candidate was executed twice"
+    assert shrunk.meta["hypothesis_steps"] == len(noisy)
+    assert time.perf_counter() - started < 0.5
+
+
+def test_minimise_keeps_a_crash_the_failure_needs_and_drops_one_it_does_not() -> None:
+    armed_accept = Step("accept", "op-1", {"title": "a"}, "during_accept")
+
+    def fails(steps: list[Step]) -> int | None:
+        return needs_a_then_crash_then_recover([A if s == armed_accept else s for s in steps])
+
+    steps = [armed_accept, CRASH, RECOVER]
+    original = execution_of(steps, fails)
+    shrunk, _ = minimise(Trace("reference", True, steps, expected=original.verdict), original,
+                         lambda candidate: execution_of(candidate, fails))
+    assert shrunk.steps == [A, CRASH, RECOVER]  # accept disarmed, dispatch still armed
+
+
+def test_minimise_returns_a_trace_that_cannot_shrink_unchanged() -> None:
+    steps = [A, CRASH, RECOVER]
+    original = execution_of(steps, needs_a_then_crash_then_recover)
+    trace = Trace("reference", True, steps, expected=original.verdict)
+    calls: list[int] = []
+
+    def run(candidate: list[Step]) -> Execution:
+        calls.append(len(candidate))
+        return execution_of(candidate, needs_a_then_crash_then_recover)
+
+    shrunk, execution = minimise(trace, original, run)
+    assert shrunk is trace and execution is original
+    assert calls  # it did try: every shorter candidate passed
+
+
+def test_machine_could_draw_refuses_service_calls_the_rules_never_make() -> None:
+    service = Step("service", "op-1", {"title": "a"})
+    changed = Step("service", "op-1", {"title": "a", "revision": 1})
+    pending = Snapshot(operations=(Operation("op-1", '{"title":"a"}', "pending", None),))
+    complete = Snapshot(operations=(Operation("op-1", '{"title":"a"}', "complete",
+                                              '{"ticket_id":1}'),))
+
+    def one(step: Step, before: Snapshot) -> Execution:
+        return Execution([Observation(1, step, RECORD, before, before, ())], [])
+
+    assert machine_could_draw(one(service, pending))
+    assert not machine_could_draw(one(service, Snapshot()))  # an operation the caller lacks
+    assert not machine_could_draw(one(changed, pending))  # a changed payload before completion
+    assert machine_could_draw(one(changed, complete))  # the seed's conflict case
+
+
+def _store(directory: Path, rows: list[tuple[str, str]]) -> None:
+    directory.mkdir()
+    connection = sqlite3.connect(directory / "caller.db")
+    connection.execute("CREATE TABLE operations (id TEXT PRIMARY KEY, payload TEXT)")
+    connection.executemany("INSERT INTO operations VALUES (?, ?)", rows)
+    connection.commit()
+    connection.close()
+
+
+def test_state_key_sees_store_content_and_the_model_and_nothing_else(tmp_path: Path) -> None:
+    _store(tmp_path / "a", [("op-1", "{}")])
+    _store(tmp_path / "b", [("op-1", "{}")])
+    _store(tmp_path / "c", [("op-1", '{"x":1}')])
+    (tmp_path / "b" / "caller.db-journal").write_bytes(b"left by a SIGKILL")
+    model = Model(acknowledged={"op-1": "{}"}, submitted={"op-1"})
+    started = time.perf_counter()
+    key_a = state_key(tmp_path / "a", model)
+    assert state_key(tmp_path / "b", model) == key_a  # a journal is not state
+    assert state_key(tmp_path / "c", model) != key_a  # a row's content is
+    assert state_key(tmp_path / "a", Model(submitted={"op-1"})) != key_a  # the model is
+    assert time.perf_counter() - started < 0.5
