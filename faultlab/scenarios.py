@@ -16,7 +16,7 @@ from typing import Any
 
 from faultlab.executor import Execution, Observation, execute
 from faultlab.process import Spawner
-from faultlab.records import ProcessRecord
+from faultlab.records import KILLED, ProcessRecord
 from faultlab.system.contract import System
 from faultlab.trace import Step
 
@@ -100,8 +100,8 @@ def _judge_dispatcher(scenario: Scenario, execution: Execution) -> Outcome:
     checks = _Checks()
     expected = scenario.expected
     checks.expect(accept.record.exit_code == 0, f"accept exited {accept.record.exit_code}")
-    checks.expect(crashed.record.exit_code == -9,
-                  f"crashed dispatcher exited {crashed.record.exit_code}, not -9")
+    checks.expect(crashed.record.killed,
+                  f"crashed dispatcher exited {crashed.record.exit_code}, not {KILLED}")
     before, after = crashed.snapshot, recovery.snapshot
     operation = before.operation(OPERATION_ID)
     outbox = before.outbox_row(OPERATION_ID)
@@ -174,8 +174,8 @@ def _judge_acceptance(scenario: Scenario, execution: Execution) -> Outcome:
     crashed, accept, dispatch, idle = execution.observations
     checks = _Checks()
     before = crashed.snapshot
-    checks.expect(crashed.record.exit_code == -9,
-                  f"crashed acceptor exited {crashed.record.exit_code}, not -9")
+    checks.expect(crashed.record.killed,
+                  f"crashed acceptor exited {crashed.record.exit_code}, not {KILLED}")
     checks.expect(not before.operations, f"partial acceptance left {before.operations}")
     checks.expect(not before.outbox, f"partial acceptance left {before.outbox}")
     checks.expect(accept.record.exit_code == 0
@@ -210,8 +210,8 @@ def _judge_conflict(scenario: Scenario, execution: Execution) -> Outcome:
     """On crash_after_downstream_commit's stores, a changed payload must be refused."""
     accept, crashed, recovery, conflict = execution.observations
     checks = _Checks()
-    checks.expect(crashed.record.exit_code == -9,
-                  f"crashed dispatcher exited {crashed.record.exit_code}, not -9")
+    checks.expect(crashed.record.killed,
+                  f"crashed dispatcher exited {crashed.record.exit_code}, not {KILLED}")
     checks.expect(recovery.record.exit_code == 0, f"recovery exited {recovery.record.exit_code}")
     checks.expect(conflict.record.exit_code == 3,
                   f"changed payload exited {conflict.record.exit_code}, not 3")
