@@ -21,7 +21,7 @@ not fire is a probe, not a new trace.
 
 Every trace prefix is checked twice: the executor checks every invariant after
 its last step, and a copy of its stores is recovered to quiescence
-(:meth:`faultlab.trace.Executor.settle`) and checked for ``LIVE``.
+(:meth:`faultlab.executor.Executor.settle`) and checked for ``LIVE``.
 
 The tree is walked breadth first, branching by copying the run directory (both
 SQLite files, and any journal a SIGKILL left behind) after each step, so no

@@ -1,7 +1,7 @@
 """The Hypothesis state machine that generates traces.
 
 Every rule is one :class:`faultlab.trace.Step`, executed as a real process by
-the same :class:`faultlab.trace.Executor` that runs scenarios and replays;
+the same :class:`faultlab.executor.Executor` that runs scenarios and replays;
 the executor checks every invariant after the step and the rule raises
 :class:`InvariantFailure` when one fails. Teardown recovers to quiescence and
 checks ``LIVE``. Hypothesis then shrinks the failing example, and the last
