@@ -20,6 +20,7 @@ from typing import Any
 from faultlab.canonical import canonical_json
 from faultlab.errors import EXIT_USAGE, ExecutionError, UsageError
 from faultlab.invariants import Check, Model, Violation, check_live, check_step
+from faultlab.messages import printable
 from faultlab.process import Spawner
 from faultlab.records import DEFAULT_DEADLINE, ProcessRecord, WorkerSpec
 from faultlab.stores import Snapshot, scratch_directory
@@ -161,7 +162,7 @@ class Executor:
                 f"{where} missed its {self.deadline:g}s deadline and was killed"
             )
         if record.exit_code == EXIT_USAGE:
-            last = (record.stderr.strip().splitlines() or ["no message"])[-1]
+            last = printable((record.stderr.strip().splitlines() or ["no message"])[-1], 200)
             raise ExecutionError(f"{where} refused its input (exit 2): {last}")
         before = self.snapshot
         after = self.system.snapshot(self.directory)

@@ -174,7 +174,7 @@ def explore(
             "examples": examples,
             "steps_per_example": steps,
             "faultlab": __version__,
-            "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            # no timestamp: the documented commands must reproduce committed files byte for byte
         },
     )
     if isinstance(failure, Flaky):

@@ -64,6 +64,10 @@ class ProcessRecord:
     stderr: str
     elapsed: float
     timed_out: bool = False
+    #: command-line systems (system/fields.py): fields the response lacked, and what the
+    #: worker printed when response_fields rewrote it into faultlab's keys
+    unknown_fields: dict[str, str] | None = None
+    raw_response: dict[str, Any] | None = None
 
     @property
     def killed(self) -> bool:

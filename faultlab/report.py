@@ -46,7 +46,7 @@ def scenario_table(outcomes: Sequence[Outcome], fmt: str) -> str:
             tickets_before,
             summary["tickets_after"],
             shown,
-            "PASS" if outcome.passed else "FAIL",
+            outcome.verdict,
         ])
     headers = ["scenario", "crash point", "exit", "tickets before", "tickets after", "result",
                "verdict"]
@@ -58,11 +58,15 @@ def summary_lines(outcomes: Sequence[Outcome]) -> list[str]:
 
 
 def environment() -> dict[str, Any]:
+    """``signal`` and ``platform`` as the seed lab wrote them (anything that read its results
+    file reads ours); faultlab's richer values under keys of their own."""
     return {
         "python": sys.version.split()[0],
         "sqlite": sqlite3.sqlite_version,
-        "platform": platform.platform(),
-        "signal": f"SIGKILL ({int(signal.SIGKILL)})",
+        "platform": platform.system(),
+        "signal": "SIGKILL",
+        "platform_detail": platform.platform(),
+        "signal_number": int(signal.SIGKILL),
     }
 
 
@@ -78,6 +82,7 @@ def evidence(outcomes: Sequence[Outcome], *, spawn: str, seconds: float) -> dict
             o.name: {
                 "passed": o.passed,
                 "failures": o.failures,
+                **({"unknown": o.unknowns} if o.unknowns else {}),
                 **o.evidence,
                 "summary": o.summary,
                 "seconds": round(o.seconds, 4),

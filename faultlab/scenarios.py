@@ -18,6 +18,7 @@ from faultlab.executor import Execution, Observation, execute
 from faultlab.process import Spawner
 from faultlab.records import KILLED, ProcessRecord
 from faultlab.system.contract import System
+from faultlab.system.fields import describe_unknown
 from faultlab.trace import Step
 
 OPERATION_ID = "operation-001"
@@ -40,10 +41,16 @@ class Outcome:
     evidence: dict[str, Any]
     execution: Execution
     seconds: float = 0.0
+    #: checks that could not run: a field the worker's response lacks (response_fields)
+    unknowns: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return not self.failures
+        return not self.failures and not self.unknowns
+
+    @property
+    def verdict(self) -> str:
+        return "FAIL" if self.failures else "UNKNOWN" if self.unknowns else "PASS"
 
 
 @dataclass(frozen=True)
@@ -64,13 +71,19 @@ class Scenario:
 
 
 def process_json(record: ProcessRecord) -> dict[str, Any]:
-    """The seed's process record: pid, exit code, response, stderr."""
-    return {
+    """The seed's process record: pid, exit code, response, stderr (plus, for a command-line
+    system, the fields its response lacked and what it printed before response_fields)."""
+    data = {
         "pid": record.pid,
         "exit_code": record.exit_code,
         "response": record.response,
         "stderr": record.stderr,
     }
+    if record.unknown_fields:
+        data["unknown_fields"] = record.unknown_fields
+    if record.raw_response is not None:
+        data["printed_response"] = record.raw_response
+    return data
 
 
 class _Checks:
@@ -78,10 +91,18 @@ class _Checks:
 
     def __init__(self) -> None:
         self.failures: list[str] = []
+        self.unknowns: list[str] = []
 
     def expect(self, condition: bool, message: str) -> None:
         if not condition:
             self.failures.append(message)
+
+    def known(self, record: ProcessRecord, name: str, who: str) -> bool:
+        """False (and the check reported as unknown) when the response lacks ``name``."""
+        message = describe_unknown(record, name, who)
+        if message is not None and message not in self.unknowns:
+            self.unknowns.append(message)
+        return message is None
 
 
 def _ticket_count(observation: Observation) -> int:
@@ -126,20 +147,28 @@ def _judge_dispatcher(scenario: Scenario, execution: Execution) -> Outcome:
     checks.expect(outbox is not None and outbox.state == "complete",
                   f"after recovery the outbox row is {outbox}, not complete")
     stored = json.loads(operation.result) if operation and operation.result else None
-    checks.expect(stored == result and result is not None,
-                  f"stored result {stored} differs from the recovering dispatcher's {result}")
-    if scenario.deduplication:
+    result_known = checks.known(recovery.record, "result", "the recovering dispatcher")
+    if result_known:
+        checks.expect(result is not None, "the recovering dispatcher answered no result")
+        checks.expect(stored == result or result is None,
+                      "no stored result" if stored is None else
+                      f"stored result {stored} differs from the recovering dispatcher's {result}")
+    if scenario.deduplication and result_known and result is not None:
         receipt = after.receipt(OPERATION_ID)
         receipt_result = json.loads(receipt.result) if receipt else None
         checks.expect(receipt_result == result,
+                      "no receipt" if receipt is None else
                       f"receipt result {receipt_result} differs from the recovered {result}")
-    ticket_id = (result or {}).get("ticket_id")
-    checks.expect(ticket_id == expected["ticket_id"],
-                  f"recovered ticket {ticket_id}, expected {expected['ticket_id']}")
-    service_pid = (response.get("service") or {}).get("pid")
-    pids = {crashed.record.pid, recovery.record.pid, service_pid}
-    checks.expect(len(pids) == 3 and None not in pids,
-                  f"crashed, recovering and service PIDs are not three distinct PIDs: {pids}")
+    ticket_id = (result if isinstance(result, dict) else {}).get("ticket_id")
+    if result_known:
+        checks.expect(ticket_id == expected["ticket_id"],
+                      f"recovered ticket {ticket_id}, expected {expected['ticket_id']}")
+    if checks.known(recovery.record, "service_pid", "the recovering dispatcher"):
+        service_pid = (response.get("service") or {}).get("pid")
+        pids = [crashed.record.pid, recovery.record.pid, service_pid]
+        checks.expect(len(set(pids)) == 3 and None not in pids,
+                      "crashed, recovering and service PIDs are not three distinct PIDs: "
+                      f"{pids}")
     _judge_idle(checks, idle)
     _judge_violations(checks, scenario, execution)
     summary = {
@@ -157,7 +186,7 @@ def _judge_dispatcher(scenario: Scenario, execution: Execution) -> Outcome:
         "after_recovery": after.to_json(),
     }
     return Outcome(scenario.name, scenario.crash_point, summary, checks.failures, evidence,
-                   execution)
+                   execution, unknowns=checks.unknowns)
 
 
 def _judge_violations(checks: _Checks, scenario: Scenario, execution: Execution) -> None:
@@ -178,15 +207,17 @@ def _judge_acceptance(scenario: Scenario, execution: Execution) -> Outcome:
                   f"crashed acceptor exited {crashed.record.exit_code}, not {KILLED}")
     checks.expect(not before.operations, f"partial acceptance left {before.operations}")
     checks.expect(not before.outbox, f"partial acceptance left {before.outbox}")
-    checks.expect(accept.record.exit_code == 0
-                  and bool((accept.record.response or {}).get("accepted")),
-                  f"accepting again answered {accept.record.response}")
+    checks.expect(accept.record.exit_code == 0, f"accepting again exited {accept.record.exit_code}")
+    if checks.known(accept.record, "accepted", "the second acceptor"):
+        checks.expect(bool((accept.record.response or {}).get("accepted")),
+                      f"accepting again answered {accept.record.response}")
     after = dispatch.snapshot
     operation = after.operation(OPERATION_ID)
     result = (dispatch.record.response or {}).get("result")
     checks.expect(operation is not None and operation.state == "complete",
                   f"after dispatch the operation is {operation}, not complete")
-    checks.expect(result == {"ticket_id": 1}, f"dispatch answered {result}, not ticket 1")
+    if checks.known(dispatch.record, "result", "the dispatcher"):
+        checks.expect(result == {"ticket_id": 1}, f"dispatch answered {result}, not ticket 1")
     _judge_idle(checks, idle)
     _judge_violations(checks, scenario, execution)
     summary = {
@@ -203,7 +234,7 @@ def _judge_acceptance(scenario: Scenario, execution: Execution) -> Outcome:
         "after_recovery": after.to_json(),
     }
     return Outcome(scenario.name, scenario.crash_point, summary, checks.failures, evidence,
-                   execution)
+                   execution, unknowns=checks.unknowns)
 
 
 def _judge_conflict(scenario: Scenario, execution: Execution) -> Outcome:
@@ -215,8 +246,10 @@ def _judge_conflict(scenario: Scenario, execution: Execution) -> Outcome:
     checks.expect(recovery.record.exit_code == 0, f"recovery exited {recovery.record.exit_code}")
     checks.expect(conflict.record.exit_code == 3,
                   f"changed payload exited {conflict.record.exit_code}, not 3")
-    checks.expect((conflict.record.response or {}).get("error") == "payload_conflict",
-                  f"changed payload answered {conflict.record.response}, not payload_conflict")
+    if checks.known(conflict.record, "error", "the service"):
+        checks.expect((conflict.record.response or {}).get("error") == "payload_conflict",
+                      f"changed payload answered {conflict.record.response}, "
+                      "not payload_conflict")
     checks.expect(conflict.snapshot == conflict.before, "the refused call changed the stores")
     _judge_violations(checks, scenario, execution)
     summary = {"exit_code": conflict.record.exit_code, "tickets_after": _ticket_count(conflict)}
@@ -229,7 +262,7 @@ def _judge_conflict(scenario: Scenario, execution: Execution) -> Outcome:
         "after_recovery": conflict.snapshot.to_json(),
     }
     return Outcome(scenario.name, scenario.crash_point, summary, checks.failures, evidence,
-                   execution)
+                   execution, unknowns=checks.unknowns)
 
 
 def _dispatcher_steps(point: str) -> tuple[Step, ...]:

@@ -44,3 +44,18 @@ def exec_spawner() -> Iterator[Spawner]:
 @pytest.fixture(scope="session")
 def reference() -> System:
     return load_system("reference")
+
+
+def required_services() -> set[str]:
+    """FAULTLAB_REQUIRE_SERVICES (comma list, set by .ci/run): services that must be present."""
+    import os
+
+    names = os.environ.get("FAULTLAB_REQUIRE_SERVICES", "")
+    return {name.strip() for name in names.split(",") if name.strip()}
+
+
+def require_service(name: str, reason: str) -> None:
+    """Skip with ``reason`` when a service is missing, or fail when the environment demands it."""
+    if name in required_services():
+        pytest.fail(f"{reason}, and FAULTLAB_REQUIRE_SERVICES names {name}")
+    pytest.skip(reason)

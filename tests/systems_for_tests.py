@@ -80,3 +80,15 @@ class EscapingOutbox(ReferenceOutbox):
         context.acknowledge({"worker": os.getpid(), "escaped": child})
         time.sleep(3600)
         raise AssertionError("unreachable: the deadline kills this worker")
+
+
+class HangsWhenExploredOutbox(ReferenceOutbox):
+    """The five scenarios pass (their payload names a project); any other accept hangs, so the
+    exploration phase of ``suite`` stops with a deadline error after the scenarios ran."""
+
+    name = "hangs-when-explored"
+
+    def accept(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        if '"project"' not in payload:
+            time.sleep(3600)
+        return super().accept(context, operation_id, payload)

@@ -553,7 +553,7 @@ def test_announcement_descriptors_are_not_leaked(tmp_path: Path, runner: Spawner
 
 # --- explore and replay ------------------------------------------------------------------------
 
-FINDING = EXAMPLE / "corpus" / "standalone-outbox-nodedup-ONE.json"
+(FINDING,) = (EXAMPLE / "corpus").glob("standalone-outbox-nodedup-ONE-*.json")
 # A command-line system has no statement points; only its declared points are drawn.
 EXPLORE = ["explore", "--system", "examples/standalone_outbox/system.json",
            "--no-statement-crashes", "--quiet", "--steps", "6", "--seed", "1"]

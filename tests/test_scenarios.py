@@ -1,4 +1,4 @@
-"""The five regression scenarios: SPEC.md's figures, rows and PIDs, in both spawn modes."""
+"""The five regression scenarios: docs/system.md's figures, rows and PIDs, in both spawn modes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from faultlab.process import Spawner
 from faultlab.scenarios import FIXTURE_PAYLOAD, OPERATION_ID, SCENARIOS, Outcome
 from faultlab.system import System, load_system
 
-# Copied from SPEC.md by hand, not from faultlab.scenarios, so a drift in either shows.
+# Copied from docs/system.md by hand, not from faultlab.scenarios, so a drift in either shows.
 SPEC_SUMMARIES: dict[str, dict[str, Any]] = {
     "crash_before_dispatch": {
         "crash_exit": -9, "tickets_before": 0, "tickets_after": 1,

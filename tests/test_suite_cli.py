@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import platform
 import sqlite3
 import subprocess
 import sys
@@ -98,7 +99,11 @@ def test_evidence_json(suite_run: SuiteRun) -> None:
     assert data["passed"] is True
     assert data["spawn"] == "fork"
     assert data["python"] == sys.version.split()[0]
-    assert "SIGKILL" in data["signal"]
+    # what the seed lab wrote, so its readers read ours; faultlab's detail beside them
+    assert data["signal"] == "SIGKILL"
+    assert data["platform"] == platform.system()
+    assert data["signal_number"] == 9
+    assert data["platform_detail"] == platform.platform()
     assert list(data["scenarios"]) == SCENARIOS
     for line in SUMMARY_LINES:
         name, summary = line.split(" ", 1)

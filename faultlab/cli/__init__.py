@@ -14,9 +14,10 @@ import sys
 from collections.abc import Sequence
 
 from faultlab import __version__
-from faultlab.cli import enumeration, explore, mutants, replay, suite, systems, worker
+from faultlab.cli import enumeration, explore, init, mutants, replay, suite, systems, worker
 from faultlab.cli.common import Parser
 from faultlab.errors import EXIT_FOUND, EXIT_USAGE, ExecutionError, UsageError
+from faultlab.messages import printable
 
 #: Every command, in the order ``--help`` lists them.
 COMMANDS = {
@@ -26,6 +27,7 @@ COMMANDS = {
     "enumerate": enumeration,
     "mutants": mutants,
     "systems": systems,
+    "init": init,
     "worker": worker,
 }
 
@@ -55,13 +57,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(
                 f"no command given (one of: {', '.join(COMMANDS)}; see --help)"
             )
+        if getattr(args, "deadline", None) is not None:
+            from faultlab.system.command import set_init_deadline
+
+            set_init_deadline(args.deadline)  # a command-line system's init obeys it too
         result: int = args.handler(args)
         return result
     except UsageError as error:
-        print(f"faultlab: error: {error}", file=sys.stderr)
+        print(f"faultlab: error: {printable(str(error))}", file=sys.stderr)
         return EXIT_USAGE
     except ExecutionError as error:
-        print(f"faultlab: {error}", file=sys.stderr)
+        print(f"faultlab: {printable(str(error))}", file=sys.stderr)
         return EXIT_FOUND
     except KeyboardInterrupt:
         print("faultlab: interrupted", file=sys.stderr)

@@ -25,7 +25,9 @@ class Parser(argparse.ArgumentParser):
     """argparse, but bad input is one line on stderr and exit status 2."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: {message} (see --help)")
+        # main() prints "faultlab: error: "; name the subcommand, not the program twice
+        command = self.prog.removeprefix("faultlab").strip()
+        raise UsageError(f"{command + ': ' if command else ''}{message} (see --help)")
 
 
 def _formats() -> list[str]:
@@ -101,15 +103,21 @@ def check_format(fmt: str) -> None:
         raise UsageError(f"unknown --format {fmt!r} (one of: {', '.join(_formats())})")
 
 
-def check_output_path(path: Path) -> None:
+def check_output_path(path: Path, option: str = "--output") -> None:
     """Refuse an output path we could not write, before running anything."""
     if path.is_dir():
-        raise UsageError(f"--output {path}: is a directory")
+        raise UsageError(f"{option} {path}: is a directory")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
-        raise UsageError(f"--output {path}: directory {parent} does not exist")
+        raise UsageError(f"{option} {path}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise UsageError(f"--output {path}: not writable")
+        raise UsageError(f"{option} {path}: not writable")
+
+
+def add_html(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """``--html FILE``: a self-contained page of the executed traces (faultlab.html_report)."""
+    parser.add_argument("--html", type=Path, metavar="FILE",
+                        help=help_text + " (overwritten; written atomically; no network fetches)")
 
 
 def check_new_directory(path: Path, option: str = "--directory") -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +117,6 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
         print(f"\nclean: no invariant failed in {result.traces} traces")
         return EXIT_OK
 
-    recorded = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     summary: list[list[Any]] = []
     for finding, execution in confirmed:
         verdict = execution.verdict
@@ -147,7 +145,6 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
                 "executed_steps": len(execution.executed_prefix()),
                 "seconds_to_find": round(finding.seconds, 3),
                 "faultlab": __version__,
-                "recorded": recorded,
             },
         )
         path = corpus.save(trace, args.corpus, system.name)

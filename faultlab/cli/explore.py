@@ -10,9 +10,11 @@ from faultlab import defaults
 from faultlab.cli.common import (
     Commands,
     add_format,
+    add_html,
     add_spawn,
     add_system,
     check_format,
+    check_output_path,
     load_system,
     positive_int,
 )
@@ -53,6 +55,9 @@ def register(commands: Commands) -> None:
                               "minimiser (slower: every candidate is real processes; it also "
                               "simplifies payloads)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_html(parser, "for a finding, write its replay as one self-contained HTML page (a "
+                     "timeline with a lane per process, both stores after each step); nothing "
+                     "is written when the run is clean")
     add_spawn(parser)
     add_format(parser)
     parser.set_defaults(handler=cmd_explore)
@@ -74,6 +79,8 @@ def cmd_explore(args: argparse.Namespace) -> int:
 
     check_format(args.format)
     check_corpus_directory(args.corpus)
+    if args.html is not None:
+        check_output_path(args.html, "--html")
     system = load_system(args.system, args.deduplication)
     with spawner(args.spawn) as runner:
         result = explore(
@@ -92,7 +99,6 @@ def cmd_explore(args: argparse.Namespace) -> int:
         ["processes", stats["processes"]],
         ["SIGKILLs", stats["sigkills"]],
         ["invariant checks", stats["invariant_checks"]],
-        *[[f"crash point {name}", count] for name, count in stats["crash_points_hit"].items()],
         ["wall time (s)", stats["seconds"]],
         ["steps/s", stats["steps_per_second"]],
     ]
@@ -111,5 +117,14 @@ def cmd_explore(args: argparse.Namespace) -> int:
         print(report.execution_table(result.replay, args.format))
         for line in report.violation_lines(result.replay):
             print(line)
+    if args.html is not None and result.replay is not None:
+        from faultlab import html_report
+
+        html_report.write(args.html, [html_report.TraceReport(
+            title=f"explore finding: {path.name}", execution=result.replay,
+            system=system.ref, deduplication=args.deduplication,
+            verdict=result.replay.verdict.describe(), expected=verdict,
+        )])
+        print(f"wrote {args.html}")
     print(f"replay with: python -m faultlab replay {path}")
     return EXIT_FOUND

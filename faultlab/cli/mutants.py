@@ -20,6 +20,7 @@ from faultlab.cli.common import (
 )
 from faultlab.corpus import DEFAULT_CORPUS, check_corpus_directory
 from faultlab.errors import EXIT_FOUND, EXIT_OK, UsageError
+from faultlab.messages import plural
 
 
 def register(commands: Commands) -> None:
@@ -104,7 +105,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
           f"{timings['explore_worst_seconds']} s to catch a mutant; enumerate: median "
           f"{timings['enumerate_median_seconds']} s, worst "
           f"{timings['enumerate_worst_seconds']} s; wall {seconds:.1f} s with "
-          f"{min(args.jobs, len(names))} jobs")
+          f"{plural(min(args.jobs, len(names)), 'job')}")
     passed = all(j.ok for j in judgements)
     mutants = [j for j in judgements if not j.reference]
     caught = sum(j.ok for j in mutants)

@@ -5,8 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from faultlab.cli.common import Commands, add_format, add_spawn, check_format, load_system
+from faultlab.cli.common import (
+    Commands,
+    add_format,
+    add_html,
+    add_spawn,
+    check_format,
+    check_output_path,
+    load_system,
+)
 from faultlab.errors import EXIT_FOUND, EXIT_OK, UsageError
+from faultlab.messages import plural
 
 
 def register(commands: Commands) -> None:
@@ -22,6 +31,9 @@ def register(commands: Commands) -> None:
     parser.add_argument("traces", nargs="+", type=Path, metavar="TRACE")
     parser.add_argument("--against", metavar="SYSTEM",
                         help="replay on this system instead of the recorded one; expect clean")
+    add_html(parser, "also write every replayed trace as one self-contained HTML page (a "
+                     "timeline with a lane per process, SIGKILLs, both stores after each step "
+                     "with changed rows highlighted, violated invariants marked)")
     add_spawn(parser)
     add_format(parser)
     parser.set_defaults(handler=cmd_replay)
@@ -34,6 +46,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from faultlab.trace import Trace
 
     check_format(args.format)
+    if args.html is not None:
+        check_output_path(args.html, "--html")
     traces = [Trace.load(path) for path in args.traces]
     against = load_system(args.against) if args.against else None
     plans = []
@@ -50,6 +64,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 raise UsageError(f"{path}: {error}") from None
         plans.append((path, trace, system))
     mismatches = 0
+    pages = []
     with spawner(args.spawn) as runner:
         for path, trace, system in plans:
             execution = execute(
@@ -71,8 +86,22 @@ def cmd_replay(args: argparse.Namespace) -> int:
             status = "matches" if matches else "DIFFERS"
             print(f"verdict: {verdict.describe()}; expected {expected_text}: {status}\n")
             mismatches += not matches
+            pages.append((path, trace, system, execution, expected_text, status))
+    if args.html is not None:
+        from faultlab import html_report
+
+        html_report.write(args.html, [
+            html_report.TraceReport(
+                title=str(path), execution=execution, system=system.ref,
+                deduplication=trace.deduplication, verdict=execution.verdict.describe(),
+                expected=f"{expected_text}: {status}",
+            )
+            for path, trace, system, execution, expected_text, status in pages
+        ], title="faultlab replay")
+        print(f"wrote {args.html}")
     if mismatches:
-        print(f"{mismatches} of {len(plans)} traces differ from what was expected")
+        print(f"{mismatches} of {plural(len(plans), 'trace')} "
+              f"{'differs' if mismatches == 1 else 'differ'} from what was expected")
         return EXIT_FOUND
-    print(f"{len(plans)} traces replayed; every outcome matches")
+    print(f"{plural(len(plans), 'trace')} replayed; every outcome matches")
     return EXIT_OK

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from faultlab.cli.common import (
     Commands,
@@ -69,19 +72,17 @@ def cmd_suite(args: argparse.Namespace) -> int:
             outcome.seconds = time.perf_counter() - began
             outcomes.append(outcome)
         scenario_seconds = time.perf_counter() - started
-        if args.examples > 0:
-            exploration = suite_exploration(
-                system, runner, examples=args.examples, seed=args.seed, deadline=args.deadline
-            )
+        try:
+            if args.examples > 0:
+                exploration = suite_exploration(
+                    system, runner, examples=args.examples, seed=args.seed,
+                    deadline=args.deadline,
+                )
+        finally:
+            # the scenarios ran: show them even when the exploration phase errors
+            print_scenarios(outcomes, args.format)
     seconds = time.perf_counter() - started
-    print(report.scenario_table(outcomes, args.format))
-    print()
-    for line in report.summary_lines(outcomes):
-        print(line)
     failed = [o for o in outcomes if not o.passed]
-    for outcome in failed:
-        for failure in outcome.failures:
-            print(f"FAIL: {outcome.name}: {failure}")
     if exploration is not None:
         for line in exploration["lines"]:
             print(line)
@@ -96,3 +97,19 @@ def cmd_suite(args: argparse.Namespace) -> int:
             data["passed"] = data["passed"] and exploration["passed"]
         write_json_atomically(args.output, data)
     return EXIT_OK if passed else EXIT_FOUND
+
+
+def print_scenarios(outcomes: Sequence[Any], fmt: str) -> None:
+    """The scenario table, the seed's summary lines, and every failed or unknown check."""
+    from faultlab import report
+
+    print(report.scenario_table(outcomes, fmt))
+    print()
+    for line in report.summary_lines(outcomes):
+        print(line)
+    for outcome in outcomes:
+        for failure in outcome.failures:
+            print(f"FAIL: {outcome.name}: {failure}")
+        for unknown in outcome.unknowns:
+            print(f"UNKNOWN: {outcome.name}: {unknown}")
+    sys.stdout.flush()

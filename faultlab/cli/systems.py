@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from faultlab.cli.common import Commands, add_format, check_format
+from faultlab.cli.common import Commands, add_format, check_format, positive_float
 from faultlab.errors import EXIT_OK
 
 
@@ -15,6 +15,11 @@ def register(commands: Commands) -> None:
                     "and the outcome a correct system shows at each.",
     )
     parser.add_argument("--system", metavar="NAME")
+    parser.add_argument(
+        "--deadline", type=positive_float, default=15.0, metavar="SECONDS",
+        help="kill a command-line system's init (run once to check the system file) that runs "
+             "longer than this (default 15)",
+    )
     add_format(parser)
     parser.set_defaults(handler=cmd_systems)
 

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from faultlab.errors import ExecutionError, UsageError
+from faultlab.messages import printable
 from faultlab.nemesis import crash
 from faultlab.nemesis.announce import ANNOUNCE_FD_VARIABLE, RESUME_FD_VARIABLE, Announcements
 from faultlab.process import Spawner, run_command
@@ -72,6 +73,17 @@ from faultlab.system.description import (
     static_values,
     substitute,
 )
+
+#: how long ``init`` may run (the load-time probe and each trace's fresh stores): the
+#: command's --deadline, set by the CLI before it loads a system
+_init_deadline = DEFAULT_DEADLINE
+
+
+def set_init_deadline(seconds: float) -> None:
+    """The deadline for every ``init`` run from now on (``--deadline`` of the command)."""
+    global _init_deadline
+    _init_deadline = seconds
+
 
 # --- the system --------------------------------------------------------------------------------
 
@@ -145,7 +157,9 @@ class CommandSystem(System):
                          deduplication=spec.deduplication)
         env = self.environment(values, crash_point=spec.crash, deduplication=spec.deduplication)
         if self.config.crash is None or self.config.crash.mode != "announce":
-            return runner.run_program(argv, deadline=spec.deadline, env=env, cwd=str(directory))
+            record = runner.run_program(argv, deadline=spec.deadline, env=env,
+                                        cwd=str(directory))
+            return self.config.response_fields.apply(spec.role, record)
         known = {point.name for point in self.crash_points}
         with Announcements(spec.crash, known) as announcements:
             env.update(announcements.environment())
@@ -158,7 +172,7 @@ class CommandSystem(System):
                 f"system {self.name!r}: {spec.role} worker (pid {record.pid}) broke the "
                 f"announcement protocol: {announcements.errors[0]}"
             )
-        return record
+        return self.config.response_fields.apply(spec.role, record)
 
     # -- stores ----------------------------------------------------------------------------------
 
@@ -168,11 +182,15 @@ class CommandSystem(System):
     def _initialise(self, directory: Path, error: type[Exception]) -> None:
         values = self.values(directory)
         record = run_command(
-            self.argv("init", values), deadline=DEFAULT_DEADLINE, env=self.environment(values),
+            self.argv("init", values), deadline=_init_deadline, env=self.environment(values),
             cwd=str(directory),
         )
+        if record.timed_out:
+            raise error(f"system {self.name!r}: init command missed its {_init_deadline:g}s "
+                        "deadline (--deadline) and was killed")
         if record.exit_code != 0:
-            last = (record.stderr.strip().splitlines() or ["no message on stderr"])[-1]
+            last = printable((record.stderr.strip().splitlines() or ["no message on stderr"])[-1],
+                             200)
             raise error(f"system {self.name!r}: init command exited {record.exit_code}: {last}")
         for store, filename in self.config.stores.items():
             if not (directory / filename).is_file():

@@ -23,6 +23,7 @@ from faultlab.errors import UsageError
 from faultlab.nemesis.announce import ANNOUNCE_FD_VARIABLE, RESUME_FD_VARIABLE
 from faultlab.stores import TABLES
 from faultlab.system.contract import ROLES, CrashPoint, crash_point_problem
+from faultlab.system.fields import ResponseFields
 
 COMMANDS = ("init", "accept", "dispatch", "service")
 CRASH_MODES = ("argument", "announce")
@@ -51,7 +52,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 _TOP_KEYS = (
     "name", "description", "comment", "commands", "crash", "crash_points", "stores", "snapshot",
-    "no_deduplication", "environment",
+    "no_deduplication", "environment", "response_fields",
 )
 
 
@@ -112,6 +113,7 @@ class Description:
     queries: dict[str, Query]
     no_deduplication: Switch | None
     environment: tuple[tuple[str, str], ...] = field(default=())
+    response_fields: ResponseFields = field(default_factory=ResponseFields)
 
     @property
     def system_dir(self) -> Path:
@@ -273,8 +275,15 @@ def read_description(path: Path) -> Description:
 
     environment = reader.environment(top.get("environment", {}), "environment",
                                      PLACEHOLDERS["environment"])
+    fields = ResponseFields()
+    if "response_fields" in top:
+        mapping = reader.object(top["response_fields"], "response_fields", None)
+        try:
+            fields = ResponseFields.from_mapping(mapping)
+        except ValueError as error:
+            reader.fail(f"response_fields: {error}")
     return Description(path, name, description, commands, arming, points, stores, queries,
-                       switch, environment)
+                       switch, environment, fields)
 
 
 def _crash_points(reader: Reader, value: Any) -> tuple[CrashPoint, ...]:
@@ -325,7 +334,9 @@ def resolve_program(reader: Reader, description: Description, role: str) -> str:
             reader.fail(f"commands.{role}: program {program!r} not found ({path})")
         if not os.access(path, os.X_OK):
             reader.fail(f"commands.{role}: program {program!r} is not executable ({path})")
-        return str(path.resolve())
+        # not resolve(): {python} of a virtual environment is a symlink to the base
+        # interpreter, and only the link makes the venv's packages importable
+        return os.path.abspath(path)
     found = shutil.which(program)
     if found is None:
         reader.fail(f"commands.{role}: program {program!r} not found on PATH")

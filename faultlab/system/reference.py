@@ -1,4 +1,4 @@
-"""The reference two-store outbox: the behaviour of SPEC.md, extended to many operations.
+"""The reference two-store outbox: the behaviour docs/system.md describes, for many operations.
 
 Caller store ``caller.sqlite`` holds ``operations`` and ``outbox``; downstream
 store ``downstream.sqlite`` holds ``tickets`` and ``receipts``. Each worker
@@ -77,7 +77,7 @@ class ReferenceOutbox(System):
     """Transactional outbox + stable operation id + deduplicating receiver."""
 
     name = "reference"
-    description = "the correct two-store outbox (SPEC.md), extended to many operations"
+    description = "the correct two-store outbox (docs/system.md), extended to many operations"
     crash_points = REFERENCE_POINTS
 
     # -- stores ------------------------------------------------------------------------------

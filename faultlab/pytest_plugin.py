@@ -1,0 +1,240 @@
+"""faultlab's pytest plugin (entry point ``pytest11``): corpus replay and state-machine settings.
+
+Installing faultlab gives every pytest run:
+
+* ``--faultlab-corpus DIR`` (repeatable): each trace file (``*.json``) in DIR
+  becomes one test item, named after the file, that replays the trace on fresh
+  stores and passes when the outcome matches its recording (``faultlab replay``
+  as a test). A failing item prints the replay table. Without test paths on the
+  command line only the corpus is collected, so ``pytest --faultlab-corpus
+  corpus`` runs from any directory.
+* ``--faultlab-examples N`` and ``--faultlab-seed S`` for state-machine tests
+  built with :func:`faultlab.machine.outbox_machine` (its ``TestCase``), and the
+  marker ``@pytest.mark.faultlab(examples=..., seed=..., steps=...)``, as
+  Hypothesis's own plugin does for its settings. A marker wins over an option,
+  an option over what ``outbox_machine`` was given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from faultlab.errors import ExecutionError, UsageError
+
+_CORPUS_KEY = pytest.StashKey[list[Path]]()
+_SPAWNER_KEY = pytest.StashKey[contextlib.ExitStack]()
+MARKER = ("faultlab(examples=None, seed=None, steps=None): settings for a faultlab "
+          "state-machine test (outbox_machine(...).TestCase)")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("faultlab", "faultlab: crash-testing outbox workers")
+    group.addoption(
+        "--faultlab-corpus", action="append", default=[], metavar="DIR",
+        help="replay every trace file (*.json) in DIR as one test item named after the file; "
+             "it passes when the outcome matches the recording (repeatable)",
+    )
+    group.addoption(
+        "--faultlab-spawn", choices=("fork", "exec"), default="fork",
+        help="how corpus replays start workers: fork (default) or exec",
+    )
+    group.addoption(
+        "--faultlab-deadline", type=float, default=15.0, metavar="SECONDS",
+        help="kill a worker of a corpus replay that runs longer than this (default 15)",
+    )
+    group.addoption(
+        "--faultlab-examples", type=int, default=None, metavar="N",
+        help="examples for faultlab state-machine tests (outbox_machine(...).TestCase); a "
+             "@pytest.mark.faultlab(examples=...) marker wins",
+    )
+    group.addoption(
+        "--faultlab-seed", type=int, default=None, metavar="S",
+        help="seed for faultlab state-machine tests: the same seed, the same examples (with "
+             "the same Hypothesis version); a @pytest.mark.faultlab(seed=...) marker wins",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", MARKER)
+    corpora: list[Path] = []
+    for text in config.getoption("faultlab_corpus") or ():
+        path = Path(text).resolve()
+        if not path.is_dir():
+            raise pytest.UsageError(f"--faultlab-corpus {text}: not a directory")
+        corpora.append(path)
+    config.stash[_CORPUS_KEY] = corpora
+    if corpora:
+        source = getattr(config, "args_source", None)
+        explicit = source is not None and source == pytest.Config.ArgsSource.ARGS
+        paths = [str(path) for path in corpora]
+        # no test paths given: collect only the corpus (not testpaths or the current directory)
+        config.args[:] = (list(config.args) + paths) if explicit else paths
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    stack = config.stash.get(_SPAWNER_KEY, None)
+    if stack is not None:
+        stack.close()
+
+
+def _in_corpus(config: pytest.Config, path: Path) -> bool:
+    corpora = config.stash.get(_CORPUS_KEY, [])
+    resolved = path.resolve()
+    return any(resolved.parent == corpus or corpus in resolved.parents for corpus in corpora)
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if file_path.suffix == ".json" and _in_corpus(parent.config, file_path):
+        collector: pytest.Collector = TraceFile.from_parent(parent, path=file_path)
+        return collector
+    return None
+
+
+def _spawner(config: pytest.Config) -> Any:
+    """One spawner (fork server) for every replay of the session, closed at the end."""
+    stack = config.stash.get(_SPAWNER_KEY, None)
+    if stack is None:
+        from faultlab.process import spawner
+
+        stack = contextlib.ExitStack()
+        config.stash[_SPAWNER_KEY] = stack
+        config.stash[_RUNNER_KEY] = stack.enter_context(
+            spawner(config.getoption("faultlab_spawn"))
+        )
+    return config.stash[_RUNNER_KEY]
+
+
+_RUNNER_KEY = pytest.StashKey[Any]()
+
+
+class TraceMismatch(Exception):
+    """A replay whose outcome differs from its recording; the message is the replay table."""
+
+
+class TraceFile(pytest.File):
+    """A corpus file: one item."""
+
+    def collect(self) -> Iterator[pytest.Item]:
+        yield TraceItem.from_parent(self, name=self.path.name)
+
+
+def _system_for(reference: str, trace_path: Path) -> Any:
+    """Load the recorded system; a relative system file is also looked up beside the corpus
+    (an example's corpus names ``examples/x/system.json`` from the repository root)."""
+    from faultlab.system import load_system
+
+    try:
+        return load_system(reference)
+    except UsageError:
+        if not reference.endswith(".json") or Path(reference).is_absolute():
+            raise
+        for directory in trace_path.resolve().parents:
+            candidate = directory / reference
+            if candidate.is_file():
+                return load_system(str(candidate))
+        raise
+
+
+class TraceItem(pytest.Item):
+    """Replay one trace on fresh stores; pass when the verdict matches the recording."""
+
+    def runtest(self) -> None:
+        from faultlab import report
+        from faultlab.executor import execute, validate_step
+        from faultlab.trace import Trace, Verdict
+
+        trace = Trace.load(self.path)
+        system = _system_for(trace.system, self.path)
+        if not trace.deduplication and not system.supports_no_deduplication:
+            raise UsageError(f"system {system.ref!r} cannot switch deduplication off")
+        for step in trace.steps:
+            validate_step(system, step)
+        execution = execute(
+            system, trace.steps, _spawner(self.config), deduplication=trace.deduplication,
+            settle=trace.settle, deadline=self.config.getoption("faultlab_deadline"),
+        )
+        expected = trace.expected if trace.expected is not None else Verdict()
+        if execution.verdict != expected:
+            lines = [
+                f"{self.path.name}: {system.ref}"
+                f"{'' if trace.deduplication else ' (deduplication off)'}",
+                report.execution_table(execution, "simple"),
+                *report.violation_lines(execution),
+                f"verdict: {execution.verdict.describe()}; expected {expected.describe()}: "
+                "DIFFERS",
+            ]
+            raise TraceMismatch("\n".join(lines))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
+                     style: Any = None) -> str | Any:
+        if isinstance(excinfo.value, (TraceMismatch, UsageError, ExecutionError)):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"faultlab replay {self.path.name}"
+
+
+# --- state-machine tests ----------------------------------------------------------------------
+
+
+def _machine_of(item: pytest.Item) -> Any:
+    """The OutboxMachine behind a TestCase item, or None."""
+    cls = getattr(item, "cls", None)
+    run = getattr(cls, "runTest", None) if cls is not None else None
+    machine = getattr(run, "_hypothesis_state_machine_class", None)
+    if machine is None:
+        return None
+    from faultlab.machine import OutboxMachine
+
+    return machine if isinstance(machine, type) and issubclass(machine, OutboxMachine) else None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    machine = _machine_of(item)
+    if machine is None:
+        yield
+        return
+    marker = item.get_closest_marker("faultlab")
+    given = dict(marker.kwargs) if marker is not None else {}
+    unknown = sorted(set(given) - {"examples", "seed", "steps"})
+    if unknown:
+        pytest.fail(f"@pytest.mark.faultlab: unknown argument {unknown[0]!r} (examples, seed, "
+                    "steps)", pytrace=False)
+    examples = given.get("examples", item.config.getoption("faultlab_examples"))
+    seed = given.get("seed", item.config.getoption("faultlab_seed"))
+    steps = given.get("steps")
+    cls = item.cls  # type: ignore[attr-defined]
+    original = cls.__dict__.get("settings")
+    had_seed = "_hypothesis_internal_use_seed" in machine.__dict__
+    old_seed = machine.__dict__.get("_hypothesis_internal_use_seed")
+    changes: dict[str, Any] = {}
+    if examples is not None:
+        changes["max_examples"] = int(examples)
+    if steps is not None:
+        changes["stateful_step_count"] = int(steps)
+    if changes:
+        cls.settings = type(cls.settings)(cls.settings, **changes)
+    if seed is not None:
+        from hypothesis import seed as hypothesis_seed
+
+        hypothesis_seed(int(seed))(machine)
+    try:
+        yield
+    finally:
+        if changes:
+            if original is None:
+                del cls.settings
+            else:
+                cls.settings = original
+        if seed is not None:
+            if had_seed:
+                machine._hypothesis_internal_use_seed = old_seed
+            else:
+                del machine._hypothesis_internal_use_seed

@@ -1,0 +1,140 @@
+"""The pytest plugin (entry point ``pytest11``): corpus files as test items, machine settings.
+
+Run with pytester (a pytest inside this one, in a fresh directory) and once as a
+subprocess, as a user would: ``pytest --faultlab-corpus corpus`` from a directory
+that has nothing to do with faultlab.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from faultlab.process import child_environment
+
+pytest_plugins = ["pytester"]
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "corpus"
+TRACES = sorted(CORPUS.glob("*.json"))
+
+
+def _entry_point_installed() -> bool:
+    return any(ep.name == "faultlab" and ep.value == "faultlab.pytest_plugin"
+               for ep in metadata.entry_points(group="pytest11"))
+
+
+#: under tox faultlab is installed and pytest loads the plugin by its entry point; from a
+#: checkout it is named explicitly (loading it twice would be an error)
+PLUGIN = [] if _entry_point_installed() else ["-p", "faultlab.pytest_plugin"]
+
+
+def test_pyproject_registers_the_plugin() -> None:
+    text = (ROOT / "pyproject.toml").read_text()
+    assert '[project.entry-points.pytest11]\nfaultlab = "faultlab.pytest_plugin"' in text
+
+
+def test_every_corpus_file_is_one_passing_item_named_after_it(pytester: pytest.Pytester) -> None:
+    assert len(TRACES) >= 15
+    result = pytester.runpytest(*PLUGIN, "--faultlab-corpus", str(CORPUS), "-v")
+    result.assert_outcomes(passed=len(TRACES))
+    passed = [line for line in result.outlines if line.endswith("PASSED") or " PASSED " in line]
+    names = sorted(line.split("::")[1].split()[0] for line in passed)
+    assert names == [path.name for path in TRACES]
+
+
+def test_a_differing_replay_fails_and_prints_its_table(pytester: pytest.Pytester) -> None:
+    corpus = pytester.mkdir("mine")
+    source = next(CORPUS.glob("reference-nodedup-ONE-*.json"))
+    trace = json.loads(source.read_text())
+    (corpus / "claims-clean.json").write_text(json.dumps({**trace, "expected": {"clean": True}}))
+    (corpus / "as-recorded.json").write_text(source.read_text())
+    (corpus / "broken.json").write_bytes(b"\x00\xffnot json")
+    result = pytester.runpytest(*PLUGIN, "--faultlab-corpus", str(corpus))
+    result.assert_outcomes(passed=1, failed=2)
+    text = result.stdout.str()
+    # the replay table of the differing trace, with the violation and the verdict line
+    assert "#  action" in text and "ONE: operation op-1 has 2 tickets" in text
+    assert "verdict: ONE+DONE at step 3; expected clean: DIFFERS" in text
+    assert "broken.json: not valid JSON" in text or "broken.json:" in text
+    assert "\\x00" not in text and "\x00" not in text
+
+
+def test_a_missing_corpus_directory_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest(*PLUGIN, "--faultlab-corpus", "no-such-dir")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--faultlab-corpus no-such-dir: not a directory" in result.stderr.str()
+
+
+def test_corpus_items_come_on_top_of_test_paths_given(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_other="def test_one():\n    assert 1 + 1 == 2\n")
+    corpus = pytester.mkdir("mine")
+    (corpus / "one.json").write_text(next(CORPUS.glob("split-accept-ATOM-*.json")).read_text())
+    result = pytester.runpytest(*PLUGIN, "--faultlab-corpus", str(corpus), "test_other.py")
+    result.assert_outcomes(passed=2)
+
+
+MACHINE_TESTS = """
+import json
+from pathlib import Path
+
+import pytest
+
+from faultlab.machine import Recorder, outbox_machine
+
+PLAIN = Recorder()
+MARKED = Recorder()
+TestPlain = outbox_machine("reference", examples=40, steps=3, recorder=PLAIN).TestCase
+
+
+@pytest.mark.faultlab(examples=2, seed=11)
+class TestMarked(outbox_machine("reference", examples=40, steps=3, recorder=MARKED).TestCase):
+    pass
+
+
+def test_zz_write_what_ran():
+    Path("ran.json").write_text(json.dumps({
+        name: {"examples": r.examples, "steps": r.steps,
+               "last": [s.describe() for s in r.last_steps]}
+        for name, r in (("plain", PLAIN), ("marked", MARKED))
+    }))
+"""
+
+
+def _machines(pytester: pytest.Pytester, *options: str) -> dict[str, dict[str, object]]:
+    pytester.makepyfile(test_machine=MACHINE_TESTS)
+    result = pytester.runpytest(*PLUGIN, *options)
+    result.assert_outcomes(passed=3)
+    ran: dict[str, dict[str, object]] = json.loads((pytester.path / "ran.json").read_text())
+    return ran
+
+
+def test_examples_and_seed_options_and_the_marker(pytester: pytest.Pytester) -> None:
+    first = _machines(pytester, "--faultlab-examples", "4", "--faultlab-seed", "3")
+    # the option limits the unmarked machine (40 otherwise; abandoned examples come on top)
+    assert 4 <= int(first["plain"]["examples"]) < 10  # type: ignore[call-overload]
+    # the marker wins over the option
+    assert 2 <= int(first["marked"]["examples"]) < 4  # type: ignore[call-overload]
+    again = _machines(pytester, "--faultlab-examples", "4", "--faultlab-seed", "3")
+    assert again == first  # the same seed, the same examples, step for step
+    other = _machines(pytester, "--faultlab-examples", "4", "--faultlab-seed", "4")
+    assert other["plain"] != first["plain"]
+    assert other["marked"] == first["marked"]  # its seed is the marker's
+
+
+def test_installed_plugin_from_any_directory(tmp_path: Path) -> None:
+    """As a user runs it: a subprocess in a directory unrelated to faultlab."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", *PLUGIN, "--faultlab-corpus", str(CORPUS), "-q",
+         "-p", "no:cacheprovider"],
+        capture_output=True, text=True, env=child_environment(), cwd=tmp_path, timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{len(TRACES)} passed" in result.stdout
+    assert list(tmp_path.iterdir()) == []
