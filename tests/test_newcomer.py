@@ -17,6 +17,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 import hypothesis
@@ -195,7 +196,7 @@ def test_init_creates_stores_for_the_worker_command(tmp_path: Path) -> None:
     dispatch = faultlab("worker", "dispatch", "--directory", str(stores))
     assert dispatch.returncode == 0, dispatch.stderr
     assert json.loads(dispatch.stdout)["result"] == {"ticket_id": 1}
-    with sqlite3.connect(stores / "downstream.sqlite") as connection:
+    with closing(sqlite3.connect(stores / "downstream.sqlite")) as connection:
         assert connection.execute("SELECT operation_id FROM tickets").fetchall() == [("op-1",)]
     # an existing, empty directory is fine; a non-empty one is refused and left alone
     empty = tmp_path / "empty"

@@ -1,8 +1,8 @@
 """The pytest plugin (entry point ``pytest11``): corpus files as test items, machine settings.
 
-Run with pytester (a pytest inside this one, in a fresh directory) and once as a
-subprocess, as a user would: ``pytest --faultlab-corpus corpus`` from a directory
-that has nothing to do with faultlab.
+Run with pytester (a pytest in a subprocess, in a fresh directory: an in-process
+run would leave its fork servers to this process) and once as a user would:
+``pytest --faultlab-corpus corpus`` from a directory unrelated to faultlab.
 """
 
 from __future__ import annotations
@@ -34,6 +34,13 @@ def _entry_point_installed() -> bool:
 PLUGIN = [] if _entry_point_installed() else ["-p", "faultlab.pytest_plugin"]
 
 
+@pytest.fixture
+def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """pytester whose runs are subprocesses that import this faultlab."""
+    monkeypatch.setenv("PYTHONPATH", child_environment()["PYTHONPATH"])
+    return pytester
+
+
 def test_pyproject_registers_the_plugin() -> None:
     text = (ROOT / "pyproject.toml").read_text()
     assert '[project.entry-points.pytest11]\nfaultlab = "faultlab.pytest_plugin"' in text
@@ -41,7 +48,7 @@ def test_pyproject_registers_the_plugin() -> None:
 
 def test_every_corpus_file_is_one_passing_item_named_after_it(pytester: pytest.Pytester) -> None:
     assert len(TRACES) >= 15
-    result = pytester.runpytest(*PLUGIN, "--faultlab-corpus", str(CORPUS), "-v")
+    result = pytester.runpytest_subprocess(*PLUGIN, "--faultlab-corpus", str(CORPUS), "-v")
     result.assert_outcomes(passed=len(TRACES))
     passed = [line for line in result.outlines if line.endswith("PASSED") or " PASSED " in line]
     names = sorted(line.split("::")[1].split()[0] for line in passed)
@@ -55,7 +62,7 @@ def test_a_differing_replay_fails_and_prints_its_table(pytester: pytest.Pytester
     (corpus / "claims-clean.json").write_text(json.dumps({**trace, "expected": {"clean": True}}))
     (corpus / "as-recorded.json").write_text(source.read_text())
     (corpus / "broken.json").write_bytes(b"\x00\xffnot json")
-    result = pytester.runpytest(*PLUGIN, "--faultlab-corpus", str(corpus))
+    result = pytester.runpytest_subprocess(*PLUGIN, "--faultlab-corpus", str(corpus))
     result.assert_outcomes(passed=1, failed=2)
     text = result.stdout.str()
     # the replay table of the differing trace, with the violation and the verdict line
@@ -66,7 +73,7 @@ def test_a_differing_replay_fails_and_prints_its_table(pytester: pytest.Pytester
 
 
 def test_a_missing_corpus_directory_is_a_usage_error(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest(*PLUGIN, "--faultlab-corpus", "no-such-dir")
+    result = pytester.runpytest_subprocess(*PLUGIN, "--faultlab-corpus", "no-such-dir")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--faultlab-corpus no-such-dir: not a directory" in result.stderr.str()
 
@@ -75,7 +82,8 @@ def test_corpus_items_come_on_top_of_test_paths_given(pytester: pytest.Pytester)
     pytester.makepyfile(test_other="def test_one():\n    assert 1 + 1 == 2\n")
     corpus = pytester.mkdir("mine")
     (corpus / "one.json").write_text(next(CORPUS.glob("split-accept-ATOM-*.json")).read_text())
-    result = pytester.runpytest(*PLUGIN, "--faultlab-corpus", str(corpus), "test_other.py")
+    result = pytester.runpytest_subprocess(*PLUGIN, "--faultlab-corpus", str(corpus),
+                                           "test_other.py")
     result.assert_outcomes(passed=2)
 
 
@@ -108,7 +116,7 @@ def test_zz_write_what_ran():
 
 def _machines(pytester: pytest.Pytester, *options: str) -> dict[str, dict[str, object]]:
     pytester.makepyfile(test_machine=MACHINE_TESTS)
-    result = pytester.runpytest(*PLUGIN, *options)
+    result = pytester.runpytest_subprocess(*PLUGIN, *options)
     result.assert_outcomes(passed=3)
     ran: dict[str, dict[str, object]] = json.loads((pytester.path / "ran.json").read_text())
     return ran
