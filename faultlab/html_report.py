@@ -54,18 +54,26 @@ class TraceReport:
 
 @dataclass(frozen=True)
 class Process:
-    """One lane: a process that ran at a step."""
+    """One lane: a process that ran at a step (``pid`` None: a child nobody reported)."""
 
-    pid: int
+    pid: int | None
     label: str
     step: int
     exit_code: int | None
     crashed_here: bool
     parent: int | None = None
 
+    @property
+    def lane(self) -> str:
+        return str(self.pid) if self.pid is not None else f"unreported-{self.step}"
+
 
 def processes(observation: Observation) -> list[Process]:
-    """The worker of a step, and the service child it reported, in that order."""
+    """The worker of a step, and the service child it reported, in that order.
+
+    A dispatcher killed after its service committed never reports that child; the
+    downstream store shows it ran, so it gets a lane of its own, its PID unknown.
+    """
     record = observation.record
     step = observation.step
     service = (record.response or {}).get("service")
@@ -80,7 +88,15 @@ def processes(observation: Observation) -> list[Process]:
         found.append(Process(pid, "service (child)", observation.index,
                              service_exit if isinstance(service_exit, int) else None,
                              armed and service_killed and not record.killed, record.pid))
+    elif step.action == "dispatch" and _downstream_changed(observation):
+        found.append(Process(None, "service (child, not reported)", observation.index, None,
+                             False, record.pid))
     return found
+
+
+def _downstream_changed(observation: Observation) -> bool:
+    before, after = observation.before, observation.snapshot
+    return before.tickets != after.tickets or before.receipts != after.receipts
 
 
 def _changes(before: Sequence[tuple[Any, ...]], after: Sequence[tuple[Any, ...]]) -> tuple[
@@ -140,16 +156,17 @@ def _process_cell(process: Process) -> str:
     else:
         ending = f"exit {process.exit_code}"
     classes = "run" + (" crashed" if process.crashed_here else "")
+    pid = "unknown" if process.pid is None else str(process.pid)
     return (f'<a class="{classes}" href="#{{anchor}}-step-{process.step}" '
-            f'title="pid {process.pid}">{escape(process.label)}<br>{ending}</a>')
+            f'title="pid {pid}">{escape(process.label)}<br>{ending}</a>')
 
 
 def _timeline(anchor: str, observations: Sequence[Observation], final: bool,
               final_names: str) -> str:
-    lanes: dict[int, list[Process]] = {}
+    lanes: dict[str, list[Process]] = {}
     for observation in observations:
         for process in processes(observation):
-            lanes.setdefault(process.pid, []).append(process)
+            lanes.setdefault(process.lane, []).append(process)
     columns = [o.index for o in observations]
     header = ['<th class="lane-name">process</th>']
     for observation in observations:
@@ -161,10 +178,11 @@ def _timeline(anchor: str, observations: Sequence[Observation], final: bool,
     if final:
         header.append("<th>final check</th>")
     rows = ["<tr>" + "".join(header) + "</tr>"]
-    for pid, runs in lanes.items():
+    for lane, runs in lanes.items():
         first = runs[0]
         parent = f" &larr; {first.parent}" if first.parent is not None else ""
-        cells = [f'<th class="lane-name">pid {pid}{parent}</th>']
+        name = "pid ?" if first.pid is None else f"pid {first.pid}"
+        cells = [f'<th class="lane-name">{name}{parent}</th>']
         by_step = {run.step: run for run in runs}
         for index in columns:
             run = by_step.get(index)
@@ -172,7 +190,7 @@ def _timeline(anchor: str, observations: Sequence[Observation], final: bool,
                          "<td>" + _process_cell(run).replace("{anchor}", anchor) + "</td>")
         if final:
             cells.append("<td></td>")
-        rows.append(f'<tr class="lane" data-pid="{pid}">' + "".join(cells) + "</tr>")
+        rows.append(f'<tr class="lane" data-pid="{lane}">' + "".join(cells) + "</tr>")
     marks = ['<th class="lane-name">invariants</th>']
     for observation in observations:
         names = sorted({v.invariant for v in observation.violations})
