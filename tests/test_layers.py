@@ -14,19 +14,19 @@ PACKAGE = Path(__file__).resolve().parent.parent / "faultlab"
 #: Lowest first. A module may import its own layer or a lower one.
 LAYERS: list[tuple[str, set[str]]] = [
     ("ground", {"faultlab", "faultlab.errors", "faultlab.canonical", "faultlab.stores",
-                "faultlab.records", "faultlab.defaults"}),
+                "faultlab.records", "faultlab.defaults", "faultlab.messages"}),
     ("process", {"faultlab.process"}),
     ("nemesis", {"faultlab.nemesis", "faultlab.nemesis.crash", "faultlab.nemesis.announce"}),
     ("checks", {"faultlab.invariants"}),
     ("format", {"faultlab.trace"}),
     ("systems", {"faultlab.system", "faultlab.system.contract", "faultlab.system.reference",
                  "faultlab.system.mutants", "faultlab.system.description",
-                 "faultlab.system.command", "faultlab.worker"}),
+                 "faultlab.system.command", "faultlab.system.fields", "faultlab.worker"}),
     ("run", {"faultlab.executor"}),
     ("search", {"faultlab.machine", "faultlab.explore", "faultlab.shrink",
                 "faultlab.enumeration", "faultlab.coverage"}),
     ("front", {"faultlab.scenarios", "faultlab.zoo", "faultlab.corpus", "faultlab.report",
-               "faultlab.__main__"}),
+               "faultlab.__main__", "faultlab.html_report", "faultlab.pytest_plugin"}),
 ]
 
 
