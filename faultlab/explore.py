@@ -21,7 +21,13 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from faultlab import __version__, defaults
 from faultlab.executor import Execution, execute
-from faultlab.machine import InvariantFailure, Recorder, machine_settings, outbox_machine
+from faultlab.machine import (
+    InvariantFailure,
+    Recorder,
+    StopExploration,
+    machine_settings,
+    outbox_machine,
+)
 from faultlab.process import Spawner
 from faultlab.records import DEFAULT_DEADLINE
 from faultlab.shrink import minimise
@@ -44,6 +50,8 @@ class Exploration:
     trace: Trace | None = None
     replay: Execution | None = None
     notes: list[str] = field(default_factory=list)
+    #: True when the run was told to stop before its examples were done (no finding).
+    stopped: bool = False
 
     @property
     def found(self) -> bool:
@@ -129,15 +137,19 @@ def explore(
     progress: Callable[[Recorder], None] | None = None,
     statement_crashes: bool = True,
     hypothesis_shrink: bool = False,
+    stop: Callable[[], bool] | None = None,
+    on_failure: Callable[[], None] | None = None,
 ) -> Exploration:
     """Search for a violating trace; shrink it; confirm it by replay.
 
     Shrinking is faultlab's own trace minimiser (:func:`minimise`), run on the first
     failing example: deterministic and fast, since every candidate costs real
     processes. ``hypothesis_shrink`` runs Hypothesis's shrinker first (many more
-    executions; it also simplifies payloads).
+    executions; it also simplifies payloads). ``stop`` is asked before every step and ends
+    the run early (no finding: :attr:`Exploration.stopped`); ``on_failure`` is called as
+    soon as an example fails, before shrinking (``--jobs`` stops the other jobs with it).
     """
-    recorder = Recorder(progress=progress)
+    recorder = Recorder(progress=progress, stop=stop)
     machine = outbox_machine(
         system.ref, deduplication=deduplication, spawner=spawner, deadline=deadline,
         examples=examples, steps=steps, recorder=recorder, statement_crashes=statement_crashes,
@@ -149,6 +161,7 @@ def explore(
     settings = type(settings)(settings, verbosity=Verbosity.quiet, phases=phases)
     started = time.monotonic()
     failure: BaseException | None = None
+    stopped = False
     try:
         with _no_local_constants():
             run_state_machine_as_test(  # type: ignore[no-untyped-call,unused-ignore]
@@ -156,10 +169,15 @@ def explore(
             )
     except (InvariantFailure, Flaky) as error:
         failure = error
+    except StopExploration:
+        stopped = True
     seconds = time.monotonic() - started
-    result = Exploration(system.ref, deduplication, seed_value, recorder, seconds)
+    result = Exploration(system.ref, deduplication, seed_value, recorder, seconds,
+                         stopped=stopped)
     if failure is None:
         return result
+    if on_failure is not None:
+        on_failure()
     trace = Trace(
         system=system.ref,
         deduplication=deduplication,

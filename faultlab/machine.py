@@ -21,11 +21,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from hypothesis import HealthCheck, Verbosity, event, settings, target
+from hypothesis import HealthCheck, Verbosity, assume, event, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, multiple, precondition, rule
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    multiple,
+    precondition,
+    rule,
+)
 
+from faultlab import data as generated
 from faultlab import defaults
 from faultlab.coverage import Coverage
 from faultlab.executor import Executor, Observation
@@ -37,13 +44,20 @@ from faultlab.trace import Step, Verdict, changed_payload
 
 STATEMENT_POINTS = ("sql:1", "sql:2", "sql:3", "sql:4", "sql:5", "sql:6", "commit:1")
 
-PAYLOADS = st.fixed_dictionaries(
-    {"title": st.sampled_from(["backlog", "invoice", "report"])},
-    optional={
-        "priority": st.sampled_from(["low", "normal", "urgent"]),
-        "count": st.integers(min_value=0, max_value=3),
-    },
-)
+PAYLOADS = generated.SIMPLE_PAYLOADS
+#: How many times the crash rule is registered (see :func:`outbox_machine`).
+CRASH_WEIGHT = 5
+#: How many times the accept rule is registered: traces with three or more operations
+#: are routine (most examples accept three or more).
+ACCEPT_WEIGHT = 2
+#: One example in this many reuses an earlier operation's payload for a new operation.
+REUSE_ONE_IN = 6
+
+
+class StopExploration(BaseException):
+    """Raised before a step when the exploration was told to stop (time budget spent, or
+    another job found something). A BaseException, so Hypothesis does not take it for a
+    failure: it leaves the run at once, and the unfinished example is not reported."""
 
 
 class InvariantFailure(Exception):
@@ -61,6 +75,8 @@ class Recorder:
     """Counts what exploration did, and keeps the last example's executed steps."""
 
     progress: Callable[[Recorder], None] | None = None
+    #: Asked before every step; True stops the exploration (see :class:`StopExploration`).
+    stop: Callable[[], bool] | None = None
     examples: int = 0
     steps: int = 0
     processes: int = 0
@@ -116,6 +132,10 @@ class OutboxMachine(RuleBasedStateMachine):
     spawner: ClassVar[Spawner | None] = None
     recorder: ClassVar[Recorder]
     operations_bundle: ClassVar[Bundle[str]] = Bundle("operations")
+    payload_source: ClassVar[st.SearchStrategy[Any]] = generated.SIMPLE_PAYLOADS
+    id_source: ClassVar[st.SearchStrategy[str] | None] = None
+    accept_points: ClassVar[tuple[str, ...]] = ()
+    dispatch_points: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self) -> None:
         super().__init__()
@@ -131,8 +151,18 @@ class OutboxMachine(RuleBasedStateMachine):
         self.failure: InvariantFailure | None = None
         self.fired: set[str] = set()
         self.unacknowledged: list[str] = []
+        self.stopped = False
+        # Swarm testing: an example's first crashing step enables a subset of the crash
+        # points for the whole example (drawn then, not in an @initialize rule: that rule
+        # made Hypothesis end examples early, 6 steps on average instead of 9).
+        self.all_points: tuple[str, ...] = cls.accept_points + cls.dispatch_points
+        self.enabled_points: tuple[str, ...] | None = None
 
     def execute(self, step: Step) -> Observation:
+        stop = self.recorder.stop
+        if stop is not None and stop():
+            self.stopped = True
+            raise StopExploration
         observation = self.executor.run(step)
         self._observed(observation)
         if observation.violations:
@@ -156,10 +186,40 @@ class OutboxMachine(RuleBasedStateMachine):
         self.unacknowledged.append(operation_id)
         return multiple()
 
-    def accept_new(self, payload: dict[str, Any], crash: str | None) -> Any:
-        operation_id = f"op-{len(self.payloads) + 1}"
+    def accept_new(self, data: st.DataObject, crash: str | None) -> Any:
+        """Accept a new operation: a fresh id (see :mod:`faultlab.data`), a new payload or,
+        now and then, the payload of an earlier operation (two requests, one body)."""
+        operation_id = self.new_operation_id(data)
+        payload: Any
+        earlier = list(dict.fromkeys(generated_key(p) for p in self.payloads.values()))
+        if earlier and data.draw(st.integers(0, REUSE_ONE_IN - 1), label="reuse") == 1:
+            chosen = data.draw(st.sampled_from(earlier), label="reused payload")
+            payload = next(p for p in self.payloads.values() if generated_key(p) == chosen)
+        else:
+            payload = data.draw(type(self).payload_source, label="payload")
         self.payloads[operation_id] = payload
         return self.accepted(self.execute(Step("accept", operation_id, payload, crash)))
+
+    def new_operation_id(self, data: st.DataObject) -> str:
+        existing = list(self.payloads)
+        source = type(self).id_source
+        if source is None:
+            return generated.new_operation_id(data, existing, len(existing) + 1,
+                                              self.history())
+        for _ in range(3):
+            candidate = data.draw(source, label="operation id")
+            if candidate not in existing:
+                return candidate
+        assume(False)  # the system's ids are too few to draw a new one: abandon the example
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def history(self) -> str:
+        """The example's steps so far, as text: the salt of :func:`generated.fair_choice`."""
+        return "|".join(step.describe() for step in self.executor.steps)
+
+    def pick_point(self, data: st.DataObject, points: tuple[str, ...]) -> str:
+        """One of ``points``, fairly (see :func:`faultlab.data.fair_choice`)."""
+        return generated.fair_choice(data, points, self.history(), "crash point")
 
     def has_pending_work(self) -> bool:
         return bool(self.executor.snapshot.pending_outbox())
@@ -173,7 +233,7 @@ class OutboxMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         found: InvariantFailure | None = None
         try:
-            if self.failure is None:
+            if self.failure is None and not self.stopped:
                 observations, final = self.executor.settle()
                 for observation in observations:
                     self._observed(observation)
@@ -187,18 +247,18 @@ class OutboxMachine(RuleBasedStateMachine):
                 self.failure = found
         finally:
             self.executor.close()
-            _hypothesis_call(target, float(len(self.fired)), label="distinct crash points fired")
             verdict, violations = Verdict(), []
             if self.failure is not None:
                 violations = self.failure.violations
                 verdict = Verdict.of(self.failure.step, violations)
-            self.recorder.finish(self.executor.steps, verdict, violations)
+            if not self.stopped:  # an unfinished example is neither counted nor reported
+                self.recorder.finish(self.executor.steps, verdict, violations)
         if found is not None:
             raise found
 
 
 def _hypothesis_call(function: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-    """event()/target() only exist inside a Hypothesis test; explicit examples run outside."""
+    """event() only exists inside a Hypothesis test; explicit examples run outside."""
     try:
         function(*args, **kwargs)
     except InvalidArgument:
@@ -250,30 +310,34 @@ def machine_settings(
     )
 
 
-def _rule_name(prefix: str, point: str) -> str:
-    return f"{prefix}_{''.join(c if c.isalnum() else '_' for c in point)}"
+def generated_key(payload: Any) -> str:
+    """Payloads compare as canonical JSON (1 and 1.0, or True and 1, are different)."""
+    from faultlab.canonical import canonical_json
+
+    return canonical_json(payload)
 
 
-def _accept_crash_rule(point: str) -> Any:
-    @rule(target=OutboxMachine.operations_bundle, payload=PAYLOADS)
-    def accept_crashing(self: OutboxMachine, payload: dict[str, Any]) -> Any:
-        return self.accept_new(payload, point)
+def swarm(points: tuple[str, ...]) -> st.SearchStrategy[tuple[str, ...]]:
+    """A non-empty subset of ``points``, each in with probability one half (swarm testing:
+    an example that leaves out the common points exercises the rare ones in depth)."""
+    if not points:
+        return st.just(())
+    return st.lists(st.booleans(), min_size=len(points), max_size=len(points)).map(
+        lambda flags: tuple(p for p, on in zip(points, flags, strict=True) if on) or points
+    )
 
-    accept_crashing.__name__ = _rule_name("accept_crash", point)
-    return accept_crashing
 
+def _weighted_copy(original: Callable[..., Any], name: str,
+                   guard: Callable[[Any], bool] | None = None) -> Any:
+    """Another rule doing what ``original`` (a ``target=operations, data=st.data()`` rule)
+    does, under its own name."""
 
-def _dispatch_crash_rule(point: str) -> Any:
-    """A crashing dispatch is only drawn when there is work to crash in (an idle dispatch
-    is the ``recover`` rule's business)."""
+    def copy(self: OutboxMachine, data: st.DataObject) -> Any:
+        return original(self, data)
 
-    @precondition(lambda self: self.has_pending_work())
-    @rule()
-    def dispatch_crashing(self: OutboxMachine) -> None:
-        self.execute(Step("dispatch", crash=point))
-
-    dispatch_crashing.__name__ = _rule_name("dispatch_crash", point)
-    return dispatch_crashing
+    copy.__name__ = copy.__qualname__ = name
+    decorated = rule(target=OutboxMachine.operations_bundle, data=st.data())(copy)
+    return precondition(guard)(decorated) if guard is not None else decorated
 
 
 def outbox_machine(
@@ -291,18 +355,18 @@ def outbox_machine(
     system = load_system(system_ref)
     system.require_deduplication_switch(deduplication)
     statement_crashes = statement_crashes and system.supports_statement_points
-    accept_points = [p.name for p in system.points_for("accept")]
-    dispatch_points = [p.name for p in system.points_for("dispatch")]
+    accept_points = tuple(p.name for p in system.points_for("accept"))
+    dispatch_points = tuple(p.name for p in system.points_for("dispatch"))
 
     class Machine(OutboxMachine):  # noqa: D101
-        """Each named crash point gets a rule of its own (added below), so rule selection,
-        which Hypothesis spreads evenly, gives every point a fair share."""
+        """Crashing steps draw their point from the example's swarm (see :func:`swarm`), so
+        over many examples every named point gets a fair share, however many there are."""
 
         operations = OutboxMachine.operations_bundle
 
-        @rule(target=operations, payload=PAYLOADS)
-        def accept(self, payload: dict[str, Any]) -> Any:
-            return self.accept_new(payload, None)
+        @rule(target=operations, data=st.data())
+        def accept(self, data: st.DataObject) -> Any:
+            return self.accept_new(data, None)
 
         @precondition(lambda self: bool(self.unacknowledged))
         @rule(target=operations)
@@ -317,6 +381,7 @@ def outbox_machine(
             payload = self.payloads[operation]
             self.execute(Step("accept", operation, changed_payload(payload) if change else payload))
 
+        @precondition(lambda self: bool(self.payloads))
         @rule()
         def recover(self) -> None:
             self.execute(Step("dispatch"))
@@ -334,25 +399,51 @@ def outbox_machine(
             operation = data.draw(st.sampled_from(self.complete_operations()), label="operation")
             self.execute(Step("service", operation, changed_payload(self.payloads[operation])))
 
+        @precondition(lambda self: bool(self.all_points))
+        @rule(target=operations, data=st.data())
+        def crash(self, data: st.DataObject) -> Any:
+            """Crash at one of the example's named points: an accept for an accept point, a
+            dispatch for the others, after accepting a new operation when nothing is pending
+            or, half the time, anyway (new work arriving keeps traces deep). Every point is
+            armed where it can fire, and all points share one rule."""
+            if self.enabled_points is None:
+                self.enabled_points = data.draw(swarm(self.all_points), label="swarm")
+            point = self.pick_point(data, self.enabled_points)
+            if point in type(self).accept_points:
+                return self.accept_new(data, point)
+            held: Any = multiple()
+            if not self.has_pending_work() or generated.fair_choice(
+                    data, ("pending", "new work first"), self.history() + "|work",
+                    "work") == "new work first":
+                held = self.accept_new(data, None)
+            self.execute(Step("dispatch", crash=point))
+            return held
+
         @precondition(lambda self: statement_crashes)
-        @rule(target=operations, payload=PAYLOADS, crash=st.sampled_from(STATEMENT_POINTS))
-        def accept_statement_crash(self, payload: dict[str, Any], crash: str) -> Any:
-            return self.accept_new(payload, crash)
+        @rule(target=operations, data=st.data(), crash=st.sampled_from(STATEMENT_POINTS))
+        def accept_statement_crash(self, data: st.DataObject, crash: str) -> Any:
+            return self.accept_new(data, crash)
 
         @precondition(lambda self: statement_crashes and self.has_pending_work())
         @rule(crash=st.sampled_from(STATEMENT_POINTS))
         def dispatch_statement_crash(self, crash: str) -> None:
             self.execute(Step("dispatch", crash=crash))
 
-    for point in accept_points:
-        setattr(Machine, _rule_name("accept_crash", point), _accept_crash_rule(point))
-    for point in dispatch_points:
-        setattr(Machine, _rule_name("dispatch_crash", point), _dispatch_crash_rule(point))
     Machine.__name__ = Machine.__qualname__ = f"OutboxMachine_{system.name}".replace("-", "_")
     Machine.system_ref = system.ref
     Machine.deduplication = deduplication
     Machine.deadline = deadline
     Machine.spawner = spawner
     Machine.recorder = recorder if recorder is not None else Recorder()
+    # Weights: Hypothesis picks among rules evenly (and switches rules off per example by
+    # name), so the crash and accept rules get copies under names of their own.
+    for copy in range(2, CRASH_WEIGHT + 1):
+        setattr(Machine, f"crash_{copy}", _weighted_copy(
+            Machine.crash, f"crash_{copy}", lambda self: bool(self.all_points)))
+    for copy in range(2, ACCEPT_WEIGHT + 1):
+        setattr(Machine, f"accept_{copy}", _weighted_copy(Machine.accept, f"accept_{copy}"))
+    Machine.accept_points, Machine.dispatch_points = accept_points, dispatch_points
+    Machine.payload_source = generated.payload_strategy(system)
+    Machine.id_source = generated.id_strategy(system)
     Machine.TestCase.settings = machine_settings(examples, steps)
     return Machine

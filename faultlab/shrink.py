@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from faultlab.canonical import canonical_json
 from faultlab.executor import Execution
+from faultlab.simplify import simplify_data
 from faultlab.trace import Step, Trace
 
 Run = Callable[[list[Step]], Execution]
@@ -47,7 +48,8 @@ def minimise(trace: Trace, execution: Execution, run: Run) -> tuple[Trace, Execu
 
     Delta debugging over the executed steps: remove chunks of half the trace, then
     quarters, down to single steps; then try each armed step without its crash; repeat
-    until nothing changes (no single step can go, no crash can be dropped). Each
+    until nothing changes (no single step can go, no crash can be dropped); then simplify
+    the data the steps carry (:func:`faultlab.simplify.simplify_data`). Each
     candidate is executed (once: results are cached) with its recovery recomputed, so
     the result is exactly what replay shows. Any invariant may fail in the smaller
     trace, as Hypothesis's own shrinker allows (every failure raises the same exception).
@@ -104,6 +106,16 @@ def minimise(trace: Trace, execution: Execution, run: Run) -> tuple[Trace, Execu
                 (execution, steps), progress = found, True
                 size = len(execution.executed_prefix())
                 break
+    def attempt_as_long(candidate: list[Step]) -> list[Step] | None:
+        """Simpler data at the same length is a simpler finding too."""
+        nonlocal execution
+        found = attempt(candidate, size + 1)
+        if found is None:
+            return None
+        execution = found[0]
+        return found[1]
+
+    steps = simplify_data(steps, attempt_as_long)
     if steps == list(trace.steps):
         return trace, execution
     shrunk = Trace(

@@ -26,13 +26,18 @@ TRACE_VERSION = 1
 ACTIONS = ("accept", "dispatch", "service")
 
 
-def changed_payload(payload: dict[str, Any]) -> dict[str, Any]:
+def changed_payload(payload: Any) -> Any:
     """A payload that differs from ``payload``: a retry that changed the request.
 
     The one resubmission every generator uses (the state machine, the enumerator),
-    so a changed payload reads the same in every trace.
+    so a changed payload reads the same in every trace. Generated payloads may carry
+    any ``revision`` (or be no object at all, when a system declares its own data).
     """
-    return {**payload, "revision": int(payload.get("revision", 0)) + 1}
+    if not isinstance(payload, dict):
+        return {"value": payload, "revision": 1}
+    revision = payload.get("revision", 0)
+    number = revision if isinstance(revision, int) and not isinstance(revision, bool) else 0
+    return {**payload, "revision": number + 1}
 
 
 @dataclass(frozen=True)

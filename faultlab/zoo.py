@@ -40,12 +40,14 @@ class Judgement:
     explore_seconds: float
     explore_steps: int
     corpus_file: str | None
+    #: False for data and depth mutants, which enumerate's defaults cannot express.
+    enumerable: bool = True
 
     @property
     def ok(self) -> bool:
         if self.reference:
             return not self.enumerate_found and not self.explore_found
-        return self.enumerate_found and self.explore_found
+        return (self.enumerate_found or not self.enumerable) and self.explore_found
 
     @property
     def at_minimum(self) -> bool:
@@ -80,9 +82,10 @@ def judge(name: str, budget: Budget) -> Judgement:
         explored = explore(system, runner, examples=budget.examples, steps=budget.steps,
                            seed_value=budget.seed, deadline=budget.deadline)
         began = time.monotonic()
+        enumerable = bool(getattr(system, "enumerable", True))
         enumerated = enumerate_system(system, [runner], operations=budget.operations,
                                       crashes=budget.crashes, deadline=budget.deadline,
-                                      first=True)
+                                      first=True) if enumerable else None
         enumerate_seconds = time.monotonic() - began
     trace = explored.trace
     saved = None
@@ -95,10 +98,12 @@ def judge(name: str, budget: Budget) -> Judgement:
         reference=name == "reference",
         caught_by=list(getattr(system, "caught_by", ())),
         minimal_steps=getattr(system, "minimal_steps", None),
-        enumerate_found=enumerated.found,
-        enumerate_invariants=sorted(enumerated.best),
-        enumerate_seconds=round(enumerated.first_found_seconds or enumerate_seconds, 3),
-        enumerate_traces=enumerated.traces,
+        enumerate_found=enumerated is not None and enumerated.found,
+        enumerate_invariants=sorted(enumerated.best) if enumerated is not None else [],
+        enumerate_seconds=round(
+            (enumerated.first_found_seconds if enumerated is not None else None)
+            or enumerate_seconds, 3),
+        enumerate_traces=enumerated.traces if enumerated is not None else 0,
         explore_found=trace is not None,
         explore_invariants=list(trace.expected.invariants) if trace and trace.expected else [],
         examples_until_found=recorder.first_failure_examples,
@@ -108,6 +113,7 @@ def judge(name: str, budget: Budget) -> Judgement:
         explore_seconds=round(explored.seconds, 3),
         explore_steps=recorder.steps,
         corpus_file=saved,
+        enumerable=enumerable,
     )
 
 
@@ -132,7 +138,8 @@ def timing_summary(judgements: Sequence[Judgement]) -> dict[str, float | None]:
     """Median and worst seconds until a mutant was first caught (explore and enumerate)."""
     explore = [j.seconds_until_found for j in judgements
                if not j.reference and j.seconds_until_found is not None]
-    enumerate_ = [j.enumerate_seconds for j in judgements if not j.reference and j.enumerate_found]
+    enumerate_ = [j.enumerate_seconds for j in judgements
+                  if not j.reference and j.enumerate_found]
     return {
         "explore_median_seconds": round(statistics.median(explore), 3) if explore else None,
         "explore_worst_seconds": round(max(explore), 3) if explore else None,

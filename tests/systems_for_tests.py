@@ -92,3 +92,21 @@ class HangsWhenExploredOutbox(ReferenceOutbox):
         if '"project"' not in payload:
             time.sleep(3600)
         return super().accept(context, operation_id, payload)
+
+
+class DeclaredDataOutbox(ReferenceOutbox):
+    """The reference, declaring its own payloads and operation ids (faultlab.data)."""
+
+    name = "declared-data"
+
+    def payloads(self) -> Any:
+        from hypothesis import strategies as st
+
+        return st.fixed_dictionaries({"sku": st.sampled_from(["A", "B"])},
+                                     optional={"quantity": st.integers(1, 9)})
+
+    def operation_ids(self) -> Any:
+        from hypothesis import strategies as st
+
+        return st.integers(1, 99999).map(lambda n: f"ORD-{n:05d}")
+

@@ -24,9 +24,11 @@ LAYERS: list[tuple[str, set[str]]] = [
                  "faultlab.system.command", "faultlab.system.fields", "faultlab.worker"}),
     ("run", {"faultlab.executor"}),
     ("search", {"faultlab.machine", "faultlab.explore", "faultlab.shrink",
-                "faultlab.enumeration", "faultlab.coverage"}),
+                "faultlab.enumeration", "faultlab.coverage", "faultlab.data",
+                "faultlab.simplify", "faultlab.search", "faultlab.streams"}),
     ("front", {"faultlab.scenarios", "faultlab.zoo", "faultlab.corpus", "faultlab.report",
-               "faultlab.__main__", "faultlab.html_report", "faultlab.pytest_plugin"}),
+               "faultlab.redis_corpus", "faultlab.__main__", "faultlab.html_report",
+               "faultlab.pytest_plugin"}),
 ]
 
 

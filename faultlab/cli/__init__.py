@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from faultlab import __version__
-from faultlab.cli import enumeration, explore, init, mutants, replay, suite, systems, worker
+from faultlab.cli import corpus, enumeration, explore, init, mutants, replay, suite, systems, worker
 from faultlab.cli.common import Parser
 from faultlab.errors import EXIT_FOUND, EXIT_USAGE, ExecutionError, UsageError
 from faultlab.messages import printable
@@ -26,6 +26,7 @@ COMMANDS = {
     "replay": replay,
     "enumerate": enumeration,
     "mutants": mutants,
+    "corpus": corpus,
     "systems": systems,
     "init": init,
     "worker": worker,

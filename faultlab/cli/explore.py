@@ -1,10 +1,18 @@
-"""``explore``: search for a violating trace with Hypothesis; shrink and save a finding."""
+"""``explore``: search for a violating trace with Hypothesis; shrink and save a finding.
+
+One stream of rounds in this process, or ``--jobs`` streams in processes
+(:mod:`faultlab.search`); a directory corpus or a Redis one
+(:mod:`faultlab.redis_corpus`); the summary, coverage and finding tables.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from faultlab import defaults
 from faultlab.cli.common import (
@@ -16,11 +24,24 @@ from faultlab.cli.common import (
     check_format,
     check_output_path,
     load_system,
+    positive_float,
     positive_int,
 )
 from faultlab.corpus import DEFAULT_CORPUS, check_corpus_directory
-from faultlab.errors import EXIT_FOUND, EXIT_OK
-from faultlab.machine import Recorder
+from faultlab.coverage import Coverage
+from faultlab.errors import EXIT_FOUND, EXIT_OK, UsageError
+from faultlab.redis_corpus import RedisCorpus, is_redis_url
+from faultlab.search import Plan, StreamResult, Totals, run_jobs, run_stream
+from faultlab.streams import Shard, parse_shard
+from faultlab.system.contract import System
+from faultlab.trace import Trace
+
+
+def _shard(text: str) -> Shard:
+    try:
+        return parse_shard(text)
+    except UsageError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def register(commands: Commands) -> None:
@@ -45,8 +66,22 @@ def register(commands: Commands) -> None:
     parser.add_argument("--seed", type=int, default=defaults.SEED, metavar="S",
                          help="random seed; the same seed gives the same run "
                               f"(default {defaults.SEED})")
-    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, metavar="DIR",
-                         help="where a finding is saved (default corpus/; created when needed)")
+    parser.add_argument("--corpus", default=str(DEFAULT_CORPUS), metavar="DIR|URL",
+                        help="where a finding is saved: a directory (default corpus/; created "
+                             "when needed) or redis://HOST:PORT/DB, a corpus shared by shards "
+                             "(findings deduplicated by content, live counters per shard)")
+    parser.add_argument("--duration", type=positive_float, metavar="SECONDS",
+                        help="explore until this time budget is spent, in rounds of --examples "
+                             "examples with seeds derived from --seed (the step in flight "
+                             "finishes; the unfinished example is not counted)")
+    parser.add_argument("--jobs", type=positive_int, default=1, metavar="N",
+                        help="N explorations in parallel, each a process with its own fork "
+                             "server and its own seed stream; without --duration they share "
+                             "--examples; the first finding stops the others (default 1)")
+    parser.add_argument("--shard", type=_shard, default=Shard(), metavar="K/N",
+                        help="this run is shard K of N (K from 0, e.g. a Kubernetes completion "
+                             "index): its seed streams are disjoint from the other shards' and "
+                             "the same on every rerun (default 0/1)")
     parser.add_argument("--no-statement-crashes", dest="statement_crashes",
                          action="store_false",
                          help="draw only the system's named crash points, not sql:K/commit:K")
@@ -63,68 +98,177 @@ def register(commands: Commands) -> None:
     parser.set_defaults(handler=cmd_explore)
 
 
-def _progress(recorder: Recorder) -> None:
-    seconds = max(recorder.seconds, 1e-9)
-    print(
-        f"explore: {recorder.examples} examples, {recorder.steps} steps, "
-        f"{recorder.sigkills} SIGKILLs, {recorder.steps / seconds:.0f} steps/s",
-        file=sys.stderr, flush=True,
-    )
+class Sink:
+    """Where findings go and where live counters are published (a Redis corpus only)."""
+
+    def __init__(self, target: str, shard: str, system: System, seed: int) -> None:
+        self.target = target
+        self.shard = shard
+        self.redis: RedisCorpus | None = None
+        self.fields: dict[str, Any] = {"system": system.ref, "seed": seed, "state": "running",
+                                       "findings": 0}
+        self._last = 0.0
+        if is_redis_url(target):
+            self.redis = RedisCorpus(target, create=True)
+        else:
+            check_corpus_directory(Path(target))
+
+    def publish(self, totals: Totals, seconds: float, *, force: bool = False,
+                **fields: Any) -> None:
+        self.fields.update(fields)
+        now = time.monotonic()
+        if self.redis is None or (not force and now - self._last < 1.0):
+            return
+        self._last = now
+        self.redis.update_counters(self.shard, {
+            **self.fields, "examples": totals.examples, "steps": totals.steps,
+            "sigkills": totals.sigkills, "seconds": round(seconds, 1),
+        })
+
+    def save(self, trace: Trace, system: System) -> str:
+        from faultlab import corpus
+
+        if self.redis is None:
+            return str(corpus.save(trace, Path(self.target), system.name))
+        name = corpus.finding_name(trace, system.name)
+        where, new = self.redis.save(trace.to_json(), name)
+        return where + ("" if new else " (already there: another shard found the same trace)")
+
+    def close(self) -> None:
+        if self.redis is not None:
+            self.redis.close()
+
+
+def _progress_line(totals: Totals, seconds: float, jobs: int) -> None:
+    seconds = max(seconds, 1e-9)
+    prefix = f"explore ({jobs} jobs)" if jobs > 1 else "explore"
+    print(f"{prefix}: {totals.examples} examples, {totals.steps} steps, "
+          f"{totals.sigkills} SIGKILLs, {totals.steps / seconds:.0f} steps/s",
+          file=sys.stderr, flush=True)
 
 
 def cmd_explore(args: argparse.Namespace) -> int:
-    from faultlab import corpus, report
-    from faultlab.explore import HYPOTHESIS_VERSION, explore
+    from faultlab import report
+    from faultlab.executor import execute
+    from faultlab.explore import HYPOTHESIS_VERSION
     from faultlab.process import spawner
 
     check_format(args.format)
-    check_corpus_directory(args.corpus)
     if args.html is not None:
         check_output_path(args.html, "--html")
     system = load_system(args.system, args.deduplication)
-    with spawner(args.spawn) as runner:
-        result = explore(
-            system, runner, deduplication=args.deduplication, examples=args.examples,
-            steps=args.steps, seed_value=args.seed, deadline=args.deadline,
-            progress=None if args.quiet else _progress, statement_crashes=args.statement_crashes,
-            hypothesis_shrink=args.hypothesis_shrink,
-        )
-    stats = result.stats()
-    rows = [
+    plan = Plan(
+        system=system.ref, deduplication=args.deduplication, seed=args.seed,
+        examples=args.examples, steps=args.steps, statement_crashes=args.statement_crashes,
+        hypothesis_shrink=args.hypothesis_shrink, spawn=args.spawn, deadline=args.deadline,
+        duration=args.duration, jobs=args.jobs, shard=args.shard,
+    )
+    sink = Sink(args.corpus, str(args.shard), system, args.seed)
+    started = time.monotonic()
+    last_line = [0.0]
+
+    def progress(totals: Totals, seconds: float) -> None:
+        sink.publish(totals, seconds)
+        now = time.monotonic()
+        if not args.quiet and now - last_line[0] >= 1.0:
+            last_line[0] = now
+            _progress_line(totals, seconds, plan.jobs)
+
+    try:
+        with spawner(args.spawn) as runner:
+            replay = None
+            if plan.jobs == 1:
+                result, found = run_stream(
+                    system, runner, plan, 0,
+                    progress=lambda t: progress(t, time.monotonic() - started))
+                results = [result]
+                replay = found.replay if found is not None else None
+            else:
+                results = run_jobs(plan, progress=progress)
+            seconds = time.monotonic() - started
+            finders = sorted((r for r in results if r.trace is not None),
+                             key=lambda r: r.seconds_until_found or 0.0)
+            trace = Trace.from_json(finders[0].trace) if finders else None
+            if trace is not None and replay is None:
+                replay = execute(system, trace.steps, runner, deduplication=trace.deduplication,
+                                 settle=trace.settle, deadline=args.deadline)
+        totals = Totals()
+        for r in results:
+            for key, value in vars(r.totals).items():
+                setattr(totals, key, getattr(totals, key) + value)
+        sink.publish(totals, seconds, force=True, state="found" if finders else "done",
+                     findings=len(finders))
+        coverage = _coverage(results)
+        print(report.table(_summary_rows(system, args, plan, totals, coverage, seconds,
+                                         HYPOTHESIS_VERSION), ["explore", "value"], args.format))
+        print()
+        report.print_coverage(coverage, system, args.format)
+        for r in results:
+            for note in r.notes:
+                print(f"note: {note}")
+        if trace is None:
+            print(f"\nclean: no invariant failed in {totals.examples} examples")
+            return EXIT_OK
+        saved = [sink.save(Trace.from_json(r.trace), system) for r in finders]
+        verdict = trace.expected.describe() if trace.expected else "?"
+        shrunk = None if replay is None else _executed(replay)
+        print(f"\nFOUND: {verdict}, shrunk to {shrunk} executed steps; saved {saved[0]}")
+        for extra in saved[1:]:
+            print(f"another job found one too; saved {extra}")
+        if replay is not None:
+            print(report.execution_table(replay, args.format))
+            for line in report.violation_lines(replay):
+                print(line)
+        if args.html is not None and replay is not None:
+            from faultlab import html_report
+            from faultlab.corpus import finding_name
+
+            html_report.write(args.html, [html_report.TraceReport(
+                title=f"explore finding: {finding_name(trace, system.name)}", execution=replay,
+                system=system.ref, deduplication=args.deduplication,
+                verdict=replay.verdict.describe(), expected=verdict,
+            )])
+            print(f"wrote {args.html}")
+        if sink.redis is None:
+            print(f"replay with: python -m faultlab replay {saved[0]}")
+        else:
+            print(f"replay with: python -m faultlab corpus export {args.corpus} DIR, then "
+                  "python -m faultlab replay DIR/...")
+        return EXIT_FOUND
+    finally:
+        sink.close()
+
+
+def _executed(replay: Any) -> int:
+    return len(replay.executed_prefix())
+
+
+def _coverage(results: list[StreamResult]) -> Coverage:
+    coverage = Coverage()
+    for r in results:
+        coverage.merge(Coverage(Counter(r.armed), Counter(r.fired), Counter(r.checked)))
+    return coverage
+
+
+def _summary_rows(system: System, args: argparse.Namespace, plan: Plan, totals: Totals,
+                  coverage: Coverage, seconds: float, hypothesis: str) -> list[list[Any]]:
+    rows: list[list[Any]] = [
         ["system", f"{system.ref}{'' if args.deduplication else ' (deduplication off)'}"],
         ["seed", args.seed],
-        ["Hypothesis", HYPOTHESIS_VERSION],
-        ["examples", stats["examples"]],
-        ["steps", stats["steps"]],
-        ["processes", stats["processes"]],
-        ["SIGKILLs", stats["sigkills"]],
-        ["invariant checks", stats["invariant_checks"]],
-        ["wall time (s)", stats["seconds"]],
-        ["steps/s", stats["steps_per_second"]],
+        ["Hypothesis", hypothesis],
     ]
-    print(report.table(rows, ["explore", "value"], args.format))
-    print()
-    report.print_coverage(result.recorder.coverage, system, args.format)
-    for note in result.notes:
-        print(f"note: {note}")
-    if result.trace is None:
-        print(f"\nclean: no invariant failed in {stats['examples']} examples")
-        return EXIT_OK
-    path = corpus.save(result.trace, args.corpus, system.name)
-    verdict = result.trace.expected.describe() if result.trace.expected else "?"
-    print(f"\nFOUND: {verdict}, shrunk to {result.shrunk_steps} executed steps; saved {path}")
-    if result.replay is not None:
-        print(report.execution_table(result.replay, args.format))
-        for line in report.violation_lines(result.replay):
-            print(line)
-    if args.html is not None and result.replay is not None:
-        from faultlab import html_report
-
-        html_report.write(args.html, [html_report.TraceReport(
-            title=f"explore finding: {path.name}", execution=result.replay,
-            system=system.ref, deduplication=args.deduplication,
-            verdict=result.replay.verdict.describe(), expected=verdict,
-        )])
-        print(f"wrote {args.html}")
-    print(f"replay with: python -m faultlab replay {path}")
-    return EXIT_FOUND
+    if plan.jobs > 1 or plan.shard.count > 1 or plan.duration is not None:
+        rows += [["jobs", plan.jobs], ["shard", str(plan.shard)], ["rounds", totals.rounds]]
+    if plan.duration is not None:
+        rows.append(["time budget (s)", plan.duration])
+    rows += [
+        ["examples", totals.examples],
+        ["steps", totals.steps],
+        ["processes", totals.processes],
+        ["SIGKILLs", totals.sigkills],
+        ["invariant checks", totals.checks],
+        *[[f"crash point {name}", count] for name, count in sorted(coverage.fired.items())],
+        ["wall time (s)", round(seconds, 3)],
+        ["steps/s", round(totals.steps / seconds, 1) if seconds else 0.0],
+    ]
+    return rows

@@ -88,7 +88,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
         rows.append([
             j.system,
             j.defect if len(j.defect) <= 48 else j.defect[:45] + "...",
-            _found(j.enumerate_found, j.enumerate_invariants),
+            _found(j.enumerate_found, j.enumerate_invariants) if j.enumerable else "n/a",
             _found(j.explore_found, j.explore_invariants),
             "+".join(j.caught_by) or "-",
             "-" if j.examples_until_found is None else j.examples_until_found,
@@ -110,8 +110,11 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     mutants = [j for j in judgements if not j.reference]
     caught = sum(j.ok for j in mutants)
     reference_clean = all(j.ok for j in judgements if j.reference)
+    explore_only = sum(not j.enumerable for j in mutants)
     print(f"{'PASS' if passed else 'FAIL'}: {caught} of {len(mutants)} mutants caught by "
           f"both explore and enumerate"
+          + (f" ({explore_only} data/depth mutants by explore alone: enumerate n/a)"
+             if explore_only else "")
           + ("" if not any(j.reference for j in judgements)
              else f"; reference {'clean' if reference_clean else 'NOT clean'}"))
     if args.output is not None:

@@ -99,6 +99,8 @@ class CommandSystem(System):
         self.description = description.description
         self.crash_points = description.crash_points
         self.supports_no_deduplication = description.no_deduplication is not None
+        self.payload_schema = description.payload_schema
+        self.operation_id_pattern = description.operation_id_pattern
         reader = Reader(description.path)
         self.programs = {role: resolve_program(reader, description, role) for role in COMMANDS}
 

@@ -52,7 +52,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 _TOP_KEYS = (
     "name", "description", "comment", "commands", "crash", "crash_points", "stores", "snapshot",
-    "no_deduplication", "environment", "response_fields",
+    "no_deduplication", "environment", "response_fields", "payload_schema", "operation_ids",
 )
 
 
@@ -114,6 +114,9 @@ class Description:
     no_deduplication: Switch | None
     environment: tuple[tuple[str, str], ...] = field(default=())
     response_fields: ResponseFields = field(default_factory=ResponseFields)
+    #: A JSON Schema for payloads and a regular expression for ids (faultlab.data draws them).
+    payload_schema: Any = None
+    operation_id_pattern: str | None = None
 
     @property
     def system_dir(self) -> Path:
@@ -282,8 +285,18 @@ def read_description(path: Path) -> Description:
             fields = ResponseFields.from_mapping(mapping)
         except ValueError as error:
             reader.fail(f"response_fields: {error}")
+    payload_schema = top.get("payload_schema")
+    if payload_schema is not None and not isinstance(payload_schema, dict | bool):
+        reader.fail("payload_schema must be a JSON Schema (an object)")
+    pattern = top.get("operation_ids")
+    if pattern is not None:
+        pattern = reader.string(pattern, "operation_ids")
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            reader.fail(f"operation_ids is not a regular expression: {error}")
     return Description(path, name, description, commands, arming, points, stores, queries,
-                       switch, environment, fields)
+                       switch, environment, fields, payload_schema, pattern)
 
 
 def _crash_points(reader: Reader, value: Any) -> tuple[CrashPoint, ...]:

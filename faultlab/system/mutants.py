@@ -48,6 +48,10 @@ class Mutant(ReferenceOutbox):
     caught_by: tuple[str, ...] = ()
     minimal_steps: int = 0
     minimal_trace: tuple[Step, ...] = ()
+    #: False when ``enumerate`` cannot express the trigger with its defaults (its payloads
+    #: are fixed and its ids are op-N; two operations): data and depth mutants are for
+    #: ``explore`` to catch, and the zoo judges enumerate on them as "n/a".
+    enumerable: bool = True
 
 
 # --- caller: acceptance ----------------------------------------------------------------------
@@ -437,6 +441,142 @@ class NoPayloadCheck(Mutant):
         return {"operation_id": operation_id, "result": json.loads(stored_result), "replayed": True}
 
 
+# --- data and depth (issue 11): bugs that hide in ids, payload values and long traces ----------
+
+
+class CaseInsensitiveKey(Mutant):
+    name = "case-insensitive-key"
+    description = (
+        "the receiver looks receipts up case-insensitively, so op-1 and OP-1 share a ticket"
+    )
+    # DONE: OP-1 completes with op-1's ticket (same payload); with another payload the
+    # receiver refuses OP-1 for ever (LIVE).
+    caught_by = ("DONE", "LIVE")
+    minimal_steps = 4
+    minimal_trace = (Step("accept", OP, PAYLOAD), Step("accept", "OP-1", PAYLOAD))
+    enumerable = False
+
+    def service(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        connection = context.connect(DOWNSTREAM)
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            if context.deduplication:
+                receipt = connection.execute(
+                    "SELECT payload, result FROM receipts WHERE operation_id = ? COLLATE NOCASE",
+                    (operation_id,),
+                ).fetchone()
+                if receipt is not None:
+                    connection.execute("ROLLBACK")
+                    return self.replay_receipt(operation_id, payload, receipt[0], receipt[1])
+            result = self.record_ticket(context, connection, operation_id, payload)
+        finally:
+            connection.close()
+        context.crash_point("service_after_commit")
+        return {"operation_id": operation_id, "result": result, "replayed": False}
+
+
+LONG_ID = "tenant-0042/region-eu-west-1/customer-7f3a9c2e/order-2026-11-30/op-1"
+
+
+class TruncatedKey(Mutant):
+    name = "truncated-key"
+    description = "the idempotency key is cut to 64 characters, so long ids collide"
+    # KEY: the receiver holds a key the caller never accepted; DONE: the operation has no
+    # ticket under its own id (two ids with one 64-character prefix would share a ticket).
+    caught_by = ("KEY", "DONE")
+    minimal_steps = 2
+    minimal_trace = (Step("accept", LONG_ID, PAYLOAD),)
+    enumerable = False
+
+    def downstream_request(
+        self, context: WorkerContext, operation_id: str, payload: str
+    ) -> tuple[str, str]:
+        return operation_id[:64], payload
+
+
+def _as_double(number: int) -> int | float:
+    """What a JavaScript or Go float64 decoder makes of an integer."""
+    value = float(number)
+    return int(value) if abs(value) < 1e21 else value
+
+
+class LossyNumbers(Mutant):
+    name = "lossy-numbers"
+    description = "the receiver decodes numbers as doubles: integers beyond 2^53 change"
+    # PAY: the ticket (and receipt) carry 9007199254740992 for an accepted 9007199254740993.
+    caught_by = ("PAY",)
+    minimal_steps = 2
+    minimal_trace = (Step("accept", OP, {"count": 2**53 + 1}),)
+    enumerable = False
+
+    def record_ticket(
+        self, context: WorkerContext, connection: Any, operation_id: str, payload: str
+    ) -> dict[str, Any]:
+        decoded = json.loads(payload, parse_int=lambda text: _as_double(int(text)))
+        return super().record_ticket(context, connection, operation_id, canonical_json(decoded))
+
+
+def _nfc(value: Any) -> Any:
+    import unicodedata
+
+    if isinstance(value, str):
+        return unicodedata.normalize("NFC", value)
+    if isinstance(value, list):
+        return [_nfc(item) for item in value]
+    if isinstance(value, dict):
+        return {_nfc(key): _nfc(item) for key, item in value.items()}
+    return value
+
+
+class UnicodeNormalising(Mutant):
+    name = "unicode-normalising"
+    description = "the receiver NFC-normalises strings, so e + combining acute becomes \u00e9"
+    caught_by = ("PAY",)
+    minimal_steps = 2
+    minimal_trace = (Step("accept", OP, {"title": "cafe\u0301"}),)
+    enumerable = False
+
+    def record_ticket(
+        self, context: WorkerContext, connection: Any, operation_id: str, payload: str
+    ) -> dict[str, Any]:
+        normalised = canonical_json(_nfc(json.loads(payload)))
+        return super().record_ticket(context, connection, operation_id, normalised)
+
+
+class BoundedReceipts(Mutant):
+    name = "bounded-receipts"
+    description = "receipts live in a cache of the two most recent: a third delivery evicts one"
+    # RCPT: the oldest ticket loses its receipt at the third delivery; a redelivery of that
+    # operation would then make a second ticket (ONE).
+    caught_by = ("RCPT", "ONE")
+    minimal_steps = 6
+    minimal_trace = (
+        Step("accept", OP, PAYLOAD), Step("accept", "op-2", PAYLOAD),
+        Step("accept", "op-3", PAYLOAD),
+    )
+    enumerable = False
+
+    def record_ticket(
+        self, context: WorkerContext, connection: Any, operation_id: str, payload: str
+    ) -> dict[str, Any]:
+        ticket_id = connection.execute(
+            "INSERT INTO tickets (operation_id, payload) VALUES (?, ?)", (operation_id, payload)
+        ).lastrowid
+        result = {"ticket_id": ticket_id}
+        if context.deduplication:
+            connection.execute(
+                "INSERT INTO receipts (operation_id, payload, result) VALUES (?, ?, ?)",
+                (operation_id, payload, canonical_json(result)),
+            )
+            connection.execute(
+                "DELETE FROM receipts WHERE rowid NOT IN "
+                "(SELECT rowid FROM receipts ORDER BY rowid DESC LIMIT 2)"
+            )
+        context.crash_point("service_before_commit")
+        connection.execute("COMMIT")
+        return result
+
+
 MUTANT_CLASSES: tuple[type[Mutant], ...] = (
     NoDedup,
     SplitAccept,
@@ -452,6 +592,11 @@ MUTANT_CLASSES: tuple[type[Mutant], ...] = (
     IdleResend,
     NonCanonicalRetry,
     SharedKey,
+    CaseInsensitiveKey,
+    TruncatedKey,
+    LossyNumbers,
+    UnicodeNormalising,
+    BoundedReceipts,
 )
 
 MUTANTS: dict[str, Callable[[], System]] = {cls.name: cls for cls in MUTANT_CLASSES}

@@ -1,0 +1,132 @@
+"""A shared Redis corpus: shards as separate processes against the local Redis server.
+
+Needs a Redis server on 127.0.0.1:6379 and the redis client; skips when absent, fails
+instead when FAULTLAB_REQUIRE_SERVICES names redis. Each test takes a database that is
+empty when it starts and deletes only the keys it made.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, require_service
+
+from faultlab.errors import UsageError
+from faultlab.redis_corpus import parse_url
+
+HOST, PORT = "127.0.0.1", 6379
+
+
+def _client(db: int) -> Any:
+    try:
+        import redis
+    except ImportError:
+        require_service("redis", "the redis client is not installed")
+    client = redis.Redis(host=HOST, port=PORT, db=db, socket_connect_timeout=2,
+                         decode_responses=True)
+    try:
+        client.ping()
+    except (redis.RedisError, OSError) as error:
+        require_service("redis", f"no server at {HOST}:{PORT}: {error}")
+    return client
+
+
+@pytest.fixture
+def empty_db() -> Iterator[tuple[str, Any]]:
+    """A redis://... URL of a database holding no keys, and a client on it."""
+    for db in range(15, 0, -1):
+        client = _client(db)
+        if client.dbsize() == 0:
+            break
+        client.close()
+    else:
+        pytest.fail("no empty Redis database among 1-15 to test in")
+    try:
+        yield f"redis://{HOST}:{PORT}/{db}", client
+    finally:
+        keys = list(client.scan_iter("faultlab:*"))
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+
+def faultlab(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "faultlab", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_url_parsing() -> None:
+    assert str(parse_url("redis://h:1234/3")) == "redis://h:1234/3"
+    assert str(parse_url("redis://h")) == "redis://h:6379/0"
+    for bad in ("redis://", "redis://h:x/1", "redis://h/a", "redis://u:p@h/1", "http://h/1"):
+        with pytest.raises(UsageError):
+            parse_url(bad)
+
+
+def test_two_shards_share_a_corpus_and_the_export_replays(
+    empty_db: tuple[str, Any], tmp_path: Path,
+) -> None:
+    url, client = empty_db
+    command = [sys.executable, "-m", "faultlab", "explore", "--no-deduplication",
+               "--examples", "40", "--seed", "5", "--quiet", "--corpus", url]
+    shards = [subprocess.Popen([*command, "--shard", f"{k}/2"], cwd=ROOT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+              for k in range(2)]
+    outputs = [shard.communicate(timeout=300) for shard in shards]
+    for shard, (out, err) in zip(shards, outputs, strict=True):
+        assert shard.returncode == 1, out + err  # each shard found the negative control
+        assert f"saved {url}#" in out
+    names = client.smembers("faultlab:findings")
+    assert 1 <= len(names) <= 2
+    counters = {k: client.hgetall(k) for k in client.scan_iter("faultlab:shard:*")}
+    assert set(counters) == {"faultlab:shard:0/2", "faultlab:shard:1/2"}
+    for fields in counters.values():
+        assert fields["state"] == "found" and fields["findings"] == "1"
+        assert int(fields["steps"]) > 0 and 0 < client.ttl("faultlab:shard:0/2")
+
+    # the same shard again finds the same trace: one key, "already there"
+    again = faultlab(*command[3:], "--shard", "0/2")
+    assert again.returncode == 1 and "already there" in again.stdout, again.stdout
+    assert client.smembers("faultlab:findings") == names
+
+    status = faultlab("corpus", "status", url)
+    assert status.returncode == 0, status.stderr
+    assert "0/2" in status.stdout and "1/2" in status.stdout
+    assert "2 shards" in status.stdout and f"{len(names)} distinct findings" in status.stdout
+
+    exported = tmp_path / "exported"
+    done = faultlab("corpus", "export", url, str(exported))
+    assert done.returncode == 0, done.stderr
+    files = sorted(exported.glob("*.json"))
+    assert sorted(f.name for f in files) == sorted(names)
+    replayed = faultlab("replay", *map(str, files))
+    assert replayed.returncode == 0, replayed.stdout  # every outcome matches its recording
+    twice = faultlab("corpus", "export", url, str(exported))
+    assert twice.returncode == 0 and "already there" in twice.stdout
+
+
+def test_a_database_holding_other_keys_is_refused(empty_db: tuple[str, Any],
+                                                  tmp_path: Path) -> None:
+    url, client = empty_db
+    client.set("someone:else", "theirs")
+    try:
+        done = faultlab("explore", "--examples", "2", "--corpus", url)
+        assert done.returncode == 2
+        assert "refusing to write" in done.stderr and len(done.stderr.splitlines()) == 1
+        assert client.keys("*") == ["someone:else"] and client.get("someone:else") == "theirs"
+        status = faultlab("corpus", "status", url)
+        assert status.returncode == 2 and "not a faultlab corpus" in status.stderr
+        export = faultlab("corpus", "export", url, str(tmp_path / "out"))
+        assert export.returncode == 2 and not (tmp_path / "out").exists()
+    finally:
+        client.delete("someone:else")
+
+
+def test_an_unreachable_server_is_a_usage_error(tmp_path: Path) -> None:
+    done = faultlab("explore", "--examples", "2", "--corpus", "redis://127.0.0.1:1/0")
+    assert done.returncode == 2 and "redis://127.0.0.1:1/0" in done.stderr
