@@ -30,6 +30,7 @@ from faultlab.trace import Step
 ATTEMPTS = 60
 _OP_N = re.compile(r"op-[0-9]+")
 TWO_53_PLUS_1 = 2**53 + 1
+PARCEL = "\U0001f4e6"
 
 Attempt = Callable[[list[Step]], "list[Step] | None"]
 
@@ -185,6 +186,11 @@ def _simpler(value: Any) -> Iterator[Any]:
             yield 0
         if math.isfinite(value) and value != int(value):
             yield float(int(value))
+            for plain in (0.5, 0.1):  # exact in binary, and the classic that is not
+                if value != plain:
+                    yield plain
+        if value < 0:
+            yield -value
     elif isinstance(value, str):
         yield from _simpler_string(value)
 
@@ -203,5 +209,11 @@ def _simpler_string(text: str) -> Iterator[str]:
         yield text[:-1]
     if any(not c.isascii() or not c.isalnum() for c in text):
         yield "x" * len(text)
+    unusual = list(dict.fromkeys(c for c in text if not c.isascii()))
+    if len(text) > 1:
+        yield from unusual  # the one character that matters, alone
+    for character in unusual:
+        if ord(character) > 0xFFFF and character != PARCEL:
+            yield text.replace(character, PARCEL)  # a readable non-BMP character
     if len(set(text)) > 1:
         yield text[0] * len(text)

@@ -543,6 +543,70 @@ class UnicodeNormalising(Mutant):
         return super().record_ticket(context, connection, operation_id, normalised)
 
 
+def _map_strings(value: Any, change: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return change(value)
+    if isinstance(value, list):
+        return [_map_strings(item, change) for item in value]
+    if isinstance(value, dict):
+        return {change(key): _map_strings(item, change) for key, item in value.items()}
+    return value
+
+
+def _utf8mb3(text: str) -> str:
+    """MySQL's 3-byte ``utf8`` in non-strict mode: the value ends at the first character
+    beyond the BMP (an emoji, a mathematical letter)."""
+    for index, character in enumerate(text):
+        if ord(character) > 0xFFFF:
+            return text[:index]
+    return text
+
+
+class Utf8mb3Column(Mutant):
+    name = "utf8mb3-column"
+    description = "the receiver stores 3-byte UTF-8 (MySQL utf8): text ends at a non-BMP character"
+    caught_by = ("PAY",)
+    minimal_steps = 2
+    minimal_trace = (Step("accept", OP, {"title": "\U0001f4e6 parcel"}),)
+    enumerable = False
+
+    def record_ticket(
+        self, context: WorkerContext, connection: Any, operation_id: str, payload: str
+    ) -> dict[str, Any]:
+        stored = canonical_json(_map_strings(json.loads(payload), _utf8mb3))
+        return super().record_ticket(context, connection, operation_id, stored)
+
+
+def _float32(value: Any) -> Any:
+    import struct
+
+    if isinstance(value, float):
+        try:
+            return struct.unpack("f", struct.pack("f", value))[0]
+        except OverflowError:  # beyond float32: the column holds infinity; JSON cannot
+            return None
+    if isinstance(value, list):
+        return [_float32(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _float32(item) for key, item in value.items()}
+    return value
+
+
+class Float32Amounts(Mutant):
+    name = "float32-amounts"
+    description = "the receiver stores numbers with a fraction as 32-bit floats: 0.1 changes"
+    caught_by = ("PAY",)
+    minimal_steps = 2
+    minimal_trace = (Step("accept", OP, {"amount": 0.1}),)
+    enumerable = False
+
+    def record_ticket(
+        self, context: WorkerContext, connection: Any, operation_id: str, payload: str
+    ) -> dict[str, Any]:
+        stored = canonical_json(_float32(json.loads(payload)))
+        return super().record_ticket(context, connection, operation_id, stored)
+
+
 class BoundedReceipts(Mutant):
     name = "bounded-receipts"
     description = "receipts live in a cache of the two most recent: a third delivery evicts one"
@@ -596,6 +660,8 @@ MUTANT_CLASSES: tuple[type[Mutant], ...] = (
     TruncatedKey,
     LossyNumbers,
     UnicodeNormalising,
+    Utf8mb3Column,
+    Float32Amounts,
     BoundedReceipts,
 )
 
