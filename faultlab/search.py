@@ -236,6 +236,11 @@ def run_jobs(
                 progress(merged, time.monotonic() - started)
     finally:
         stop_event.set()
+        while any(process.is_alive() for process in processes):
+            try:  # drain: a job blocked writing its last message could never exit
+                messages.get(timeout=0.2)
+            except queue.Empty:
+                pass
         for process in processes:
             process.join()
         messages.close()

@@ -169,3 +169,16 @@ def test_a_stopped_round_cleans_up_and_reports_nothing(
     assert result.recorder.steps == 25  # the 26th step never ran
     assert result.recorder.examples < 50
     assert made and not [path for path in made if Path(path).exists()]
+
+
+def test_a_failure_is_announced_before_shrinking(fork_spawner: Spawner,
+                                                 reference: System) -> None:
+    """What --jobs wires to the stop event of the other jobs: called once, at the
+    first failing example, before the (long) shrinking starts."""
+    calls: list[int] = []
+    result = explore(reference, fork_spawner, examples=30, seed_value=0, deduplication=False,
+                     on_failure=lambda: calls.append(1))
+    assert result.trace is not None and calls == [1]
+    clean = explore(reference, fork_spawner, examples=3, seed_value=0,
+                    on_failure=lambda: calls.append(2))
+    assert clean.trace is None and calls == [1]
