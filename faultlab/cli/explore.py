@@ -199,7 +199,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
         sink.publish(totals, seconds, force=True, state="found" if finders else "done",
                      findings=len(finders))
         coverage = _coverage(results)
-        print(report.table(_summary_rows(system, args, plan, totals, coverage, seconds,
+        print(report.table(_summary_rows(system, args, plan, totals, seconds,
                                          HYPOTHESIS_VERSION), ["explore", "value"], args.format))
         print()
         report.print_coverage(coverage, system, args.format)
@@ -251,7 +251,7 @@ def _coverage(results: list[StreamResult]) -> Coverage:
 
 
 def _summary_rows(system: System, args: argparse.Namespace, plan: Plan, totals: Totals,
-                  coverage: Coverage, seconds: float, hypothesis: str) -> list[list[Any]]:
+                  seconds: float, hypothesis: str) -> list[list[Any]]:
     rows: list[list[Any]] = [
         ["system", f"{system.ref}{'' if args.deduplication else ' (deduplication off)'}"],
         ["seed", args.seed],
@@ -267,7 +267,6 @@ def _summary_rows(system: System, args: argparse.Namespace, plan: Plan, totals: 
         ["processes", totals.processes],
         ["SIGKILLs", totals.sigkills],
         ["invariant checks", totals.checks],
-        *[[f"crash point {name}", count] for name, count in sorted(coverage.fired.items())],
         ["wall time (s)", round(seconds, 3)],
         ["steps/s", round(totals.steps / seconds, 1) if seconds else 0.0],
     ]
