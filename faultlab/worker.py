@@ -15,8 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from faultlab import clock
 from faultlab.errors import EXIT_USAGE
-from faultlab.nemesis import crash
+from faultlab.nemesis import crash, schedule
 from faultlab.process import exec_worker, fork_worker, zygote_main
 from faultlab.records import ProcessRecord, WorkerSpec
 from faultlab.stores import StoreError, connect
@@ -36,6 +37,13 @@ class Context:
     def crash_point(self, name: str) -> None:
         if self.spec.crash == name:
             crash.kill_self()
+        schedule.hold(name)  # a scheduled (concurrent) worker also waits here for its turn
+
+    def now(self) -> float:
+        return clock.now()
+
+    def claimed(self, operation_id: str, token: int) -> None:
+        schedule.claimed(operation_id, token)
 
     def connect(self, filename: str) -> sqlite3.Connection:
         return connect(self.directory / filename)
@@ -64,6 +72,8 @@ def run_worker(spec: WorkerSpec) -> int:
     """Run the role; return the exit status (0, a refusal's status, or 2 for bad input)."""
     system = load_system(spec.system)
     crash.disarm()  # a forked service must not inherit its dispatcher's statement point
+    schedule.disarm()  # nor its dispatcher's scheduling channel
+    schedule.arm_from_environment()
     if spec.crash is not None and crash.is_statement_point(spec.crash):
         crash.arm_statement_point(spec.crash)
     context = Context(spec, system)

@@ -14,9 +14,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "faultlab"
 #: Lowest first. A module may import its own layer or a lower one.
 LAYERS: list[tuple[str, set[str]]] = [
     ("ground", {"faultlab", "faultlab.errors", "faultlab.canonical", "faultlab.stores",
-                "faultlab.records", "faultlab.defaults", "faultlab.messages"}),
+                "faultlab.records", "faultlab.defaults", "faultlab.messages", "faultlab.clock"}),
     ("process", {"faultlab.process"}),
-    ("nemesis", {"faultlab.nemesis", "faultlab.nemesis.crash", "faultlab.nemesis.announce"}),
+    ("nemesis", {"faultlab.nemesis", "faultlab.nemesis.crash", "faultlab.nemesis.announce",
+                 "faultlab.nemesis.schedule"}),
     ("checks", {"faultlab.invariants"}),
     ("format", {"faultlab.trace"}),
     ("systems", {"faultlab.system", "faultlab.system.contract", "faultlab.system.reference",

@@ -97,6 +97,12 @@ class WorkerContext(Protocol):
     def crash_point(self, name: str) -> None:
         """SIGKILL this process if the step armed ``name``; otherwise return at once."""
 
+    def now(self) -> float:
+        """The current time: faultlab's virtual clock in a concurrent trace, else the real one."""
+
+    def claimed(self, operation_id: str, token: int) -> None:
+        """Tell faultlab this worker holds the claim on an operation with a fencing token."""
+
     def connect(self, filename: str) -> sqlite3.Connection:
         """Open a store in the run directory that faultlab initialised (marker checked)."""
 

@@ -14,7 +14,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from faultlab import stores
+from faultlab import clock, stores
 from faultlab.canonical import canonical_json
 from faultlab.stores import Snapshot
 from faultlab.system.contract import CrashPoint, Refusal, System, WorkerContext
@@ -26,8 +26,23 @@ CALLER_SCHEMA = """
 CREATE TABLE operations (
     id TEXT PRIMARY KEY, payload TEXT NOT NULL, state TEXT NOT NULL, result TEXT);
 CREATE TABLE outbox (
-    operation_id TEXT PRIMARY KEY REFERENCES operations(id), state TEXT NOT NULL)
+    operation_id TEXT PRIMARY KEY REFERENCES operations(id), state TEXT NOT NULL,
+    attempt INTEGER NOT NULL DEFAULT 0, lease_until REAL NOT NULL DEFAULT 0)
 """
+
+#: How long a dispatcher's claim lasts, in ticks of faultlab's virtual clock. On the real
+#: clock (sequential traces: one dispatcher at a time, a new one only after the last died)
+#: there is nobody to exclude, and the lease is 0: every pending entry is claimable at once.
+LEASE_TICKS = 10
+
+#: Claim the oldest pending entry whose lease has lapsed, in one statement: take a new
+#: fencing token (the attempt number) and a lease, and read the payload to send.
+CLAIM_SQL = (
+    "UPDATE outbox SET attempt = attempt + 1, lease_until = ? WHERE rowid = ("
+    "SELECT rowid FROM outbox WHERE state = 'pending' AND lease_until <= ? "
+    "ORDER BY rowid LIMIT 1) "
+    "RETURNING operation_id, attempt, (SELECT payload FROM operations WHERE id = operation_id)"
+)
 DOWNSTREAM_SCHEMA = """
 CREATE TABLE tickets (
     id INTEGER PRIMARY KEY, operation_id TEXT NOT NULL, payload TEXT NOT NULL);
@@ -71,6 +86,11 @@ REFERENCE_POINTS: tuple[CrashPoint, ...] = (
         "the dispatcher reports downstream_failure; recovery replays the receipt",
     ),
 )
+
+
+class ClaimLost(Exception):
+    """This dispatcher's claim was superseded (its lease lapsed and another claimed the
+    entry): it must not record completion."""
 
 
 class ReferenceOutbox(System):
@@ -140,15 +160,27 @@ class ReferenceOutbox(System):
             "INSERT INTO outbox (operation_id, state) VALUES (?, 'pending')", (operation_id,)
         )
 
+    #: This dispatcher's claim (operation id, fencing token), set by :meth:`next_pending`;
+    #: None when a subclass reads the next entry without claiming it.
+    claim: tuple[str, int] | None = None
+    #: (now, lease end) for the claim this dispatcher is about to take.
+    window: tuple[float, float] = (0.0, 0.0)
+
     def next_pending(self, connection: sqlite3.Connection) -> tuple[str, str] | None:
-        row = connection.execute(
-            "SELECT o.operation_id, op.payload FROM outbox o "
-            "JOIN operations op ON op.id = o.operation_id "
-            "WHERE o.state = 'pending' ORDER BY o.rowid LIMIT 1"
-        ).fetchone()
-        return None if row is None else (row[0], row[1])
+        """Claim the oldest pending entry whose lease lapsed (one statement, so concurrent
+        dispatchers never claim the same entry at the same attempt)."""
+        now, until = self.window
+        rows = connection.execute(CLAIM_SQL, (until, now)).fetchall()
+        if not rows:
+            return None
+        operation_id, attempt, payload = rows[0]
+        self.claim = (operation_id, int(attempt))
+        return operation_id, payload
 
     def dispatch(self, context: WorkerContext) -> dict[str, Any]:
+        now = context.now()
+        self.window = (now, now + (LEASE_TICKS if clock.is_virtual() else 0))
+        self.claim = None
         connection = context.connect(CALLER)
         try:
             pending = self.next_pending(connection)
@@ -157,6 +189,8 @@ class ReferenceOutbox(System):
         if pending is None:
             return {"idle": True}
         operation_id, payload = pending
+        if self.claim is not None:
+            context.claimed(*self.claim)
         context.crash_point("before_dispatch")
         key, sent = self.downstream_request(context, operation_id, payload)
         service = context.call_service(key, sent)
@@ -170,7 +204,12 @@ class ReferenceOutbox(System):
             )
         context.crash_point("after_downstream_commit")
         result = canonical_json(response["result"])
-        self.complete(context, operation_id, result)
+        try:
+            self.complete(context, operation_id, result)
+        except ClaimLost:
+            return {"operation_id": operation_id, "superseded": True,
+                    "attempt": self.claim[1] if self.claim else None,
+                    "service": service_summary}
         return {
             "operation_id": operation_id, "result": response["result"],
             "replayed": bool(response.get("replayed")), "service": service_summary,
@@ -186,13 +225,24 @@ class ReferenceOutbox(System):
         """A failed downstream call leaves the operation pending for the next dispatcher."""
 
     def complete(self, context: WorkerContext, operation_id: str, result: str) -> None:
+        """Record completion, only while this dispatcher still holds its claim (fencing):
+        a dispatcher whose lease lapsed and whose entry another claimed changes nothing."""
         connection = context.connect(CALLER)
         try:
             connection.execute("BEGIN IMMEDIATE")
-            connection.execute(
-                "UPDATE operations SET state = 'complete', result = ? WHERE id = ?",
-                (result, operation_id),
-            )
+            arguments: tuple[Any, ...] = (result, operation_id)
+            fence = ""  # a subclass that reads without claiming completes unfenced
+            if self.claim is not None:
+                fence = (" AND state = 'pending' AND EXISTS (SELECT 1 FROM outbox "
+                         "WHERE operation_id = id AND attempt = ?)")
+                arguments = (result, operation_id, self.claim[1])
+            updated = connection.execute(
+                "UPDATE operations SET state = 'complete', result = ? WHERE id = ?" + fence,
+                arguments,
+            ).rowcount
+            if not updated and self.claim is not None:
+                connection.execute("ROLLBACK")
+                raise ClaimLost(operation_id)
             context.crash_point("during_completion")
             connection.execute(
                 "UPDATE outbox SET state = 'complete' WHERE operation_id = ?", (operation_id,)

@@ -1,0 +1,79 @@
+"""Scheduling points, worker side: a worker faultlab schedules holds at every named point.
+
+In a concurrent trace faultlab runs several workers at once, but decides who
+moves: each worker stops at every named point it reaches (the points it
+declares as crash points), announces ``held POINT`` on its control pipe and
+blocks until faultlab answers one byte. ``c`` lets it run to its next point;
+faultlab kills a worker where it is held with SIGKILL from outside (see
+:mod:`faultlab.lanes`), so a kill needs nothing from the worker. A worker also
+announces the claims it takes (``claim OPERATION TOKEN``), which the fencing
+invariant checks.
+
+The pipe's two descriptors reach the worker in the environment variable
+``FAULTLAB_SCHEDULE`` (``READ,WRITE``). :func:`arm_from_environment` takes them
+out of the environment at worker start, so a service the worker starts (a
+child process) never inherits them and never holds. Without the variable
+(every sequential trace) every function here returns at once.
+"""
+
+from __future__ import annotations
+
+import os
+
+SCHEDULE_ENV = "FAULTLAB_SCHEDULE"
+CONTINUE = b"c"
+
+_channel: tuple[int, int] | None = None
+
+
+def disarm() -> None:
+    """Forget an inherited channel (a forked service child must not hold at its points)."""
+    global _channel
+    _channel = None
+
+
+def arm_from_environment() -> None:
+    """Take the control pipe named by ``FAULTLAB_SCHEDULE`` (and remove the variable)."""
+    global _channel
+    value = os.environ.pop(SCHEDULE_ENV, "")
+    if not value:
+        return
+    read_text, _, write_text = value.partition(",")
+    _channel = (int(read_text), int(write_text))
+
+
+def active() -> bool:
+    return _channel is not None
+
+
+def _announce(line: str) -> bool:
+    if _channel is None:
+        return False
+    try:
+        os.write(_channel[1], (line + "\n").encode())
+    except OSError:  # faultlab went away: run on as an unscheduled worker
+        disarm()
+        return False
+    return True
+
+
+def hold(point: str) -> None:
+    """Announce ``held POINT`` and block until faultlab lets this worker continue.
+
+    End of file on the control pipe (faultlab closed it) also continues: faultlab
+    only closes it when it no longer schedules this worker.
+    """
+    channel = _channel
+    if channel is None or not _announce(f"held {point}"):
+        return
+    try:
+        os.read(channel[0], 1)
+    except OSError:
+        disarm()
+
+
+def claimed(operation_id: str, token: int) -> None:
+    """Announce that this worker now holds the claim on ``operation_id`` with ``token``."""
+    if " " in operation_id or "\n" in operation_id:
+        operation_id = operation_id.replace(" ", "_").replace("\n", "_")
+    _announce(f"claim {operation_id} {int(token)}")
