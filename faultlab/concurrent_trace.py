@@ -1,0 +1,185 @@
+"""Concurrent traces (trace format version 2): lanes, schedule choices, pauses, ticks.
+
+A sequential trace (version 1, :mod:`faultlab.trace`) runs one worker per step,
+start to finish. A concurrent trace names *lanes*: up to ``concurrency`` workers
+alive at once, each held by faultlab at every named point it reaches. Each step
+is one scheduling choice, so the interleaving is data and replays exactly:
+
+* ``run``: start a worker in a free lane and let it run to its end;
+* ``start``: start a worker in a free lane; it runs to its first point and holds;
+* ``release``: let a held lane run to its next point (or its end);
+* ``finish``: let a lane run through its remaining points to its end;
+* ``kill``: SIGKILL a lane where it is (held, blocked on a lock, or paused);
+* ``pause`` / ``resume``: SIGSTOP / SIGCONT a live lane (a GC pause, a frozen VM);
+* ``tick``: advance the trace's virtual clock (:mod:`faultlab.clock`).
+
+Version 1 files are read by :class:`faultlab.trace.Trace` as before; :func:`load`
+reads either version.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from faultlab.canonical import canonical_json
+from faultlab.errors import UsageError
+from faultlab.invariants import Violation
+from faultlab.trace import TRACE_FORMAT, Trace, Verdict
+
+TRACE_VERSION_CONCURRENT = 2
+LANE_ACTIONS = ("run", "start", "release", "finish", "kill", "pause", "resume", "tick")
+STARTS = ("run", "start")
+WORKER_ROLES = ("accept", "dispatch", "service")
+MAX_TICKS = 1_000_000
+
+
+@dataclass(frozen=True)
+class LaneStep:
+    """One scheduling choice; ``run``/``start`` name the worker's role (and operation)."""
+
+    action: str
+    lane: int | None = None
+    role: str | None = None
+    operation_id: str | None = None
+    payload: Any = None
+    ticks: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"action": self.action}
+        if self.lane is not None:
+            data["lane"] = self.lane
+        if self.role is not None:
+            data["role"] = self.role
+        if self.operation_id is not None:
+            data["operation_id"] = self.operation_id
+        if self.action in STARTS and self.role in ("accept", "service"):
+            data["payload"] = self.payload
+        if self.ticks is not None:
+            data["ticks"] = self.ticks
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any) -> LaneStep:
+        if not isinstance(data, dict) or data.get("action") not in LANE_ACTIONS:
+            raise UsageError(f"not a concurrent trace step: {json.dumps(data)[:80]}")
+        lane, role, ticks = data.get("lane"), data.get("role"), data.get("ticks")
+        operation_id = data.get("operation_id")
+        if lane is not None and (not isinstance(lane, int) or isinstance(lane, bool)):
+            raise UsageError(f"step lane must be an integer: {lane!r}")
+        if ticks is not None and (not isinstance(ticks, int) or isinstance(ticks, bool)):
+            raise UsageError(f"step ticks must be an integer: {ticks!r}")
+        if role is not None and not isinstance(role, str):
+            raise UsageError(f"step role must be a string: {role!r}")
+        if operation_id is not None and not isinstance(operation_id, str):
+            raise UsageError(f"step operation_id must be a string: {operation_id!r}")
+        return cls(data["action"], lane, role, operation_id, data.get("payload"), ticks)
+
+    def validate(self, concurrency: int) -> None:
+        """Refuse a step that is malformed whatever the lanes' states (before running)."""
+        if self.action == "tick":
+            if self.ticks is None or not 0 < self.ticks <= MAX_TICKS:
+                raise UsageError(f"tick needs 1 to {MAX_TICKS} ticks, not {self.ticks!r}")
+            return
+        if self.lane is None or not 1 <= self.lane <= concurrency:
+            raise UsageError(
+                f"{self.action} needs a lane from 1 to {concurrency}, not {self.lane!r}"
+            )
+        if self.action not in STARTS:
+            return
+        if self.role not in WORKER_ROLES:
+            raise UsageError(f"{self.action} needs a role ({', '.join(WORKER_ROLES)})")
+        if self.role != "dispatch":
+            if not self.operation_id:
+                raise UsageError(f"{self.action} {self.role} needs an operation_id")
+            try:
+                canonical_json(self.payload)
+            except (TypeError, ValueError) as error:
+                raise UsageError(f"{self.role} payload is not JSON: {error}") from None
+            if self.payload is None:
+                raise UsageError(f"{self.action} {self.role} needs a payload")
+
+    def describe(self) -> str:
+        if self.action == "tick":
+            return f"tick({self.ticks})"
+        if self.action not in STARTS:
+            return f"L{self.lane} {self.action}"
+        parts = [self.operation_id] if self.operation_id else []
+        if self.role != "dispatch":
+            parts.append(canonical_json(self.payload))
+        return f"L{self.lane} {self.action} {self.role}({', '.join(parts)})"
+
+
+@dataclass
+class ConcurrentTrace:
+    """A replayable concurrent trace (format version 2)."""
+
+    system: str
+    deduplication: bool
+    concurrency: int
+    steps: list[LaneStep]
+    settle: bool = True
+    expected: Verdict | None = None
+    violations: list[Violation] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "format": TRACE_FORMAT,
+            "version": TRACE_VERSION_CONCURRENT,
+            "system": self.system,
+            "deduplication": self.deduplication,
+            "concurrency": self.concurrency,
+            "settle": self.settle,
+            "steps": [step.to_json() for step in self.steps],
+        }
+        if self.expected is not None:
+            data["expected"] = self.expected.to_json()
+        if self.violations:
+            data["violations"] = [v.to_json() for v in self.violations]
+        if self.meta:
+            data["meta"] = self.meta
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any, *, source: str = "trace") -> ConcurrentTrace:
+        try:
+            concurrency = data["concurrency"]
+            if not isinstance(concurrency, int) or isinstance(concurrency, bool) \
+                    or not 1 <= concurrency <= 8:
+                raise UsageError(f"concurrency must be an integer from 1 to 8: {concurrency!r}")
+            steps = [LaneStep.from_json(step) for step in data["steps"]]
+            for step in steps:
+                step.validate(concurrency)
+            system = data["system"]
+            if not isinstance(system, str) or not isinstance(data["deduplication"], bool):
+                raise TypeError("system must be a string and deduplication a boolean")
+            expected = Verdict.from_json(data["expected"]) if "expected" in data else None
+            return cls(
+                system=system, deduplication=data["deduplication"], concurrency=concurrency,
+                steps=steps, settle=bool(data.get("settle", True)), expected=expected,
+                violations=[Violation.from_json(v) for v in data.get("violations", ())],
+                meta=dict(data.get("meta", {})),
+            )
+        except UsageError as error:
+            raise UsageError(f"{source}: {error}") from None
+        except (KeyError, TypeError, ValueError) as error:
+            raise UsageError(f"{source}: corrupt trace: {error}") from None
+
+
+def load(path: Path) -> Trace | ConcurrentTrace:
+    """Read a trace file of either version (version 1 exactly as :meth:`Trace.load`)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise UsageError(f"{path}: cannot read: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not a faultlab trace (not UTF-8 text)") from None
+    except ValueError as error:
+        raise UsageError(f"{path}: not a faultlab trace (invalid JSON: {error})") from None
+    if isinstance(data, dict) and data.get("format") == TRACE_FORMAT \
+            and data.get("version") == TRACE_VERSION_CONCURRENT:
+        return ConcurrentTrace.from_json(data, source=str(path))
+    return Trace.from_json(data, source=str(path))

@@ -1,0 +1,119 @@
+"""Invariants over the history of a concurrent trace, not only its latest snapshot.
+
+Most concurrency bugs still leave "one ticket per operation" true when the
+receiver deduplicates; what they break is how the stores change over time and
+who changed them. These checks keep a little state across steps:
+
+* ``TERM``: a terminal state never changes. Once an operation is complete its
+  row stays complete with the same result, and so does its outbox row.
+* ``FENCE``: a dispatcher whose claim was superseded (its lease lapsed and
+  another dispatcher claimed the same operation with a higher token) never
+  changes the caller store afterwards, and never reports completing that
+  operation. Claims are what workers announce with ``context.claimed``.
+
+Each has a vacuity rule (:meth:`History.vacuous`): ``TERM`` has nothing to check
+until some operation is complete; ``FENCE`` until some claim was superseded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from faultlab.invariants import Violation
+from faultlab.process import ProcessRecord
+from faultlab.stores import Snapshot
+
+HISTORY_INVARIANTS: dict[str, str] = {
+    "TERM": "a complete operation (and its outbox row) stays complete with the same result",
+    "FENCE": "a dispatcher whose claim was superseded never changes the caller store "
+             "afterwards, nor reports completing the operation",
+}
+
+
+@dataclass(frozen=True)
+class Claim:
+    worker: int  # faultlab's serial number for the worker process
+    lane: int
+    pid: int
+    operation_id: str
+    token: int
+
+
+@dataclass
+class History:
+    """What earlier steps established: terminal results, claims and who superseded whom."""
+
+    terminal: dict[str, str | None] = field(default_factory=dict)
+    terminal_outbox: set[str] = field(default_factory=set)
+    claims: list[Claim] = field(default_factory=list)
+
+    def claim(self, claim: Claim) -> None:
+        self.claims.append(claim)
+
+    def superseded(self, worker: int) -> list[tuple[Claim, Claim]]:
+        """This worker's claims that a later, higher token on the same operation replaced."""
+        found = []
+        for mine in (c for c in self.claims if c.worker == worker):
+            later = [c for c in self.claims if c.operation_id == mine.operation_id
+                     and c.token > mine.token and c.worker != worker]
+            if later:
+                found.append((mine, max(later, key=lambda c: c.token)))
+        return found
+
+    def vacuous(self, name: str) -> bool:
+        if name == "TERM":
+            return not self.terminal
+        if name == "FENCE":
+            return not any(self.superseded(c.worker) for c in self.claims)
+        return False
+
+    def check(
+        self, before: Snapshot, after: Snapshot, *, alone: int | None,
+        exited: list[tuple[int, ProcessRecord]],
+    ) -> list[Violation]:
+        """Check one step. ``alone`` is the worker that was the only one running during the
+        step (so a change of the stores is its doing), ``exited`` the workers that ended."""
+        found = [Violation("TERM", m) for m in self._terminal(after)]
+        fence: list[str] = []
+        caller_changed = (before.operations, before.outbox) != (after.operations, after.outbox)
+        if alone is not None and caller_changed:
+            for mine, theirs in self.superseded(alone):
+                fence.append(
+                    f"lane {mine.lane} (pid {mine.pid}) changed the caller store after its "
+                    f"claim on {mine.operation_id} (token {mine.token}) was superseded by "
+                    f"lane {theirs.lane}'s token {theirs.token}"
+                )
+        for worker, record in exited:
+            response = record.response or {}
+            if record.exit_code != 0 or "result" not in response:
+                continue
+            for mine, theirs in self.superseded(worker):
+                if response.get("operation_id") == mine.operation_id:
+                    fence.append(
+                        f"lane {mine.lane} (pid {mine.pid}) reported completing "
+                        f"{mine.operation_id} after its claim (token {mine.token}) was "
+                        f"superseded by token {theirs.token}"
+                    )
+        found += [Violation("FENCE", m) for m in dict.fromkeys(fence)]
+        self._remember(after)
+        return found
+
+    def _terminal(self, after: Snapshot) -> list[str]:
+        found = []
+        for operation_id, result in sorted(self.terminal.items()):
+            row = after.operation(operation_id)
+            if row is None or row.state != "complete" or row.result != result:
+                state = "missing" if row is None else f"{row.state} with result {row.result}"
+                found.append(f"complete operation {operation_id} (result {result}) is now {state}")
+        for operation_id in sorted(self.terminal_outbox):
+            outbox = after.outbox_row(operation_id)
+            if outbox is None or outbox.state != "complete":
+                state = "missing" if outbox is None else outbox.state
+                found.append(f"complete outbox row {operation_id} is now {state}")
+        return found
+
+    def _remember(self, after: Snapshot) -> None:
+        for row in after.operations:
+            if row.state == "complete":
+                self.terminal.setdefault(row.id, row.result)
+        self.terminal_outbox |= {r.operation_id for r in after.outbox if r.state == "complete"}

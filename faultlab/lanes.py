@@ -1,0 +1,569 @@
+"""The concurrent executor: several real worker processes alive at once, scheduled by faultlab.
+
+Each lane runs one worker at a time as a real OS process (forked from this
+process, or a fresh interpreter in exec mode) with a control pipe
+(:mod:`faultlab.schedule`): the worker holds at every named point it reaches
+and announces it, and faultlab decides which lane moves next. Between points
+the processes run for real against the same SQLite files, with SQLite's own
+locks and busy timeouts. Only one lane is released at a time; a released lane
+that neither reaches a point nor ends within :data:`BLOCK_BOUND` seconds is
+*blocked* (waiting on a lock another lane holds at its point) and the step
+ends there, so the schedule can release the lane that holds the lock: a run
+never deadlocks. ``kill`` is a SIGKILL of the lane's process group from outside,
+``pause``/``resume`` SIGSTOP/SIGCONT of it; nothing here ever signals a process
+it did not start.
+
+After every step both stores are read back and every per-step invariant is
+checked, plus the history invariants of :mod:`faultlab.history`.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import NoReturn
+
+from faultlab.canonical import canonical_json
+from faultlab.clock import VirtualClock
+from faultlab.concurrent_trace import STARTS, LaneStep
+from faultlab.errors import ExecutionError, UsageError
+from faultlab.history import Claim, History
+from faultlab.invariants import STEP_CHECKS, Check, Model, Violation, check_live
+from faultlab.process import (
+    DEFAULT_DEADLINE,
+    ProcessRecord,
+    SpawnMode,
+    WorkerSpec,
+    _record,
+    child_environment,
+)
+from faultlab.schedule import CONTINUE, SCHEDULE_ENV
+from faultlab.stores import Snapshot, scratch_directory
+from faultlab.system.contract import System
+from faultlab.trace import Verdict
+
+#: Seconds a released lane may run without reaching a point or ending before it counts as
+#: blocked on another lane's lock. Generous: a loaded machine must not misjudge a slow lane.
+BLOCK_BOUND = 1.0
+#: How far the final recovery advances the virtual clock before judging liveness: every
+#: lease, visibility timeout or retry delay shorter than this has lapsed by then.
+SETTLE_HORIZON = 1000
+#: Per-step checks that judge one worker's whole run against the snapshot before it
+#: started; with other lanes changing the stores meanwhile they do not apply.
+SEQUENTIAL_ONLY = ("QUIET",)
+EXIT_USAGE = 2
+
+
+@dataclass
+class Lane:
+    """One live worker process in a lane, and what it has announced so far."""
+
+    number: int
+    worker: int
+    spec: WorkerSpec
+    pid: int
+    decide: int
+    fds: dict[int, str]
+    started: float
+    status: str = "running"  # running, held, blocked, exited
+    paused: bool = False
+    point: str | None = None
+    points: list[str] = field(default_factory=list)
+    chunks: dict[str, list[bytes]] = field(default_factory=dict)
+    pending_line: bytes = b""
+    record: ProcessRecord | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.status != "exited"
+
+    def shown(self) -> str:
+        """The lane's state as the replay table shows it."""
+        if self.status == "exited" and self.record is not None:
+            return f"exit {self.record.exit_code}"
+        where = f"@{self.point}" if self.status == "held" and self.point else self.status
+        return f"{self.spec.role} {where}{' paused' if self.paused else ''}"
+
+
+@dataclass(frozen=True)
+class LaneObservation:
+    """One executed scheduling choice: the lanes after it, who ended, both stores."""
+
+    index: int
+    step: LaneStep
+    lanes: tuple[str, ...]
+    exited: tuple[tuple[int, ProcessRecord], ...]
+    before: Snapshot
+    snapshot: Snapshot
+    violations: tuple[Violation, ...]
+    phase: str = "step"
+    sigkills: int = 0
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(record.pid for _, record in self.exited)
+
+
+@dataclass
+class ConcurrentExecution:
+    observations: list[LaneObservation]
+    final_violations: list[Violation]
+
+    @property
+    def verdict(self) -> Verdict:
+        for observation in self.observations:
+            if observation.violations:
+                return Verdict.of(observation.index, observation.violations)
+        return Verdict.of(None, self.final_violations)
+
+    @property
+    def violations(self) -> list[Violation]:
+        return [v for o in self.observations for v in o.violations] + self.final_violations
+
+
+def _dummy_record() -> ProcessRecord:
+    return ProcessRecord(pid=0, exit_code=0, response=None, stdout="", stderr="", elapsed=0.0)
+
+
+def _child(spec: WorkerSpec, keep: tuple[int, ...], out_w: int, err_w: int,
+           environment: dict[str, str]) -> NoReturn:
+    """The body of a forked lane worker: own group, pipes as stdout/stderr, run, exit."""
+    from faultlab.worker import run_worker
+
+    code = 70
+    try:
+        os.setpgid(0, 0)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        low = 3
+        for fd in sorted(keep):
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, 1024)
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+        os.environ.update(environment)
+        code = run_worker(spec)
+    except BaseException:
+        try:
+            os.write(2, traceback.format_exc().encode())
+        except OSError:
+            pass
+        code = 70
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001
+            pass
+        os._exit(code)
+
+
+class LaneExecutor:
+    """Runs a concurrent trace's steps on one set of fresh stores, with its own clock."""
+
+    def __init__(
+        self, system: System, *, concurrency: int, deduplication: bool = True,
+        spawn: SpawnMode = "fork", deadline: float = DEFAULT_DEADLINE,
+        block_bound: float = BLOCK_BOUND,
+    ) -> None:
+        if not deduplication and not system.supports_no_deduplication:
+            raise UsageError(f"system {system.name!r} cannot switch deduplication off")
+        if not system.supports_statement_points:
+            raise UsageError(
+                f"system {system.name!r}: concurrent traces need a Python system "
+                "(command-line systems are not scheduled yet)"
+            )
+        self.system = system
+        self.concurrency = concurrency
+        self.deduplication = deduplication
+        self.spawn = spawn
+        self.deadline = deadline
+        self.block_bound = block_bound
+        self.directory = Path()
+        self.clock: VirtualClock | None = None
+        self.model = Model()
+        self.history = History()
+        self.snapshot = Snapshot()
+        self.lanes: dict[int, Lane] = {}
+        self.observations: list[LaneObservation] = []
+        self.workers = 0
+        self.processes = 0
+        self._selector = selectors.DefaultSelector()
+        self._exited: list[tuple[int, ProcessRecord]] = []
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    def __enter__(self) -> LaneExecutor:
+        self.directory = Path(tempfile.mkdtemp(prefix="faultlab-lanes-", dir=scratch_directory()))
+        try:
+            self.system.initialise(self.directory)
+            self.clock = VirtualClock(self.directory)
+            self.snapshot = self.system.snapshot(self.directory)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Kill every lane still alive (faultlab started them all), reap, remove the stores."""
+        for lane in list(self.lanes.values()):
+            if lane.alive:
+                self._signal(lane, signal.SIGKILL)
+                if lane.paused:
+                    self._signal(lane, signal.SIGCONT)
+                self._wait_exit(lane)
+        self._selector.close()
+        if self.directory != Path():
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory = Path()
+
+    # -- processes -----------------------------------------------------------------------
+
+    def _spawn(self, number: int, spec: WorkerSpec) -> Lane:
+        if self.clock is None:
+            raise ExecutionError("the lane executor is not open")
+        decide_r, decide_w = os.pipe()
+        announce_r, announce_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        environment = {SCHEDULE_ENV: f"{decide_r},{announce_w}", **self.clock.environment()}
+        started = time.monotonic()
+        if self.spawn == "fork":
+            pid = os.fork()
+            if pid == 0:  # child: never returns
+                for fd in (decide_w, announce_r, out_r, err_r):
+                    os.close(fd)
+                _child(spec, (decide_r, announce_w), out_w, err_w, environment)
+        else:
+            child = subprocess.Popen(
+                spec.argv(), stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
+                env={**child_environment(), **environment}, pass_fds=(decide_r, announce_w),
+                start_new_session=True,
+            )
+            pid = child.pid
+            child.returncode = 0  # reaped by this executor, not by Popen
+        for fd in (decide_r, announce_w, out_w, err_w):
+            os.close(fd)
+        self.workers += 1
+        self.processes += 1
+        fds = {announce_r: "announce", out_r: "stdout", err_r: "stderr"}
+        lane = Lane(number, self.workers, spec, pid, decide_w, fds, started,
+                    chunks={"stdout": [], "stderr": []})
+        for fd in fds:
+            os.set_blocking(fd, False)
+            self._selector.register(fd, selectors.EVENT_READ, lane)
+        return lane
+
+    def _pump(self, timeout: float) -> None:
+        """Read whatever any lane wrote; update held points, claims and ended lanes."""
+        if not self._selector.get_map():
+            time.sleep(min(timeout, 0.01))
+            return
+        for key, _ in self._selector.select(timeout=max(timeout, 0.0)):
+            lane: Lane = key.data
+            fd = int(key.fd)
+            data = os.read(fd, 65536)
+            if not data:
+                self._selector.unregister(fd)
+                os.close(fd)
+                del lane.fds[fd]
+                if not lane.fds:
+                    self._reap(lane)
+                continue
+            name = lane.fds[fd]
+            if name != "announce":
+                lane.chunks[name].append(data)
+                continue
+            lines = (lane.pending_line + data).split(b"\n")
+            lane.pending_line = lines.pop()
+            for line in lines:
+                self._announced(lane, line.decode("utf-8", "replace"))
+
+    def _announced(self, lane: Lane, line: str) -> None:
+        kind, _, rest = line.partition(" ")
+        if kind == "held":
+            lane.status, lane.point = "held", rest
+            lane.points.append(rest)
+        elif kind == "claim":
+            operation_id, _, token = rest.rpartition(" ")
+            self.history.claim(Claim(lane.worker, lane.number, lane.pid, operation_id,
+                                     int(token)))
+
+    def _reap(self, lane: Lane) -> None:
+        """The lane's pipes are closed: its process is ending; wait for it (bounded)."""
+        end = time.monotonic() + self.deadline
+        while True:
+            waited, status = os.waitpid(lane.pid, os.WNOHANG)
+            if waited:
+                break
+            if time.monotonic() > end:
+                self._signal(lane, signal.SIGKILL)
+                waited, status = os.waitpid(lane.pid, 0)
+                break
+            time.sleep(0.0005)
+        os.close(lane.decide)
+        outputs = {name: b"".join(parts) for name, parts in lane.chunks.items()}
+        lane.record = _record(lane.pid, outputs, status, lane.started, False)
+        lane.status, lane.point = "exited", None
+        self._exited.append((lane.worker, lane.record))
+        if lane.record.exit_code == EXIT_USAGE:
+            last = (lane.record.stderr.strip().splitlines() or ["no message"])[-1]
+            raise ExecutionError(f"lane {lane.number} worker pid {lane.pid} refused its input "
+                                 f"(exit 2): {last}")
+
+    def _wait(self, lane: Lane, bound: float) -> None:
+        """Let a running lane go until it holds or ends; past ``bound`` it is blocked."""
+        end = time.monotonic() + bound
+        while lane.status in ("running", "blocked"):
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                lane.status = "blocked"
+                return
+            self._pump(remaining)
+
+    def _wait_exit(self, lane: Lane) -> None:
+        end = time.monotonic() + self.deadline + 5
+        while lane.alive:
+            if time.monotonic() > end:
+                raise ExecutionError(f"lane {lane.number} pid {lane.pid} did not end")
+            self._pump(0.1)
+
+    def _signal(self, lane: Lane, signum: int) -> None:
+        try:
+            os.killpg(lane.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def _settle_blocked(self, moved: Lane | None) -> None:
+        """After a step, give lanes that were blocked a chance to reach their next point."""
+        for lane in self.lanes.values():
+            if lane is not moved and lane.status == "blocked" and not lane.paused:
+                self._wait(lane, self.block_bound / 2)
+
+    def _stopped(self, lane: Lane) -> None:
+        """Wait until the kernel shows the lane's process stopped (so a pause is real)."""
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            try:
+                state = Path(f"/proc/{lane.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                return
+            if state in ("T", "t", "Z", "X"):
+                return
+            time.sleep(0.001)
+
+    # -- steps ---------------------------------------------------------------------------
+
+    def check_step(self, step: LaneStep) -> None:
+        """Refuse a step the lanes' current states do not allow (UsageError)."""
+        step.validate(self.concurrency)
+        if step.action == "tick":
+            return
+        lane = self.lanes.get(step.lane or 0)
+        alive = lane is not None and lane.alive
+        if step.action in STARTS:
+            if alive:
+                raise UsageError(f"{step.describe()}: lane {step.lane} is busy")
+            return
+        if not alive or lane is None:
+            raise UsageError(f"{step.describe()}: lane {step.lane} has no live worker")
+        if step.action in ("release", "finish") and (lane.paused or lane.status != "held"):
+            raise UsageError(f"{step.describe()}: lane {step.lane} is not held at a point")
+        if step.action == "pause" and lane.paused:
+            raise UsageError(f"{step.describe()}: lane {step.lane} is already paused")
+        if step.action == "resume" and not lane.paused:
+            raise UsageError(f"{step.describe()}: lane {step.lane} is not paused")
+
+    def run(self, step: LaneStep, *, phase: str = "step") -> LaneObservation:
+        self.check_step(step)
+        self._exited = []
+        sigkills = 0
+        moved: Lane | None = None
+        if step.action == "tick":
+            if self.clock is None:
+                raise ExecutionError("the lane executor is not open")
+            self.clock.advance(step.ticks or 0)
+        elif step.action in STARTS:
+            moved = self._start(step)
+            self._wait(moved, self.block_bound)
+            if step.action == "run":
+                self._finish(moved)
+        else:
+            moved = self.lanes[step.lane or 0]
+            if step.action == "release":
+                os.write(moved.decide, CONTINUE)
+                moved.status = "running"
+                self._wait(moved, self.block_bound)
+            elif step.action == "finish":
+                self._finish(moved)
+            elif step.action == "kill":
+                self._signal(moved, signal.SIGKILL)
+                if moved.paused:
+                    self._signal(moved, signal.SIGCONT)
+                    moved.paused = False
+                self._wait_exit(moved)
+                sigkills = 1
+            elif step.action == "pause":
+                self._signal(moved, signal.SIGSTOP)
+                moved.paused = True
+                self._stopped(moved)
+            elif step.action == "resume":
+                self._signal(moved, signal.SIGCONT)
+                moved.paused = False
+                if moved.status == "blocked":
+                    self._wait(moved, self.block_bound)
+        if step.action not in ("tick", "pause"):  # neither can free a lock
+            self._settle_blocked(moved)
+        return self._observe(step, moved, phase, sigkills)
+
+    def _start(self, step: LaneStep) -> Lane:
+        number = step.lane or 0
+        payload = None if step.role == "dispatch" else canonical_json(step.payload)
+        spec = WorkerSpec(
+            system=self.system.ref, role=step.role or "", directory=str(self.directory),
+            operation_id=step.operation_id if step.role != "dispatch" else None,
+            payload=payload, deduplication=self.deduplication, spawn=self.spawn,
+            deadline=self.deadline,
+        )
+        lane = self._spawn(number, spec)
+        self.lanes[number] = lane
+        return lane
+
+    def _finish(self, lane: Lane) -> None:
+        """Release the lane point after point until it ends (or blocks on a lock)."""
+        while lane.status == "held":
+            os.write(lane.decide, CONTINUE)
+            lane.status = "running"
+            self._wait(lane, self.block_bound)
+
+    def _observe(self, step: LaneStep, moved: Lane | None, phase: str,
+                 sigkills: int) -> LaneObservation:
+        before = self.snapshot
+        after = self.system.snapshot(self.directory)
+        violations: list[Violation] = []
+        exited = list(self._exited)
+        for worker, record in exited:
+            lane = next(lane for lane in self.lanes.values() if lane.worker == worker)
+            self.model.observe(lane.spec.role, lane.spec.operation_id, lane.spec.payload, record)
+        checks: list[tuple[WorkerSpec | None, ProcessRecord]] = [
+            (lane.spec, record) for lane in self.lanes.values()
+            for worker, record in exited if lane.worker == worker
+        ]
+        if not checks:
+            checks = [(None, _dummy_record())]
+        for spec, record in checks:
+            check = Check(
+                model=self.model, before=before, after=after,
+                action=spec.role if spec is not None else step.action,
+                operation_id=spec.operation_id if spec is not None else None,
+                payload=spec.payload if spec is not None else None, record=record,
+                deduplication=self.deduplication,
+            )
+            for name, function in STEP_CHECKS.items():
+                if name not in SEQUENTIAL_ONLY:
+                    violations += [Violation(name, message) for message in function(check)]
+        others_moving = any(
+            lane is not moved and lane.alive and not lane.paused and lane.status != "held"
+            for lane in self.lanes.values()
+        )
+        alone = moved.worker if moved is not None and not others_moving else None
+        violations += self.history.check(before, after, alone=alone, exited=exited)
+        self.snapshot = after
+        sigkills += sum(1 for _, record in exited if record.killed and step.action != "kill")
+        observation = LaneObservation(
+            len(self.observations) + 1, step, self.lane_states(), tuple(exited), before, after,
+            tuple(dict.fromkeys(violations)), phase, sigkills,
+        )
+        self.observations.append(observation)
+        return observation
+
+    def lane_states(self) -> tuple[str, ...]:
+        return tuple(
+            self.lanes[n].shown() if n in self.lanes else "-"
+            for n in range(1, self.concurrency + 1)
+        )
+
+    def settle(self) -> tuple[list[LaneObservation], list[Violation]]:
+        """Recover to quiescence, then check LIVE.
+
+        Paused lanes resume and every lane runs to its end (in lane order); then the
+        virtual clock advances by :data:`SETTLE_HORIZON` ticks, so every lease and
+        delay shorter than that lapses; then fresh dispatchers run one at a time while
+        work is pending, stopping when one makes no progress.
+        """
+        observations: list[LaneObservation] = []
+
+        def step(lane_step: LaneStep) -> bool:
+            observation = self.run(lane_step, phase="settle")
+            observations.append(observation)
+            return bool(observation.violations)
+
+        for _ in range(3):
+            for number in sorted(self.lanes):
+                lane = self.lanes[number]
+                if lane.alive and lane.paused and step(LaneStep("resume", number)):
+                    return observations, []
+                if lane.alive and lane.status == "held" and step(LaneStep("finish", number)):
+                    return observations, []
+            if not any(lane.alive for lane in self.lanes.values()):
+                break
+            for lane in self.lanes.values():
+                if lane.alive and lane.status == "blocked":
+                    self._wait(lane, self.deadline)
+        for lane in self.lanes.values():
+            if lane.alive:
+                raise ExecutionError(f"lane {lane.number} pid {lane.pid} is still "
+                                     f"{lane.status} after recovery")
+        if step(LaneStep("tick", ticks=SETTLE_HORIZON)):
+            return observations, []
+        bound = 2 * len(self.snapshot.pending_outbox()) + 2
+        recovered = 0
+        while self.snapshot.pending_outbox() and recovered < bound:
+            recovered += 1
+            if step(LaneStep("run", 1, "dispatch")):
+                return observations, []
+            if observations[-1].snapshot == observations[-1].before:
+                break
+        stuck = recovered if self.snapshot.pending_outbox() else None
+        return observations, check_live(self.snapshot, still_pending_after=stuck)
+
+
+def execute_concurrent(
+    system: System, steps: list[LaneStep], *, concurrency: int, deduplication: bool = True,
+    settle: bool = True, spawn: SpawnMode = "fork", deadline: float = DEFAULT_DEADLINE,
+) -> ConcurrentExecution:
+    """Run a fixed concurrent trace on fresh stores; settle afterwards when asked and clean.
+
+    A step the lanes' states do not allow raises UsageError before it runs.
+    """
+    with LaneExecutor(system, concurrency=concurrency, deduplication=deduplication,
+                      spawn=spawn, deadline=deadline) as executor:
+        for lane_step in steps:
+            observation = executor.run(lane_step)
+            if observation.violations:
+                break
+        final: list[Violation] = []
+        if settle and not any(o.violations for o in executor.observations):
+            _, final = executor.settle()
+        return ConcurrentExecution(list(executor.observations), final)
+
