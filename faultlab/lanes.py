@@ -385,10 +385,12 @@ class LaneExecutor:
             if alive:
                 raise UsageError(f"{step.describe()}: lane {step.lane} is busy")
             return
-        if not alive or lane is None:
-            raise UsageError(f"{step.describe()}: lane {step.lane} has no live worker")
-        if step.action in ("release", "finish") and (lane.paused or lane.status != "held"):
-            raise UsageError(f"{step.describe()}: lane {step.lane} is not held at a point")
+        if lane is None:
+            raise UsageError(f"{step.describe()}: lane {step.lane} never started a worker")
+        if not alive:
+            return  # the worker already ended: nothing to do (a trace replayed elsewhere)
+        if step.action in ("release", "finish") and lane.paused:
+            raise UsageError(f"{step.describe()}: lane {step.lane} is paused")
         if step.action == "pause" and lane.paused:
             raise UsageError(f"{step.describe()}: lane {step.lane} is already paused")
         if step.action == "resume" and not lane.paused:
@@ -408,9 +410,11 @@ class LaneExecutor:
             self._wait(moved, self.block_bound)
             if step.action == "run":
                 self._finish(moved)
-        else:
+        elif self.lanes[step.lane or 0].alive:
             moved = self.lanes[step.lane or 0]
-            if step.action == "release":
+            if moved.status == "blocked" and step.action in ("release", "finish"):
+                self._wait(moved, self.block_bound)  # still blocked: the step waits once more
+            if step.action == "release" and moved.status == "held":
                 os.write(moved.decide, CONTINUE)
                 moved.status = "running"
                 self._wait(moved, self.block_bound)

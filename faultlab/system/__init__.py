@@ -48,6 +48,17 @@ def _builtins() -> dict[str, Callable[[], System]]:
     return {REFERENCE: _reference, **MUTANTS}
 
 
+def _concurrency_builtins() -> dict[str, Callable[[], System]]:
+    from faultlab.system.concurrency_mutants import CONCURRENCY_MUTANTS
+
+    return dict(CONCURRENCY_MUTANTS)
+
+
+def concurrency_mutant_names() -> list[str]:
+    """The mutants only a concurrent trace can catch (``explore --concurrency 2``)."""
+    return list(_concurrency_builtins())
+
+
 def builtin_names() -> list[str]:
     return list(_builtins())
 
@@ -57,6 +68,8 @@ def load_system(ref: str) -> System:
     if ref in _cache:
         return _cache[ref]
     builtins = {REFERENCE: _reference} if ref == REFERENCE else _builtins()
+    if ref not in builtins and ref in _concurrency_builtins():
+        builtins = _concurrency_builtins()  # named apart: sequential traces cannot catch them
     if ref in builtins:
         system = builtins[ref]()
     elif ref.endswith(".json"):

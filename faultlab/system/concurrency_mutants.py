@@ -1,0 +1,181 @@
+"""Concurrency mutants: the reference with one defect that only several workers at once show.
+
+Each is a bug class users reported against real outboxes and job queues, written
+as real code against the reference (different SQL, a read separated from its
+write), with its known minimal concurrent trace (format version 2, see
+:mod:`faultlab.concurrent_trace`) and the invariants that catch it. A sequential
+trace cannot show any of them; ``explore --concurrency 2`` can.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from faultlab.canonical import canonical_json
+from faultlab.concurrent_trace import LaneStep
+from faultlab.system.contract import CrashPoint, System, WorkerContext
+from faultlab.system.reference import (
+    CALLER,
+    DOWNSTREAM,
+    LEASE_TICKS,
+    REFERENCE_POINTS,
+    ReferenceOutbox,
+)
+
+OP = "op-1"
+PAYLOAD: dict[str, Any] = {"title": "backlog", "priority": "normal"}
+
+
+class ConcurrencyMutant(ReferenceOutbox):
+    """A reference outbox with one concurrency defect, caught with ``concurrency`` lanes."""
+
+    caught_by: tuple[str, ...] = ()
+    concurrency: int = 2
+    minimal_steps: int = 0
+    minimal_trace: tuple[LaneStep, ...] = ()
+    reported: str = ""
+
+
+class NoFencing(ConcurrencyMutant):
+    name = "no-fencing"
+    description = (
+        "completion is not conditional on still holding the claim: a dispatcher whose "
+        "lease lapsed (rescued by time alone) completes anyway"
+    )
+    reported = "Oban Lifeline / hexpm #1825; pikkujs/pikku #1742 (no fencing token)"
+    caught_by = ("FENCE",)
+    minimal_steps = 5
+    minimal_trace = (
+        LaneStep("run", 1, "accept", OP, PAYLOAD),
+        LaneStep("start", 1, "dispatch"),
+        LaneStep("tick", ticks=LEASE_TICKS),
+        LaneStep("run", 2, "dispatch"),
+        LaneStep("finish", 1),
+    )
+
+    def complete(self, context: WorkerContext, operation_id: str, result: str) -> None:
+        connection = context.connect(CALLER)
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            connection.execute(
+                "UPDATE operations SET state = 'complete', result = ? WHERE id = ?",
+                (result, operation_id),
+            )
+            context.crash_point("during_completion")
+            connection.execute(
+                "UPDATE outbox SET state = 'complete' WHERE operation_id = ?", (operation_id,)
+            )
+            connection.execute("COMMIT")
+        finally:
+            connection.close()
+
+
+class StaleRescue(ConcurrencyMutant):
+    name = "stale-rescue"
+    description = (
+        "the claim is written from a stale read, unconditionally: an entry completed "
+        "meanwhile is moved back to pending"
+    )
+    reported = "riverqueue/river #1302 (fixed in #1373 by a conditional update)"
+    crash_points = (
+        *REFERENCE_POINTS,
+        CrashPoint(
+            "claim_after_read", "dispatch",
+            "after reading the next claimable entry, before writing the claim: nothing "
+            "written yet; a fresh dispatcher claims it",
+        ),
+    )
+    caught_by = ("TERM", "PAIR")
+    minimal_steps = 4
+    minimal_trace = (
+        LaneStep("run", 1, "accept", OP, PAYLOAD),
+        LaneStep("start", 1, "dispatch"),
+        LaneStep("run", 2, "dispatch"),
+        LaneStep("finish", 1),
+    )
+    context: WorkerContext | None = None
+
+    def dispatch(self, context: WorkerContext) -> dict[str, Any]:
+        self.context = context
+        return super().dispatch(context)
+
+    def next_pending(self, connection: Any) -> tuple[str, str] | None:
+        now, until = self.window
+        row = connection.execute(
+            "SELECT o.operation_id, o.attempt, op.payload FROM outbox o "
+            "JOIN operations op ON op.id = o.operation_id "
+            "WHERE o.state = 'pending' AND o.lease_until <= ? ORDER BY o.rowid LIMIT 1",
+            (now,),
+        ).fetchone()
+        if row is None:
+            return None
+        if self.context is not None:
+            self.context.crash_point("claim_after_read")
+        attempt = int(row[1]) + 1
+        connection.execute(
+            "UPDATE outbox SET state = 'pending', attempt = ?, lease_until = ? "
+            "WHERE operation_id = ?", (attempt, until, row[0]),
+        )
+        self.claim = (row[0], attempt)
+        return row[0], row[2]
+
+
+class RacyDedup(ConcurrencyMutant):
+    name = "racy-dedup"
+    description = (
+        "the receiver checks for a receipt before its transaction (check, then insert): "
+        "two concurrent deliveries both find none and both create a ticket"
+    )
+    reported = "NServiceBus #6583 (check-then-insert deduplication race)"
+    crash_points = (
+        *REFERENCE_POINTS,
+        CrashPoint(
+            "service_after_receipt_check", "service",
+            "after finding no receipt, before the downstream transaction: no ticket; "
+            "recovery makes ticket 1",
+        ),
+    )
+    caught_by = ("ONE", "RCPT")
+    minimal_steps = 5
+    minimal_trace = (
+        LaneStep("run", 1, "accept", OP, PAYLOAD),
+        LaneStep("start", 1, "service", OP, PAYLOAD),
+        LaneStep("start", 2, "service", OP, PAYLOAD),
+        LaneStep("finish", 1),
+        LaneStep("finish", 2),
+    )
+
+    def service(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        connection = context.connect(DOWNSTREAM)
+        try:
+            if context.deduplication:
+                receipt = connection.execute(
+                    "SELECT payload, result FROM receipts WHERE operation_id = ?", (operation_id,)
+                ).fetchone()
+                if receipt is not None:
+                    return self.replay_receipt(operation_id, payload, receipt[0], receipt[1])
+            context.crash_point("service_after_receipt_check")
+            connection.execute("BEGIN IMMEDIATE")
+            ticket_id = connection.execute(
+                "INSERT INTO tickets (operation_id, payload) VALUES (?, ?)",
+                (operation_id, payload),
+            ).lastrowid
+            result = {"ticket_id": ticket_id}
+            if context.deduplication:
+                connection.execute(
+                    "INSERT OR REPLACE INTO receipts (operation_id, payload, result) "
+                    "VALUES (?, ?, ?)", (operation_id, payload, canonical_json(result)),
+                )
+            connection.execute("COMMIT")
+        finally:
+            connection.close()
+        return {"operation_id": operation_id, "result": result, "replayed": False}
+
+
+CONCURRENCY_MUTANT_CLASSES: tuple[type[ConcurrencyMutant], ...] = (
+    NoFencing, StaleRescue, RacyDedup,
+)
+CONCURRENCY_MUTANTS: dict[str, Callable[[], System]] = {
+    cls.name: cls for cls in CONCURRENCY_MUTANT_CLASSES
+}

@@ -1,0 +1,178 @@
+"""Several real workers at once: holds at points, blocked lanes, pauses, the virtual clock,
+fencing, and the concurrency mutants with their minimal traces."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from faultlab.concurrent_trace import ConcurrentTrace, LaneStep, load
+from faultlab.errors import UsageError
+from faultlab.lanes import LaneExecutor, execute_concurrent
+from faultlab.system import System, concurrency_mutant_names, load_system
+from faultlab.system.concurrency_mutants import (
+    CONCURRENCY_MUTANT_CLASSES,
+    OP,
+    ConcurrencyMutant,
+)
+from faultlab.system.reference import LEASE_TICKS
+from faultlab.trace import Trace, Verdict
+
+ROOT = Path(__file__).resolve().parent.parent
+P = {"title": "backlog"}
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_superseded_dispatcher_is_fenced_on_the_reference(reference: System) -> None:
+    """Lane 1 claims, holds; its lease lapses; lane 2 claims and completes; lane 1's
+    completion is refused: one ticket, lane 1 answers superseded, FENCE holds."""
+    with LaneExecutor(reference, concurrency=2) as ex:
+        ex.run(LaneStep("run", 1, "accept", OP, P))
+        held = ex.run(LaneStep("start", 1, "dispatch"))
+        assert held.lanes == ("dispatch @before_dispatch", "-")
+        ex.run(LaneStep("tick", ticks=LEASE_TICKS - 1))
+        early = ex.run(LaneStep("run", 2, "dispatch"))
+        assert [r.response for _, r in early.exited] == [{"idle": True}]  # lease still held
+        ex.run(LaneStep("tick", ticks=1))
+        rescued = ex.run(LaneStep("run", 2, "dispatch"))
+        assert [r.response["result"] for _, r in rescued.exited] == [{"ticket_id": 1}]
+        last = ex.run(LaneStep("finish", 1))
+        ((_, record),) = last.exited
+        assert record.exit_code == 0 and record.response is not None
+        assert record.response["superseded"] is True and record.response["attempt"] == 1
+        assert last.violations == ()
+        assert len(last.snapshot.tickets) == 1
+        assert [(c.lane, c.token) for c in ex.history.claims] == [(1, 1), (2, 2)]
+        pids = {c.pid for c in ex.history.claims}
+        assert len(pids) == 2
+    assert all(_gone(pid) for pid in pids)
+
+
+def test_a_lane_blocked_on_a_lock_is_scheduled_around(reference: System) -> None:
+    """Lane 1 holds inside its accept transaction; lane 2's accept blocks on the lock and
+    the step ends with it blocked; releasing lane 1 lets lane 2 on. Never a deadlock."""
+    with LaneExecutor(reference, concurrency=2) as ex:
+        ex.run(LaneStep("start", 1, "accept", "op-1", P))
+        blocked = ex.run(LaneStep("run", 2, "accept", "op-2", P))
+        assert blocked.lanes == ("accept @during_accept", "accept blocked")
+        assert blocked.snapshot.operations == ()
+        after = ex.run(LaneStep("finish", 1))
+        assert after.lanes[0] == "exit 0"
+        assert after.lanes[1] == "accept @during_accept"  # lane 2 moved on to its point
+        ex.run(LaneStep("finish", 2))
+        assert [op.id for op in ex.snapshot.operations] == ["op-1", "op-2"]
+        observations, final = ex.settle()
+        assert final == [] and len(ex.snapshot.tickets) == 2
+
+
+def test_pause_stops_the_process_and_kill_ends_it(reference: System) -> None:
+    with LaneExecutor(reference, concurrency=1) as ex:
+        ex.run(LaneStep("run", 1, "accept", OP, P))
+        ex.run(LaneStep("start", 1, "dispatch"))
+        pid = ex.lanes[1].pid
+        paused = ex.run(LaneStep("pause", 1))
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert stat in ("T", "t") and paused.lanes == ("dispatch @before_dispatch paused",)
+        with pytest.raises(UsageError, match="paused"):
+            ex.run(LaneStep("release", 1))
+        killed = ex.run(LaneStep("kill", 1))
+        assert [r.exit_code for _, r in killed.exited] == [-9]
+        assert killed.sigkills == 1 and _gone(pid)
+        assert ex.snapshot.pending_outbox()  # killed before the call: still pending
+        _, final = ex.settle()
+        assert final == [] and len(ex.snapshot.tickets) == 1
+
+
+def test_resume_continues_a_paused_lane(reference: System) -> None:
+    with LaneExecutor(reference, concurrency=1) as ex:
+        ex.run(LaneStep("start", 1, "accept", OP, P))
+        ex.run(LaneStep("pause", 1))
+        resumed = ex.run(LaneStep("resume", 1))
+        assert resumed.lanes == ("accept @during_accept",)
+        done = ex.run(LaneStep("finish", 1))
+        assert done.lanes == ("exit 0",) and len(done.snapshot.operations) == 1
+
+
+def test_the_clock_file_is_what_workers_read(reference: System) -> None:
+    with LaneExecutor(reference, concurrency=1) as ex:
+        assert ex.clock is not None
+        ex.run(LaneStep("tick", ticks=7))
+        assert ex.clock.path.read_text().strip() == "7"
+
+
+def test_exec_mode_lanes(reference: System) -> None:
+    trace = list(CONCURRENCY_MUTANT_CLASSES[0].minimal_trace)
+    clean = execute_concurrent(reference, trace, concurrency=2, spawn="exec")
+    assert clean.verdict.clean
+    caught = execute_concurrent(load_system("no-fencing"), trace, concurrency=2, spawn="exec")
+    assert caught.verdict == Verdict(5, ("FENCE",))
+
+
+@pytest.mark.parametrize("name", [cls.name for cls in CONCURRENCY_MUTANT_CLASSES])
+def test_concurrency_mutant_minimal_trace(name: str, reference: System) -> None:
+    """Each concurrency mutant fails its minimal trace at exactly minimal_steps on an
+    invariant it names; the same trace is clean on the reference (the control)."""
+    system = load_system(name)
+    assert isinstance(system, ConcurrencyMutant) and name in concurrency_mutant_names()
+    trace = list(system.minimal_trace)
+    caught = execute_concurrent(system, trace, concurrency=system.concurrency)
+    assert caught.verdict.step == system.minimal_steps
+    assert set(caught.verdict.invariants) <= set(system.caught_by)
+    assert caught.verdict.invariants
+    assert execute_concurrent(reference, trace, concurrency=system.concurrency).verdict.clean
+
+
+def test_concurrent_finding_replays_identically_20_times() -> None:
+    system = load_system("stale-rescue")
+    assert isinstance(system, ConcurrencyMutant)
+    runs = [execute_concurrent(system, list(system.minimal_trace), concurrency=2)
+            for _ in range(20)]
+    shown = {
+        (r.verdict, tuple((o.lanes, o.snapshot) for o in r.observations)) for r in runs
+    }
+    assert len(shown) == 1
+
+
+def test_trace_version_2_round_trip_and_version_1_still_reads(tmp_path: Path) -> None:
+    trace = ConcurrentTrace("no-fencing", True, 2, list(CONCURRENCY_MUTANT_CLASSES[0]
+                                                      .minimal_trace),
+                            expected=Verdict(5, ("FENCE",)))
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace.to_json()))
+    loaded = load(path)
+    assert isinstance(loaded, ConcurrentTrace) and loaded.steps == trace.steps
+    assert loaded.expected == trace.expected and loaded.concurrency == 2
+    for v1 in sorted((ROOT / "corpus").glob("*.json")):
+        assert isinstance(load(v1), Trace)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"action": "tick", "ticks": 0}, "tick needs"),
+    ({"action": "release", "lane": 3}, "lane from 1 to 2"),
+    ({"action": "start", "lane": 1, "role": "cook"}, "needs a role"),
+    ({"action": "run", "lane": 1, "role": "accept", "payload": {}}, "operation_id"),
+    ({"action": "jump"}, "not a concurrent trace step"),
+])
+def test_bad_version_2_steps_are_refused(tmp_path: Path, bad: dict[str, object],
+                                         message: str) -> None:
+    data = ConcurrentTrace("reference", True, 2, []).to_json()
+    data["steps"] = [bad]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UsageError, match=message):
+        load(path)
+
+
+def test_a_step_on_a_lane_that_never_started_is_refused(reference: System) -> None:
+    with LaneExecutor(reference, concurrency=2) as ex, pytest.raises(UsageError, match="never"):
+        ex.run(LaneStep("release", 2))
