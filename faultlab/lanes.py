@@ -555,14 +555,22 @@ class LaneExecutor:
 def execute_concurrent(
     system: System, steps: list[LaneStep], *, concurrency: int, deduplication: bool = True,
     settle: bool = True, spawn: SpawnMode = "fork", deadline: float = DEFAULT_DEADLINE,
+    lenient: bool = False,
 ) -> ConcurrentExecution:
     """Run a fixed concurrent trace on fresh stores; settle afterwards when asked and clean.
 
-    A step the lanes' states do not allow raises UsageError before it runs.
+    A step the lanes' states do not allow raises UsageError before it runs; with
+    ``lenient`` (shrinking) it is skipped instead, and the observations show only the
+    steps that ran.
     """
     with LaneExecutor(system, concurrency=concurrency, deduplication=deduplication,
                       spawn=spawn, deadline=deadline) as executor:
         for lane_step in steps:
+            if lenient:
+                try:
+                    executor.check_step(lane_step)
+                except UsageError:
+                    continue  # a shrinking candidate: this step lost its worker; drop it
             observation = executor.run(lane_step)
             if observation.violations:
                 break

@@ -1,0 +1,405 @@
+"""``explore --concurrency N``: a Hypothesis state machine whose rules are scheduling choices.
+
+With N lanes, each rule is one :class:`faultlab.concurrent_trace.LaneStep`: start a
+worker in a free lane (it runs to its first point and holds) or run one to its
+end, release a held lane to its next point, finish it, SIGKILL it where it is,
+SIGSTOP/SIGCONT it, or advance the virtual clock. Every step runs for real in
+:class:`faultlab.lanes.LaneExecutor`, which checks the per-step and history
+invariants after it; teardown recovers (finishes every lane, advances the clock
+past every lease, dispatches) and checks ``LIVE``. A failure is minimised by
+delta debugging over the scheduling choices, saved as a version 2 trace and
+replayed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from hypothesis import Phase, Verbosity, seed, settings
+from hypothesis import strategies as st
+from hypothesis.errors import Flaky
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
+
+from faultlab import __version__
+from faultlab.concurrent_trace import STARTS, ConcurrentTrace, LaneStep
+from faultlab.errors import UsageError
+from faultlab.explore import HYPOTHESIS_VERSION, _no_local_constants
+from faultlab.invariants import Violation
+from faultlab.lanes import ConcurrentExecution, LaneExecutor, LaneObservation, execute_concurrent
+from faultlab.machine import PAYLOADS, InvariantFailure, machine_settings
+from faultlab.process import DEFAULT_DEADLINE, SpawnMode
+from faultlab.system import load_system
+from faultlab.system.contract import System
+from faultlab.trace import Verdict
+
+#: Clock advances the machine draws: a little, and a typical lease or more.
+TICKS = (1, 5, 10)
+
+
+@dataclass
+class ConcurrentRecorder:
+    """Counts what a concurrent exploration did, and keeps the last example's steps."""
+
+    progress: Callable[[ConcurrentRecorder], None] | None = None
+    examples: int = 0
+    steps: int = 0
+    processes: int = 0
+    sigkills: int = 0
+    blocked: int = 0
+    actions: dict[str, int] = field(default_factory=dict)
+    last_steps: list[LaneStep] = field(default_factory=list)
+    last_verdict: Verdict = field(default_factory=Verdict)
+    last_violations: list[Violation] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    first_failure_examples: int | None = None
+    first_failure_seconds: float | None = None
+    _last_progress: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+    def observe(self, observation: LaneObservation) -> None:
+        self.steps += 1
+        self.sigkills += observation.sigkills
+        self.blocked += sum(state.endswith("blocked") for state in observation.lanes)
+        self.actions[observation.step.action] = self.actions.get(observation.step.action, 0) + 1
+        now = time.monotonic()
+        if self.progress is not None and now - self._last_progress >= 1.0:
+            self._last_progress = now
+            self.progress(self)
+
+    def finish(self, steps: list[LaneStep], verdict: Verdict, violations: list[Violation],
+               processes: int) -> None:
+        self.examples += 1
+        self.processes += processes
+        if not verdict.clean and self.first_failure_examples is None:
+            self.first_failure_examples = self.examples
+            self.first_failure_seconds = self.seconds
+        self.last_steps, self.last_verdict, self.last_violations = steps, verdict, violations
+
+
+class ConcurrentMachine(RuleBasedStateMachine):
+    """Rules are scheduling choices over ``concurrency`` lanes (see the module docstring)."""
+
+    system_ref: ClassVar[str] = "reference"
+    concurrency: ClassVar[int] = 2
+    deduplication: ClassVar[bool] = True
+    spawn: ClassVar[SpawnMode] = "fork"
+    deadline: ClassVar[float] = DEFAULT_DEADLINE
+    recorder: ClassVar[ConcurrentRecorder]
+
+    def __init__(self) -> None:
+        super().__init__()
+        cls = type(self)
+        self.executor = LaneExecutor(
+            load_system(cls.system_ref), concurrency=cls.concurrency,
+            deduplication=cls.deduplication, spawn=cls.spawn, deadline=cls.deadline,
+        )
+        self.executor.__enter__()
+        self.payloads: dict[str, dict[str, Any]] = {}
+        self.failure: InvariantFailure | None = None
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def execute(self, step: LaneStep) -> None:
+        observation = self.executor.run(step)
+        self.recorder.observe(observation)
+        if observation.violations:
+            self.failure = InvariantFailure(observation.index, list(observation.violations))
+            raise self.failure
+
+    def lanes_where(self, test: Callable[[Any], bool]) -> list[int]:
+        lanes = self.executor.lanes
+        return [n for n in range(1, self.concurrency + 1)
+                if (n in lanes and lanes[n].alive and test(lanes[n]))]
+
+    def free_lanes(self) -> list[int]:
+        lanes = self.executor.lanes
+        return [n for n in range(1, self.concurrency + 1) if n not in lanes or not lanes[n].alive]
+
+    def held_lanes(self) -> list[int]:
+        return self.lanes_where(lambda lane: lane.status == "held" and not lane.paused)
+
+    def has_pending_work(self) -> bool:
+        return bool(self.executor.snapshot.pending_outbox())
+
+    def accepted(self) -> list[str]:
+        return [op.id for op in self.executor.snapshot.operations if op.id in self.payloads]
+
+    # -- rules -------------------------------------------------------------------------
+
+    @precondition(lambda self: bool(self.free_lanes()))
+    @rule(data=st.data(), payload=PAYLOADS)
+    def accept(self, data: st.DataObject, payload: dict[str, Any]) -> None:
+        """Accepts run to their end: held inside their transaction they would only make
+        every other writer wait (``start`` of an accept is for hand-written traces)."""
+        lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
+        operation_id = f"op-{len(self.payloads) + 1}"
+        self.payloads[operation_id] = payload
+        self.execute(LaneStep("run", lane, "accept", operation_id, payload))
+
+    @precondition(lambda self: bool(self.free_lanes()))
+    @rule(data=st.data())
+    def recover(self, data: st.DataObject) -> None:
+        lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
+        self.execute(LaneStep("run", lane, "dispatch"))
+
+    @precondition(lambda self: bool(self.free_lanes()) and self.has_pending_work())
+    @rule(data=st.data())
+    def dispatch(self, data: st.DataObject) -> None:
+        """A dispatcher that holds at its first point, to be released, killed or paused."""
+        lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
+        self.execute(LaneStep("start", lane, "dispatch"))
+
+    @precondition(lambda self: bool(self.free_lanes()) and bool(self.accepted()))
+    @rule(data=st.data())
+    def service(self, data: st.DataObject) -> None:
+        """A direct second delivery of an accepted operation, held at its first point."""
+        lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
+        operation_id = data.draw(st.sampled_from(self.accepted()), label="operation")
+        self.execute(LaneStep("start", lane, "service", operation_id,
+                              self.payloads[operation_id]))
+
+    @precondition(lambda self: bool(self.held_lanes()))
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        self.execute(LaneStep("release", data.draw(st.sampled_from(self.held_lanes()))))
+
+    @precondition(lambda self: bool(self.held_lanes()))
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        self.execute(LaneStep("finish", data.draw(st.sampled_from(self.held_lanes()))))
+
+    @precondition(lambda self: bool(self.lanes_where(lambda lane: True)))
+    @rule(data=st.data())
+    def kill(self, data: st.DataObject) -> None:
+        lane = data.draw(st.sampled_from(self.lanes_where(lambda lane: True)))
+        self.execute(LaneStep("kill", lane))
+
+    @precondition(lambda self: bool(self.lanes_where(lambda lane: not lane.paused)))
+    @rule(data=st.data())
+    def pause(self, data: st.DataObject) -> None:
+        lane = data.draw(st.sampled_from(self.lanes_where(lambda lane: not lane.paused)))
+        self.execute(LaneStep("pause", lane))
+
+    @precondition(lambda self: bool(self.lanes_where(lambda lane: lane.paused)))
+    @rule(data=st.data())
+    def resume(self, data: st.DataObject) -> None:
+        lane = data.draw(st.sampled_from(self.lanes_where(lambda lane: lane.paused)))
+        self.execute(LaneStep("resume", lane))
+
+    @precondition(lambda self: bool(self.lanes_where(lambda lane: True)))
+    @rule(ticks=st.sampled_from(TICKS))
+    def tick(self, ticks: int) -> None:
+        """Time only matters while a worker is alive (a lease held, a delay pending)."""
+        self.execute(LaneStep("tick", ticks=ticks))
+
+    def teardown(self) -> None:
+        found: InvariantFailure | None = None
+        try:
+            if self.failure is None:
+                observations, final = self.executor.settle()
+                for observation in observations:
+                    self.recorder.observe(observation)
+                failed = next((o for o in observations if o.violations), None)
+                if failed is not None:
+                    found = InvariantFailure(failed.index, list(failed.violations))
+                elif final:
+                    found = InvariantFailure(None, final)
+                self.failure = found
+        finally:
+            steps = [o.step for o in self.executor.observations if o.phase == "step"]
+            processes = self.executor.processes
+            self.executor.close()
+            verdict, violations = Verdict(), []
+            if self.failure is not None:
+                violations = self.failure.violations
+                verdict = Verdict.of(self.failure.step, violations)
+            self.recorder.finish(steps, verdict, violations, processes)
+        if found is not None:
+            raise found
+
+
+def concurrent_machine(
+    system_ref: str, *, concurrency: int, deduplication: bool = True, spawn: SpawnMode = "fork",
+    deadline: float = DEFAULT_DEADLINE, examples: int = 100, steps: int = 10,
+    recorder: ConcurrentRecorder | None = None,
+) -> type[ConcurrentMachine]:
+    system = load_system(system_ref)
+    if not deduplication and not system.supports_no_deduplication:
+        raise UsageError(f"system {system_ref!r} cannot switch deduplication off")
+
+    class Machine(ConcurrentMachine):  # noqa: D101
+        pass
+
+    Machine.__name__ = Machine.__qualname__ = f"ConcurrentMachine_{system.name}".replace("-", "_")
+    Machine.system_ref = system.ref
+    Machine.concurrency = concurrency
+    Machine.deduplication = deduplication
+    Machine.spawn = spawn
+    Machine.deadline = deadline
+    Machine.recorder = recorder if recorder is not None else ConcurrentRecorder()
+    Machine.TestCase.settings = machine_settings(examples, steps)
+    return Machine
+
+
+@dataclass
+class ConcurrentExploration:
+    system: str
+    deduplication: bool
+    concurrency: int
+    seed: int
+    recorder: ConcurrentRecorder
+    seconds: float
+    trace: ConcurrentTrace | None = None
+    replay: ConcurrentExecution | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def shrunk_steps(self) -> int | None:
+        return None if self.replay is None else len(executed(self.replay))
+
+    def stats(self) -> dict[str, Any]:
+        r = self.recorder
+        return {
+            "examples": r.examples, "steps": r.steps, "processes": r.processes,
+            "sigkills": r.sigkills, "blocked_lane_steps": r.blocked,
+            "actions": dict(sorted(r.actions.items())),
+            "examples_until_found": r.first_failure_examples,
+            "seconds": round(self.seconds, 3),
+            "steps_per_second": round(r.steps / self.seconds, 1) if self.seconds else 0.0,
+        }
+
+
+def executed(execution: ConcurrentExecution) -> list[LaneStep]:
+    """The trace's own steps up to the failing check (all of them for a final LIVE)."""
+    verdict = execution.verdict
+    upto = len(execution.observations) if verdict.step is None else verdict.step
+    return [o.step for o in execution.observations[:upto] if o.phase == "step"]
+
+
+def machine_could_draw(execution: ConcurrentExecution) -> bool:
+    """A direct service call is only drawn for an operation the caller holds."""
+    for observation in execution.observations:
+        step = observation.step
+        if step.action in STARTS and step.role == "service" and step.operation_id is not None \
+                and observation.before.operation(step.operation_id) is None:
+            return False
+    return True
+
+
+def minimise(
+    system: System, trace: ConcurrentTrace, execution: ConcurrentExecution, *,
+    spawn: SpawnMode, deadline: float,
+) -> tuple[ConcurrentTrace, ConcurrentExecution]:
+    """Delta debugging over scheduling choices: remove halves, quarters, ... single steps,
+    while the trace still fails (any invariant) and stays a trace the machine could draw;
+    a step a candidate leaves without its worker (a release of a lane whose start was
+    removed) is dropped from that candidate."""
+
+    def size_of(result: ConcurrentExecution) -> int:
+        """The trace's own scheduling choices up to the failing check (recovery is implicit:
+        it is the same for every trace)."""
+        return len(executed(result))
+
+    size = size_of(execution)
+
+    def attempt(candidate: list[LaneStep]) -> ConcurrentExecution | None:
+        try:
+            result = execute_concurrent(
+                system, candidate, concurrency=trace.concurrency,
+                deduplication=trace.deduplication, settle=trace.settle, spawn=spawn,
+                deadline=deadline, lenient=True,
+            )
+        except UsageError:
+            return None
+        if result.verdict.clean or not machine_could_draw(result):
+            return None
+        if size_of(result) >= size:
+            return None
+        return result
+
+    steps = executed(execution) if execution.verdict.step is not None else list(trace.steps)
+    chunk = max(1, len(steps) // 2)
+    while True:
+        improved = False
+        start = 0
+        while start < len(steps) and len(steps) > 1:
+            candidate = steps[:start] + steps[start + chunk:]
+            found = attempt(candidate)
+            if found is not None:
+                execution, improved = found, True
+                size = size_of(found)
+                steps = executed(found)
+            else:
+                start += chunk
+        if chunk == 1 and not improved:
+            break
+        if not improved:
+            chunk = max(1, chunk // 2)
+    shrunk = ConcurrentTrace(
+        system=trace.system, deduplication=trace.deduplication,
+        concurrency=trace.concurrency, steps=steps, settle=trace.settle,
+        expected=execution.verdict, violations=list(execution.violations),
+        meta={**trace.meta, "hypothesis_steps": len(trace.steps)},
+    )
+    return shrunk, execute_concurrent(
+        system, steps, concurrency=trace.concurrency, deduplication=trace.deduplication,
+        settle=trace.settle, spawn=spawn, deadline=deadline,
+    )
+
+
+def explore_concurrent(
+    system: System, *, concurrency: int, deduplication: bool = True, examples: int = 100,
+    steps: int = 10, seed_value: int = 0, spawn: SpawnMode = "fork",
+    deadline: float = DEFAULT_DEADLINE,
+    progress: Callable[[ConcurrentRecorder], None] | None = None,
+) -> ConcurrentExploration:
+    """Search concurrent traces; minimise the first failure; confirm it by replay."""
+    recorder = ConcurrentRecorder(progress=progress)
+    machine = concurrent_machine(
+        system.ref, concurrency=concurrency, deduplication=deduplication, spawn=spawn,
+        deadline=deadline, examples=examples, steps=steps, recorder=recorder,
+    )
+    base = machine_settings(examples, steps)
+    phases = tuple(p for p in base.phases if p not in (Phase.shrink, Phase.explain))
+    chosen = settings(base, verbosity=Verbosity.quiet, phases=phases)
+    started = time.monotonic()
+    failure: BaseException | None = None
+    try:
+        with _no_local_constants():
+            run_state_machine_as_test(  # type: ignore[no-untyped-call,unused-ignore]
+                seed(seed_value)(machine), settings=chosen
+            )
+    except (InvariantFailure, Flaky) as error:
+        failure = error
+    result = ConcurrentExploration(system.ref, deduplication, concurrency, seed_value, recorder,
+                                   time.monotonic() - started)
+    if failure is None:
+        return result
+    trace = ConcurrentTrace(
+        system=system.ref, deduplication=deduplication, concurrency=concurrency,
+        steps=list(recorder.last_steps), settle=True, expected=recorder.last_verdict,
+        violations=list(recorder.last_violations),
+        meta={
+            "found_by": "explore", "seed": seed_value, "hypothesis": HYPOTHESIS_VERSION,
+            "examples": examples, "steps_per_example": steps, "concurrency": concurrency,
+            "faultlab": __version__,
+            "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+    )
+    replay = execute_concurrent(system, trace.steps, concurrency=concurrency,
+                                deduplication=deduplication, spawn=spawn, deadline=deadline)
+    if replay.verdict != trace.expected:
+        result.notes.append(
+            f"replay showed {replay.verdict.describe()}, recorded "
+            f"{trace.expected.describe() if trace.expected else 'nothing'}: not reported"
+        )
+        return result
+    trace, replay = minimise(system, trace, replay, spawn=spawn, deadline=deadline)
+    result.trace, result.replay = trace, replay
+    return result
