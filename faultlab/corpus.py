@@ -5,9 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from faultlab.errors import UsageError
 from faultlab.trace import Trace, write_json_atomically
+
+if TYPE_CHECKING:
+    from faultlab.concurrent_trace import ConcurrentTrace
 
 DEFAULT_CORPUS = Path("corpus")
 
@@ -23,7 +27,7 @@ def check_corpus_directory(path: Path) -> None:
         raise UsageError(f"--corpus {path}: {parent} is not a directory")
 
 
-def finding_name(trace: Trace, system_name: str | None = None) -> str:
+def finding_name(trace: Trace | ConcurrentTrace, system_name: str | None = None) -> str:
     """``<system>-<INVARIANT>-<hash>.json``; the hash makes equal findings one file."""
     steps = json.dumps([s.to_json() for s in trace.steps], sort_keys=True)
     digest = hashlib.sha256(
@@ -37,7 +41,7 @@ def finding_name(trace: Trace, system_name: str | None = None) -> str:
     return f"{system}{suffix}-{invariant}-{digest}.json"
 
 
-def save(trace: Trace, directory: Path, system_name: str | None = None) -> Path:
+def save(trace: Trace | ConcurrentTrace, directory: Path, system_name: str | None = None) -> Path:
     """Write the trace into the corpus directory (created if needed), atomically."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / finding_name(trace, system_name)

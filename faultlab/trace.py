@@ -164,7 +164,7 @@ class Trace:
         if data.get("version") != TRACE_VERSION:
             raise UsageError(
                 f"{source}: unsupported trace version {data.get('version')!r} "
-                f"(this faultlab reads version {TRACE_VERSION})"
+                f"(this faultlab reads versions {TRACE_VERSION} and 2)"
             )
         try:
             steps = [Step.from_json(step) for step in data["steps"]]

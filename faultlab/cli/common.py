@@ -135,3 +135,15 @@ def load_system(ref: str, deduplication: bool = True) -> System:
     system = registry.load_system(ref)
     system.require_deduplication_switch(deduplication)
     return system
+
+
+#: The most workers ``--concurrency`` lets be alive at once.
+MAX_CONCURRENCY = 8
+
+
+def concurrency(text: str) -> int:
+    """An argparse type for ``--concurrency``: 1 to :data:`MAX_CONCURRENCY`."""
+    value = int_at_least(1)(text)
+    if value > MAX_CONCURRENCY:
+        raise argparse.ArgumentTypeError(f"at most {MAX_CONCURRENCY}: {text!r}")
+    return value

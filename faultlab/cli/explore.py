@@ -23,6 +23,7 @@ from faultlab.cli.common import (
     add_system,
     check_format,
     check_output_path,
+    concurrency,
     load_system,
     positive_float,
     positive_int,
@@ -89,6 +90,12 @@ def register(commands: Commands) -> None:
                          help="also run Hypothesis's shrinker before faultlab's trace "
                               "minimiser (slower: every candidate is real processes; it also "
                               "simplifies payloads)")
+    parser.add_argument("--concurrency", type=concurrency, default=1, metavar="N",
+                        help="workers that may be alive at once (default 1: sequential "
+                             "traces, exactly as before). With N >= 2 each step is a "
+                             "scheduling choice over N lanes (start a worker held at its "
+                             "first point, release, finish, kill, pause, resume, tick the "
+                             "virtual clock); findings are version 2 traces")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_html(parser, "for a finding, write its replay as one self-contained HTML page (a "
                      "timeline with a lane per process, both stores after each step); nothing "
@@ -148,6 +155,10 @@ def _progress_line(totals: Totals, seconds: float, jobs: int) -> None:
 
 
 def cmd_explore(args: argparse.Namespace) -> int:
+    if args.concurrency > 1:
+        from faultlab.cli.concurrent import cmd_explore_concurrent
+
+        return cmd_explore_concurrent(args)
     from faultlab import report
     from faultlab.executor import execute
     from faultlab.explore import HYPOTHESIS_VERSION

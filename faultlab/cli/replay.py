@@ -48,7 +48,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
     check_format(args.format)
     if args.html is not None:
         check_output_path(args.html, "--html")
-    traces = [Trace.load(path) for path in args.traces]
+    from faultlab.concurrent_trace import ConcurrentTrace, load
+
+    loaded = [load(path) for path in args.traces]
+    if any(isinstance(trace, ConcurrentTrace) for trace in loaded):
+        if args.html is not None:
+            raise UsageError("--html does not apply to concurrent (version 2) traces yet")
+        from faultlab.cli.concurrent import cmd_replay_concurrent
+
+        return cmd_replay_concurrent(args, loaded)
+    traces = [trace for trace in loaded if isinstance(trace, Trace)]
     against = load_system(args.against) if args.against else None
     plans = []
     for path, trace in zip(args.traces, traces, strict=True):
