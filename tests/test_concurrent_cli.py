@@ -1,0 +1,94 @@
+"""``explore --concurrency N`` and ``replay`` of version 2 traces, end to end in-process."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from faultlab.cli import main
+from faultlab.concurrent_trace import ConcurrentTrace, load
+from faultlab.system import load_system
+from faultlab.system.concurrency_mutants import ConcurrencyMutant
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_explore_concurrency_finds_shrinks_saves_and_replays_20_times(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    code, out, _ = cli("explore", "--system", "racy-dedup", "--concurrency", "2",
+                       "--seed", "0", "--corpus", str(corpus), "--quiet")
+    assert code == 1, out
+    (path,) = corpus.glob("*.json")
+    trace = load(path)
+    assert isinstance(trace, ConcurrentTrace) and trace.concurrency == 2
+    system = load_system("racy-dedup")
+    assert isinstance(system, ConcurrencyMutant)
+    assert len(trace.steps) == system.minimal_steps  # shrunk to the known minimum
+    assert trace.expected is not None and "ONE" in trace.expected.invariants
+    assert json.loads(path.read_text())["version"] == 2
+    assert "shrunk to 3 scheduling steps" in out and "L1" in out and "L2" in out
+    tables = set()
+    for _ in range(20):
+        code, out, _ = cli("replay", str(path))
+        assert code == 0 and "every outcome matches" in out
+        tables.add(re.sub(r"\b\d{4,}\b", "PID", out))  # the same table but for PIDs
+    assert len(tables) == 1
+    code, out, _ = cli("replay", str(path), "--against", "reference")
+    assert code == 0 and "verdict: clean" in out
+
+
+def test_explore_concurrency_reference_negative_control(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    code, out, _ = cli("explore", "--concurrency", "2", "--no-deduplication", "--seed", "0",
+                       "--examples", "30", "--corpus", str(corpus), "--quiet")
+    assert code == 1
+    (path,) = corpus.glob("reference-nodedup-*.json")
+    trace = load(path)
+    assert isinstance(trace, ConcurrentTrace) and len(trace.steps) == 2
+    assert trace.expected is not None and "ONE" in trace.expected.invariants
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--concurrency", "0"], "at least 1"),
+    (["--concurrency", "9"], "at most 8"),
+    (["--concurrency", "2", "--hypothesis-shrink"], "--hypothesis-shrink"),
+])
+def test_bad_concurrency_is_refused_and_creates_nothing(tmp_path: Path, args: list[str],
+                                                         message: str) -> None:
+    corpus = tmp_path / "corpus"
+    code, _, err = cli("explore", *args, "--corpus", str(corpus), "--quiet")
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert not corpus.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["no-fencing", "stale-rescue", "racy-dedup"])
+def test_explore_concurrency_catches_each_mutant_at_its_minimum(tmp_path: Path, name: str) -> None:
+    from faultlab.concurrent_explore import explore_concurrent
+
+    system = load_system(name)
+    assert isinstance(system, ConcurrencyMutant)
+    result = explore_concurrent(system, concurrency=2, examples=100, seed_value=0)
+    assert result.trace is not None and result.trace.expected is not None
+    assert set(result.trace.expected.invariants) & set(system.caught_by)
+    assert result.shrunk_steps == system.minimal_steps
+
+
+@pytest.mark.slow
+def test_explore_concurrency_reference_clean_100_examples() -> None:
+    from faultlab.concurrent_explore import explore_concurrent
+
+    result = explore_concurrent(load_system("reference"), concurrency=2, examples=100,
+                                seed_value=0)
+    assert result.trace is None and not result.notes
+    assert result.recorder.examples >= 100 and result.recorder.steps > 500
