@@ -30,7 +30,7 @@ from faultlab.explore import HYPOTHESIS_VERSION, _no_local_constants
 from faultlab.invariants import Violation
 from faultlab.lanes import ConcurrentExecution, LaneExecutor, LaneObservation, execute_concurrent
 from faultlab.machine import PAYLOADS, InvariantFailure, machine_settings
-from faultlab.process import DEFAULT_DEADLINE, SpawnMode
+from faultlab.records import DEFAULT_DEADLINE, SpawnMode
 from faultlab.system import load_system
 from faultlab.system.contract import System
 from faultlab.trace import Verdict
@@ -230,8 +230,7 @@ def concurrent_machine(
     recorder: ConcurrentRecorder | None = None,
 ) -> type[ConcurrentMachine]:
     system = load_system(system_ref)
-    if not deduplication and not system.supports_no_deduplication:
-        raise UsageError(f"system {system_ref!r} cannot switch deduplication off")
+    system.require_deduplication_switch(deduplication)
 
     class Machine(ConcurrentMachine):  # noqa: D101
         pass

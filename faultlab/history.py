@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from faultlab.invariants import Violation
-from faultlab.process import ProcessRecord
+from faultlab.records import ProcessRecord
 from faultlab.stores import Snapshot
 
 HISTORY_INVARIANTS: dict[str, str] = {

@@ -38,16 +38,10 @@ from faultlab.clock import VirtualClock
 from faultlab.concurrent_trace import STARTS, LaneStep
 from faultlab.errors import ExecutionError, UsageError
 from faultlab.history import Claim, History
-from faultlab.invariants import STEP_CHECKS, Check, Model, Violation, check_live
-from faultlab.process import (
-    DEFAULT_DEADLINE,
-    ProcessRecord,
-    SpawnMode,
-    WorkerSpec,
-    _record,
-    child_environment,
-)
-from faultlab.schedule import CONTINUE, SCHEDULE_ENV
+from faultlab.invariants import STEP_INVARIANTS, Check, Model, Violation, check_live
+from faultlab.nemesis.schedule import CONTINUE, SCHEDULE_ENV
+from faultlab.process import _record, child_environment
+from faultlab.records import DEFAULT_DEADLINE, ProcessRecord, SpawnMode, WorkerSpec
 from faultlab.stores import Snapshot, scratch_directory
 from faultlab.system.contract import System
 from faultlab.trace import Verdict
@@ -182,8 +176,7 @@ class LaneExecutor:
         spawn: SpawnMode = "fork", deadline: float = DEFAULT_DEADLINE,
         block_bound: float = BLOCK_BOUND,
     ) -> None:
-        if not deduplication and not system.supports_no_deduplication:
-            raise UsageError(f"system {system.name!r} cannot switch deduplication off")
+        system.require_deduplication_switch(deduplication)
         if not system.supports_statement_points:
             raise UsageError(
                 f"system {system.name!r}: concurrent traces need a Python system "
@@ -483,9 +476,10 @@ class LaneExecutor:
                 payload=spec.payload if spec is not None else None, record=record,
                 deduplication=self.deduplication,
             )
-            for name, function in STEP_CHECKS.items():
-                if name not in SEQUENTIAL_ONLY:
-                    violations += [Violation(name, message) for message in function(check)]
+            for invariant in STEP_INVARIANTS:
+                if invariant.check is not None and invariant.name not in SEQUENTIAL_ONLY:
+                    violations += [Violation(invariant.name, message)
+                                   for message in invariant.check(check)]
         others_moving = any(
             lane is not moved and lane.alive and not lane.paused and lane.status != "held"
             for lane in self.lanes.values()
