@@ -177,3 +177,24 @@ def test_bad_version_2_steps_are_refused(tmp_path: Path, bad: dict[str, object],
 def test_a_step_on_a_lane_that_never_started_is_refused(reference: System) -> None:
     with LaneExecutor(reference, concurrency=2) as ex, pytest.raises(UsageError, match="never"):
         ex.run(LaneStep("release", 2))
+
+
+def test_no_process_descriptor_or_directory_left_behind(reference: System) -> None:
+    """Kills, pauses and lanes left held at the end: every lane process is reaped, every
+    pipe closed, the run directory removed."""
+    fds_before = set(os.listdir("/proc/self/fd"))
+    with LaneExecutor(reference, concurrency=3) as ex:
+        directory = ex.directory
+        ex.run(LaneStep("run", 1, "accept", OP, P))
+        ex.run(LaneStep("start", 1, "dispatch"))
+        ex.run(LaneStep("start", 2, "service", OP, P))
+        ex.run(LaneStep("start", 3, "accept", "op-2", P))
+        ex.run(LaneStep("pause", 3))
+        pids = [lane.pid for lane in ex.lanes.values()]
+        assert not any(_gone(pid) for pid in pids)
+    assert all(_gone(pid) for pid in pids)
+    assert not directory.exists()
+    assert set(os.listdir("/proc/self/fd")) <= fds_before | {"listing"}
+    with pytest.raises(ChildProcessError):
+        for pid in pids:
+            os.waitpid(pid, os.WNOHANG)
