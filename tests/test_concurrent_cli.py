@@ -13,7 +13,7 @@ import pytest
 from faultlab.cli import main
 from faultlab.concurrent_trace import ConcurrentTrace, load
 from faultlab.system import load_system
-from faultlab.system.concurrency_mutants import ConcurrencyMutant
+from faultlab.system.concurrency_mutants import CONCURRENCY_MUTANT_CLASSES, ConcurrencyMutant
 
 
 def cli(*args: str) -> tuple[int, str, str]:
@@ -72,7 +72,7 @@ def test_bad_concurrency_is_refused_and_creates_nothing(tmp_path: Path, args: li
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["no-fencing", "stale-rescue", "racy-dedup"])
+@pytest.mark.parametrize("name", [cls.name for cls in CONCURRENCY_MUTANT_CLASSES])
 def test_explore_concurrency_catches_each_mutant_at_its_minimum(tmp_path: Path, name: str) -> None:
     from faultlab.concurrent_explore import explore_concurrent
 

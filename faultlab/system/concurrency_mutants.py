@@ -20,6 +20,7 @@ from faultlab.system.reference import (
     DOWNSTREAM,
     LEASE_TICKS,
     REFERENCE_POINTS,
+    ClaimLost,
     ReferenceOutbox,
 )
 
@@ -74,6 +75,40 @@ class NoFencing(ConcurrencyMutant):
             connection.execute("COMMIT")
         finally:
             connection.close()
+
+
+class FinishAndFail(ConcurrencyMutant):
+    name = "finish-and-fail"
+    description = (
+        "a dispatcher that finds its claim superseded records the operation as failed, "
+        "over the completion the new claimant recorded"
+    )
+    reported = "rails/solid_queue #589 (a job both finished and failed), PR #761"
+    caught_by = ("FENCE", "TERM", "DONE")
+    # Lane 1 claims (token 1); its lease lapses; lane 2 claims (token 2). The recovery
+    # finishes lane 1 first: superseded, it writes its failure into the caller store (FENCE);
+    # had lane 2 finished first, the failure would overwrite a completion (TERM).
+    minimal_steps = 4
+    minimal_trace = (
+        LaneStep("run", 1, "accept", OP, PAYLOAD),
+        LaneStep("start", 1, "dispatch"),
+        LaneStep("tick", ticks=LEASE_TICKS),
+        LaneStep("start", 2, "dispatch"),
+    )
+
+    def complete(self, context: WorkerContext, operation_id: str, result: str) -> None:
+        try:
+            super().complete(context, operation_id, result)
+        except ClaimLost:
+            connection = context.connect(CALLER)
+            try:
+                connection.execute(
+                    "UPDATE operations SET result = ? WHERE id = ?",
+                    ('{"error":"lease_lost"}', operation_id),
+                )
+            finally:
+                connection.close()
+            raise
 
 
 class StaleRescue(ConcurrencyMutant):
@@ -179,7 +214,7 @@ class RacyDedup(ConcurrencyMutant):
 
 
 CONCURRENCY_MUTANT_CLASSES: tuple[type[ConcurrencyMutant], ...] = (
-    NoFencing, StaleRescue, RacyDedup,
+    NoFencing, FinishAndFail, StaleRescue, RacyDedup,
 )
 CONCURRENCY_MUTANTS: dict[str, Callable[[], System]] = {
     cls.name: cls for cls in CONCURRENCY_MUTANT_CLASSES
