@@ -32,6 +32,9 @@ SPEC_COLUMNS = {
         "receipts": ["operation_id", "payload", "result"],
     },
 }
+#: What the reference adds to the spec's tables so several dispatchers can run at once: a
+#: fencing token and a lease per outbox row (issue 13). Snapshots never show them.
+CLAIM_COLUMNS = {"outbox": ["attempt", "lease_until"]}
 
 
 def test_reference_stores_have_the_specs_tables_and_marker(
@@ -48,7 +51,7 @@ def test_reference_stores_have_the_specs_tables_and_marker(
             assert names == set(tables)
             for table, columns in tables.items():
                 info = connection.execute(f"PRAGMA table_info({table})").fetchall()
-                assert [row[1] for row in info] == columns
+                assert [row[1] for row in info] == columns + CLAIM_COLUMNS.get(table, [])
         finally:
             connection.close()
     assert reference.snapshot(tmp_path) == Snapshot()
