@@ -40,8 +40,14 @@ from faultlab.errors import ExecutionError, UsageError
 from faultlab.history import Claim, History
 from faultlab.invariants import STEP_INVARIANTS, Check, Model, Violation, check_live
 from faultlab.nemesis.schedule import CONTINUE, SCHEDULE_ENV
-from faultlab.process import _record, child_environment
-from faultlab.records import DEFAULT_DEADLINE, ProcessRecord, SpawnMode, WorkerSpec
+from faultlab.process import child_environment
+from faultlab.records import (
+    DEFAULT_DEADLINE,
+    ProcessRecord,
+    SpawnMode,
+    WorkerSpec,
+    parse_response,
+)
 from faultlab.stores import Snapshot, scratch_directory
 from faultlab.system.contract import System
 from faultlab.trace import Verdict
@@ -56,6 +62,7 @@ SETTLE_HORIZON = 1000
 #: started; with other lanes changing the stores meanwhile they do not apply.
 SEQUENTIAL_ONLY = ("QUIET",)
 EXIT_USAGE = 2
+MAX_OUTPUT = 1 << 20  # bytes of a lane's stdout or stderr kept, as for sequential workers
 
 
 @dataclass
@@ -285,7 +292,8 @@ class LaneExecutor:
                 continue
             name = lane.fds[fd]
             if name != "announce":
-                lane.chunks[name].append(data)
+                if sum(map(len, lane.chunks[name])) < MAX_OUTPUT:  # read on, keep a bounded part
+                    lane.chunks[name].append(data)
                 continue
             lines = (lane.pending_line + data).split(b"\n")
             lane.pending_line = lines.pop()
@@ -315,8 +323,15 @@ class LaneExecutor:
                 break
             time.sleep(0.0005)
         os.close(lane.decide)
-        outputs = {name: b"".join(parts) for name, parts in lane.chunks.items()}
-        lane.record = _record(lane.pid, outputs, status, lane.started, False)
+        stdout = b"".join(lane.chunks["stdout"]).decode("utf-8", "replace")
+        lane.record = ProcessRecord(
+            pid=lane.pid, exit_code=os.waitstatus_to_exitcode(status),
+            response=parse_response(stdout), stdout=stdout,
+            stderr=b"".join(lane.chunks["stderr"]).decode("utf-8", "replace"),
+            elapsed=time.monotonic() - lane.started,
+        )
+        if (lane.record.response or {}).get("service"):
+            self.processes += 1  # the service child the dispatcher started
         lane.status, lane.point = "exited", None
         self._exited.append((lane.worker, lane.record))
         if lane.record.exit_code == EXIT_USAGE:
