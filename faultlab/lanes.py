@@ -36,7 +36,7 @@ from typing import NoReturn
 from faultlab.canonical import canonical_json
 from faultlab.clock import VirtualClock
 from faultlab.concurrent_trace import STARTS, LaneStep
-from faultlab.errors import ExecutionError, UsageError
+from faultlab.errors import EXIT_USAGE, ExecutionError, UsageError
 from faultlab.history import Claim, History
 from faultlab.invariants import STEP_INVARIANTS, Check, Model, Violation, check_live
 from faultlab.nemesis.schedule import CONTINUE, SCHEDULE_ENV
@@ -61,7 +61,6 @@ SETTLE_HORIZON = 1000
 #: Per-step checks that judge one worker's whole run against the snapshot before it
 #: started; with other lanes changing the stores meanwhile they do not apply.
 SEQUENTIAL_ONLY = ("QUIET",)
-EXIT_USAGE = 2
 MAX_OUTPUT = 1 << 20  # bytes of a lane's stdout or stderr kept, as for sequential workers
 
 
