@@ -13,6 +13,11 @@ never deadlocks. ``kill`` is a SIGKILL of the lane's process group from outside,
 ``pause``/``resume`` SIGSTOP/SIGCONT of it; nothing here ever signals a process
 it did not start.
 
+A command-line system's program is scheduled through the announcement protocol
+it already speaks (:mod:`faultlab.nemesis.announce`: ``reached POINT PID``,
+answered ``continue``); a program that announces nothing runs free from start
+to end, and can still be paused, resumed and killed.
+
 After every step both stores are read back and every per-step invariant is
 checked, plus the history invariants of :mod:`faultlab.history`.
 """
@@ -39,6 +44,8 @@ from faultlab.concurrent_trace import STARTS, LaneStep
 from faultlab.errors import EXIT_USAGE, ExecutionError, UsageError
 from faultlab.history import Claim, History
 from faultlab.invariants import STEP_INVARIANTS, Check, Model, Violation, check_live
+from faultlab.nemesis.announce import ANNOUNCE_FD_VARIABLE, RESUME_FD_VARIABLE
+from faultlab.nemesis.announce import CONTINUE as ANNOUNCE_CONTINUE
 from faultlab.nemesis.schedule import CONTINUE, SCHEDULE_ENV
 from faultlab.process import child_environment
 from faultlab.records import (
@@ -49,6 +56,7 @@ from faultlab.records import (
     parse_response,
 )
 from faultlab.stores import Snapshot, scratch_directory
+from faultlab.system.command import CommandSystem
 from faultlab.system.contract import System
 from faultlab.trace import Verdict
 
@@ -75,6 +83,7 @@ class Lane:
     decide: int
     fds: dict[int, str]
     started: float
+    go: bytes = CONTINUE  # what lets this lane's worker continue from a point
     status: str = "running"  # running, held, blocked, exited
     paused: bool = False
     point: str | None = None
@@ -183,11 +192,6 @@ class LaneExecutor:
         block_bound: float = BLOCK_BOUND,
     ) -> None:
         system.require_deduplication_switch(deduplication)
-        if not system.supports_statement_points:
-            raise UsageError(
-                f"system {system.name!r}: concurrent traces need a Python system "
-                "(command-line systems are not scheduled yet)"
-            )
         self.system = system
         self.concurrency = concurrency
         self.deduplication = deduplication
@@ -247,7 +251,10 @@ class LaneExecutor:
         err_r, err_w = os.pipe()
         environment = {SCHEDULE_ENV: f"{decide_r},{announce_w}", **self.clock.environment()}
         started = time.monotonic()
-        if self.spawn == "fork":
+        go = CONTINUE
+        if isinstance(self.system, CommandSystem):
+            pid, go = self._spawn_program(spec, (decide_r, announce_w), out_w, err_w)
+        elif self.spawn == "fork":
             pid = os.fork()
             if pid == 0:  # child: never returns
                 for fd in (decide_w, announce_r, out_r, err_r):
@@ -266,12 +273,40 @@ class LaneExecutor:
         self.workers += 1
         self.processes += 1
         fds = {announce_r: "announce", out_r: "stdout", err_r: "stderr"}
-        lane = Lane(number, self.workers, spec, pid, decide_w, fds, started,
+        lane = Lane(number, self.workers, spec, pid, decide_w, fds, started, go=go,
                     chunks={"stdout": [], "stderr": []})
         for fd in fds:
             os.set_blocking(fd, False)
             self._selector.register(fd, selectors.EVENT_READ, lane)
         return lane
+
+    def _spawn_program(self, spec: WorkerSpec, channel: tuple[int, int], out_w: int,
+                       err_w: int) -> tuple[int, bytes]:
+        """Start a command-line system's program for the role. One that speaks the
+        announcement protocol holds at every point it announces (``reached POINT PID``)
+        until faultlab answers ``continue``; any other runs free between start and end
+        (it can still be paused, resumed and killed)."""
+        system = self.system
+        if not isinstance(system, CommandSystem) or self.clock is None:
+            raise ExecutionError("not a command-line system")
+        values = system.values(Path(spec.directory), spec.operation_id, spec.payload)
+        argv = system.argv(spec.role, values, deduplication=spec.deduplication)
+        env = system.environment(values, deduplication=spec.deduplication)
+        env.update(self.clock.environment())
+        arming = system.config.crash
+        announces = arming is not None and arming.mode == "announce"
+        if announces:
+            env[ANNOUNCE_FD_VARIABLE], env[RESUME_FD_VARIABLE] = str(channel[1]), str(channel[0])
+        try:
+            child = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, env=env,
+                cwd=spec.directory, pass_fds=channel if announces else (),
+                start_new_session=True,
+            )
+        except OSError as error:
+            raise ExecutionError(f"cannot run {argv[0]}: {error.strerror or error}") from None
+        child.returncode = 0  # reaped by this executor, not by Popen
+        return child.pid, ANNOUNCE_CONTINUE
 
     def _pump(self, timeout: float) -> None:
         """Read whatever any lane wrote; update held points, claims and ended lanes."""
@@ -301,6 +336,8 @@ class LaneExecutor:
 
     def _announced(self, lane: Lane, line: str) -> None:
         kind, _, rest = line.partition(" ")
+        if kind == "reached":  # the announcement protocol: reached POINT PID
+            kind, rest = "held", rest.rsplit(" ", 1)[0]
         if kind == "held":
             lane.status, lane.point = "held", rest
             lane.points.append(rest)
@@ -422,7 +459,7 @@ class LaneExecutor:
             if moved.status == "blocked" and step.action in ("release", "finish"):
                 self._wait(moved, self.block_bound)  # still blocked: the step waits once more
             if step.action == "release" and moved.status == "held":
-                os.write(moved.decide, CONTINUE)
+                os.write(moved.decide, moved.go)
                 moved.status = "running"
                 self._wait(moved, self.block_bound)
             elif step.action == "finish":
@@ -463,7 +500,7 @@ class LaneExecutor:
     def _finish(self, lane: Lane) -> None:
         """Release the lane point after point until it ends (or blocks on a lock)."""
         while lane.status == "held":
-            os.write(lane.decide, CONTINUE)
+            os.write(lane.decide, lane.go)
             lane.status = "running"
             self._wait(lane, self.block_bound)
 

@@ -198,3 +198,42 @@ def test_no_process_descriptor_or_directory_left_behind(reference: System) -> No
     with pytest.raises(ChildProcessError):
         for pid in pids:
             os.waitpid(pid, os.WNOHANG)
+
+
+ANNOUNCE = str(ROOT / "examples" / "standalone_outbox" / "system-announce.json")
+ARGUMENT = str(ROOT / "examples" / "standalone_outbox" / "system.json")
+
+
+def test_command_line_system_is_scheduled_through_its_announcements() -> None:
+    """A program in another process, speaking only the announcement protocol: two
+    dispatchers held at before_dispatch at once, one paused (really stopped), one killed
+    there, the other finished: one ticket, three distinct PIDs, recovery clean."""
+    system = load_system(ANNOUNCE)
+    with LaneExecutor(system, concurrency=2) as ex:
+        ex.run(LaneStep("run", 1, "accept", OP, P))
+        both = ex.run(LaneStep("start", 2, "dispatch"))
+        assert both.lanes == ("exit 0", "dispatch @before_dispatch")
+        both = ex.run(LaneStep("start", 1, "dispatch"))
+        assert both.lanes == ("dispatch @before_dispatch", "dispatch @before_dispatch")
+        paused = ex.run(LaneStep("pause", 1))
+        pid = ex.lanes[1].pid
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert stat in ("T", "t") and paused.lanes[0].endswith("paused")
+        ex.run(LaneStep("resume", 1))
+        killed = ex.run(LaneStep("kill", 2))
+        assert [r.exit_code for _, r in killed.exited] == [-9] and killed.snapshot.tickets == ()
+        done = ex.run(LaneStep("finish", 1))
+        assert [r.exit_code for _, r in done.exited] == [0] and len(done.snapshot.tickets) == 1
+        _, final = ex.settle()
+        assert final == []
+        pids = {record.pid for o in ex.observations for _, record in o.exited}
+        assert len(pids) == 3
+
+
+def test_command_line_system_without_announcements_runs_free() -> None:
+    system = load_system(ARGUMENT)
+    with LaneExecutor(system, concurrency=2) as ex:
+        ex.run(LaneStep("run", 1, "accept", OP, P))
+        ran = ex.run(LaneStep("start", 1, "dispatch"))
+        assert ran.lanes == ("exit 0", "-") and len(ran.snapshot.tickets) == 1
+        assert ex.run(LaneStep("pause", 1)).lanes == ("exit 0", "-")  # ended: nothing to do

@@ -36,9 +36,6 @@ def cmd_explore_concurrent(args: argparse.Namespace) -> int:
     if getattr(args, "html", None) is not None:
         raise UsageError("--html does not apply with --concurrency above 1 yet")
     system = load_system(args.system, args.deduplication)
-    if not system.supports_statement_points:
-        raise UsageError(f"system {system.ref!r}: --concurrency above 1 needs a Python system "
-                         "(command-line systems are not scheduled yet)")
     result = explore_concurrent(
         system, concurrency=args.concurrency, deduplication=args.deduplication,
         examples=args.examples, steps=args.steps, seed_value=args.seed, spawn=args.spawn,
@@ -98,8 +95,6 @@ def cmd_replay_concurrent(args: argparse.Namespace, traces: list[Trace | Concurr
                     validate_step(system, step)
                 except UsageError as error:
                     raise UsageError(f"{path}: {error}") from None
-        elif not system.supports_statement_points:
-            raise UsageError(f"{path}: system {system.ref!r} cannot run concurrent traces")
         plans.append((Path(path), trace, system))
     mismatches = 0
     with spawner(args.spawn) as runner:
