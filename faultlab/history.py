@@ -6,13 +6,17 @@ who changed them. These checks keep a little state across steps:
 
 * ``TERM``: a terminal state never changes. Once an operation is complete its
   row stays complete with the same result, and so does its outbox row.
+* ``EXCL``: a claim is exclusive while its lease runs: no worker claims an
+  operation while another live worker holds an unexpired lease on it.
 * ``FENCE``: a dispatcher whose claim was superseded (its lease lapsed and
   another dispatcher claimed the same operation with a higher token) never
   changes the caller store afterwards, and never reports completing that
   operation. Claims are what workers announce with ``context.claimed``.
 
 Each has a vacuity rule (:meth:`History.vacuous`): ``TERM`` has nothing to check
-until some operation is complete; ``FENCE`` until some claim was superseded.
+until some operation is complete; ``EXCL`` until a claim is taken while another
+live worker holds a claim on the same operation; ``FENCE`` until some claim was
+superseded.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from faultlab.stores import Snapshot
 
 HISTORY_INVARIANTS: dict[str, str] = {
     "TERM": "a complete operation (and its outbox row) stays complete with the same result",
+    "EXCL": "no worker claims an operation while another live worker holds an unexpired "
+            "lease on it",
     "FENCE": "a dispatcher whose claim was superseded never changes the caller store "
              "afterwards, nor reports completing the operation",
 }
@@ -37,6 +43,8 @@ class Claim:
     pid: int
     operation_id: str
     token: int
+    lease_until: float | None = None
+    at: int = 0  # the virtual clock when the claim was announced
 
 
 @dataclass
@@ -46,8 +54,22 @@ class History:
     terminal: dict[str, str | None] = field(default_factory=dict)
     terminal_outbox: set[str] = field(default_factory=set)
     claims: list[Claim] = field(default_factory=list)
+    contested: int = 0  # claims taken while another live worker held one on the operation
+    _exclusion: list[str] = field(default_factory=list)
 
-    def claim(self, claim: Claim) -> None:
+    def claim(self, claim: Claim, *, alive: set[int]) -> None:
+        """Record a claim; ``alive`` are the workers still running when it was taken."""
+        held = [c for c in self.claims if c.operation_id == claim.operation_id
+                and c.worker != claim.worker and c.worker in alive]
+        if held:
+            self.contested += 1
+        for other in held:
+            if other.lease_until is not None and other.lease_until > claim.at:
+                self._exclusion.append(
+                    f"lane {claim.lane} (pid {claim.pid}) claimed {claim.operation_id} at tick "
+                    f"{claim.at} while lane {other.lane} (pid {other.pid}) held it leased until "
+                    f"{other.lease_until:g}"
+                )
         self.claims.append(claim)
 
     def superseded(self, worker: int) -> list[tuple[Claim, Claim]]:
@@ -63,6 +85,8 @@ class History:
     def vacuous(self, name: str) -> bool:
         if name == "TERM":
             return not self.terminal
+        if name == "EXCL":
+            return not self.contested
         if name == "FENCE":
             return not any(self.superseded(c.worker) for c in self.claims)
         return False
@@ -74,6 +98,8 @@ class History:
         """Check one step. ``alone`` is the worker that was the only one running during the
         step (so a change of the stores is its doing), ``exited`` the workers that ended."""
         found = [Violation("TERM", m) for m in self._terminal(after)]
+        found += [Violation("EXCL", m) for m in self._exclusion]
+        self._exclusion = []
         fence: list[str] = []
         caller_changed = (before.operations, before.outbox) != (after.operations, after.outbox)
         if alone is not None and caller_changed:

@@ -342,9 +342,14 @@ class LaneExecutor:
             lane.status, lane.point = "held", rest
             lane.points.append(rest)
         elif kind == "claim":
-            operation_id, _, token = rest.rpartition(" ")
-            self.history.claim(Claim(lane.worker, lane.number, lane.pid, operation_id,
-                                     int(token)))
+            operation_id, token, until = rest.rsplit(" ", 2)
+            alive = {other.worker for other in self.lanes.values() if other.alive}
+            self.history.claim(
+                Claim(lane.worker, lane.number, lane.pid, operation_id, int(token),
+                      None if until == "-" else float(until),
+                      self.clock.ticks if self.clock is not None else 0),
+                alive=alive,
+            )
 
     def _reap(self, lane: Lane) -> None:
         """The lane's pipes are closed: its process is ending; wait for it (bounded)."""

@@ -42,8 +42,8 @@ class Context:
     def now(self) -> float:
         return clock.now()
 
-    def claimed(self, operation_id: str, token: int) -> None:
-        schedule.claimed(operation_id, token)
+    def claimed(self, operation_id: str, token: int, lease_until: float | None = None) -> None:
+        schedule.claimed(operation_id, token, lease_until)
 
     def connect(self, filename: str) -> sqlite3.Connection:
         return connect(self.directory / filename)

@@ -54,6 +54,8 @@ def test_superseded_dispatcher_is_fenced_on_the_reference(reference: System) -> 
         assert last.violations == ()
         assert len(last.snapshot.tickets) == 1
         assert [(c.lane, c.token) for c in ex.history.claims] == [(1, 1), (2, 2)]
+        assert [(c.lease_until, c.at) for c in ex.history.claims] == [(10, 0), (20, 10)]
+        assert ex.history.contested == 1  # EXCL had something to check, and held
         pids = {c.pid for c in ex.history.claims}
         assert len(pids) == 2
     assert all(_gone(pid) for pid in pids)

@@ -72,8 +72,10 @@ def hold(point: str) -> None:
         disarm()
 
 
-def claimed(operation_id: str, token: int) -> None:
-    """Announce that this worker now holds the claim on ``operation_id`` with ``token``."""
+def claimed(operation_id: str, token: int, lease_until: float | None = None) -> None:
+    """Announce that this worker now holds the claim on ``operation_id`` with ``token``,
+    leased until ``lease_until`` (``-`` when the claim has no lease)."""
     if " " in operation_id or "\n" in operation_id:
         operation_id = operation_id.replace(" ", "_").replace("\n", "_")
-    _announce(f"claim {operation_id} {int(token)}")
+    until = "-" if lease_until is None else repr(float(lease_until))
+    _announce(f"claim {operation_id} {int(token)} {until}")

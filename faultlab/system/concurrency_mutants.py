@@ -9,6 +9,7 @@ trace cannot show any of them; ``explore --concurrency 2`` can.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 from typing import Any
 
@@ -75,6 +76,36 @@ class NoFencing(ConcurrencyMutant):
             connection.execute("COMMIT")
         finally:
             connection.close()
+
+
+class EagerRescue(ConcurrencyMutant):
+    name = "eager-rescue"
+    description = (
+        "the claim ignores the lease: a pending entry another dispatcher is still working "
+        "on is claimed again at once"
+    )
+    reported = "sidekiq #4611 (orphan recovered 3 s after fetch); celery/kombu #337"
+    caught_by = ("EXCL",)
+    minimal_steps = 3
+    minimal_trace = (
+        LaneStep("run", 1, "accept", OP, PAYLOAD),
+        LaneStep("start", 1, "dispatch"),
+        LaneStep("start", 2, "dispatch"),
+    )
+
+    def next_pending(self, connection: sqlite3.Connection) -> tuple[str, str] | None:
+        now, until = self.window
+        rows = connection.execute(
+            "UPDATE outbox SET attempt = attempt + 1, lease_until = ? WHERE rowid = ("
+            "SELECT rowid FROM outbox WHERE state = 'pending' ORDER BY rowid LIMIT 1) "
+            "RETURNING operation_id, attempt, "
+            "(SELECT payload FROM operations WHERE id = operation_id)", (until,),
+        ).fetchall()
+        if not rows:
+            return None
+        operation_id, attempt, payload = rows[0]
+        self.claim = (operation_id, int(attempt))
+        return operation_id, payload
 
 
 class FinishAndFail(ConcurrencyMutant):
@@ -214,7 +245,7 @@ class RacyDedup(ConcurrencyMutant):
 
 
 CONCURRENCY_MUTANT_CLASSES: tuple[type[ConcurrencyMutant], ...] = (
-    NoFencing, FinishAndFail, StaleRescue, RacyDedup,
+    NoFencing, EagerRescue, FinishAndFail, StaleRescue, RacyDedup,
 )
 CONCURRENCY_MUTANTS: dict[str, Callable[[], System]] = {
     cls.name: cls for cls in CONCURRENCY_MUTANT_CLASSES

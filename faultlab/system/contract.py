@@ -100,8 +100,9 @@ class WorkerContext(Protocol):
     def now(self) -> float:
         """The current time: faultlab's virtual clock in a concurrent trace, else the real one."""
 
-    def claimed(self, operation_id: str, token: int) -> None:
-        """Tell faultlab this worker holds the claim on an operation with a fencing token."""
+    def claimed(self, operation_id: str, token: int, lease_until: float | None = None) -> None:
+        """Tell faultlab this worker holds the claim on an operation with a fencing token,
+        leased until ``lease_until`` on :meth:`now`'s clock (None: no lease)."""
 
     def connect(self, filename: str) -> sqlite3.Connection:
         """Open a store in the run directory that faultlab initialised (marker checked)."""

@@ -190,7 +190,7 @@ class ReferenceOutbox(System):
             return {"idle": True}
         operation_id, payload = pending
         if self.claim is not None:
-            context.claimed(*self.claim)
+            context.claimed(*self.claim, lease_until=self.window[1])
         context.crash_point("before_dispatch")
         key, sent = self.downstream_request(context, operation_id, payload)
         service = context.call_service(key, sent)
