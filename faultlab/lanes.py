@@ -60,6 +60,10 @@ from faultlab.system.command import CommandSystem
 from faultlab.system.contract import System
 from faultlab.trace import Verdict
 
+# Imported here, not in the forked child: a child that imported a module from disk would
+# run whatever the file holds at that moment, not what this run loaded.
+from faultlab.worker import run_worker
+
 #: Seconds a released lane may run without reaching a point or ending before it counts as
 #: blocked on another lane's lock. Generous: a loaded machine must not misjudge a slow lane.
 BLOCK_BOUND = 1.0
@@ -147,8 +151,6 @@ def _dummy_record() -> ProcessRecord:
 def _child(spec: WorkerSpec, keep: tuple[int, ...], out_w: int, err_w: int,
            environment: dict[str, str]) -> NoReturn:
     """The body of a forked lane worker: own group, pipes as stdout/stderr, run, exit."""
-    from faultlab.worker import run_worker
-
     code = 70
     try:
         os.setpgid(0, 0)
