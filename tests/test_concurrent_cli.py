@@ -92,3 +92,14 @@ def test_explore_concurrency_reference_clean_100_examples() -> None:
                                 seed_value=0)
     assert result.trace is None and not result.notes
     assert result.recorder.examples >= 100 and result.recorder.steps > 500
+
+
+@pytest.mark.slow
+def test_ten_thousand_concurrent_steps_on_the_reference_stay_clean() -> None:
+    from faultlab.concurrent_explore import explore_concurrent
+
+    result = explore_concurrent(load_system("reference"), concurrency=2, examples=1000,
+                                seed_value=0)
+    assert result.trace is None and not result.notes
+    assert result.recorder.steps >= 10_000
+    assert result.recorder.sigkills > 0 and result.recorder.actions.get("pause", 0) > 0
