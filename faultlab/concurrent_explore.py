@@ -13,9 +13,10 @@ replayed.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from hypothesis import Phase, Verbosity, seed, settings
@@ -291,6 +292,13 @@ def machine_could_draw(execution: ConcurrentExecution) -> bool:
     return True
 
 
+def rename(step: LaneStep, renaming: tuple[int, ...]) -> LaneStep:
+    """The same step on the lane ``renaming`` maps it to (lane n becomes renaming[n-1])."""
+    if step.lane is None:
+        return step
+    return replace(step, lane=renaming[step.lane - 1])
+
+
 def minimise(
     system: System, trace: ConcurrentTrace, execution: ConcurrentExecution, *,
     spawn: SpawnMode, deadline: float,
@@ -298,7 +306,8 @@ def minimise(
     """Delta debugging over scheduling choices: remove halves, quarters, ... single steps,
     while the trace still fails (any invariant) and stays a trace the machine could draw;
     a step a candidate leaves without its worker (a release of a lane whose start was
-    removed) is dropped from that candidate."""
+    removed) is dropped from that candidate. Then each renaming of the lanes is tried and
+    shrunk in turn, kept only if it ends shorter."""
 
     def size_of(result: ConcurrentExecution) -> int:
         """The trace's own scheduling choices up to the failing check (recovery is implicit:
@@ -307,7 +316,7 @@ def minimise(
 
     size = size_of(execution)
 
-    def attempt(candidate: list[LaneStep]) -> ConcurrentExecution | None:
+    def attempt(candidate: list[LaneStep], bound: int) -> ConcurrentExecution | None:
         try:
             result = execute_concurrent(
                 system, candidate, concurrency=trace.concurrency,
@@ -318,28 +327,44 @@ def minimise(
             return None
         if result.verdict.clean or not machine_could_draw(result):
             return None
-        if size_of(result) >= size:
+        if size_of(result) >= bound:
             return None
         return result
 
+    def delete(steps: list[LaneStep], execution: ConcurrentExecution, size: int) -> tuple[
+        list[LaneStep], ConcurrentExecution, int
+    ]:
+        chunk = max(1, len(steps) // 2)
+        while True:
+            improved = False
+            start = 0
+            while start < len(steps) and len(steps) > 1:
+                found = attempt(steps[:start] + steps[start + chunk:], size)
+                if found is not None:
+                    execution, improved = found, True
+                    size = size_of(found)
+                    steps = executed(found)
+                else:
+                    start += chunk
+            if chunk == 1 and not improved:
+                return steps, execution, size
+            if not improved:
+                chunk = max(1, chunk // 2)
+
     steps = executed(execution) if execution.verdict.step is not None else list(trace.steps)
-    chunk = max(1, len(steps) // 2)
-    while True:
-        improved = False
-        start = 0
-        while start < len(steps) and len(steps) > 1:
-            candidate = steps[:start] + steps[start + chunk:]
-            found = attempt(candidate)
-            if found is not None:
-                execution, improved = found, True
-                size = size_of(found)
-                steps = executed(found)
-            else:
-                start += chunk
-        if chunk == 1 and not improved:
-            break
-        if not improved:
-            chunk = max(1, chunk // 2)
+    steps, execution, size = delete(steps, execution, size)
+    # Lanes are interchangeable, but the final recovery finishes them in lane order: the
+    # same interleaving with the lanes renamed may need fewer choices. Try each renaming.
+    for renaming in itertools.permutations(range(1, trace.concurrency + 1)):
+        if list(renaming) == sorted(renaming):
+            continue
+        renamed = [rename(step, renaming) for step in steps]
+        found = attempt(renamed, size + 1)  # as long as now, so it may shrink further
+        if found is None:
+            continue
+        smaller, result, smaller_size = delete(executed(found), found, size_of(found))
+        if smaller_size < size:
+            steps, execution, size = smaller, result, smaller_size
     shrunk = ConcurrentTrace(
         system=trace.system, deduplication=trace.deduplication,
         concurrency=trace.concurrency, steps=steps, settle=trace.settle,

@@ -8,6 +8,10 @@ who changed them. These checks keep a little state across steps:
   row stays complete with the same result, and so does its outbox row.
 * ``EXCL``: a claim is exclusive while its lease runs: no worker claims an
   operation while another live worker holds an unexpired lease on it.
+* ``ORDER``: where the system declares an ordering key (a payload field), the
+  operations of one key get their tickets in acceptance order. An operation
+  delivered straight to the receiver (a ``service`` step) is exempt: that
+  delivery is the caller's own, not the relay's.
 * ``FENCE``: a dispatcher whose claim was superseded (its lease lapsed and
   another dispatcher claimed the same operation with a higher token) never
   changes the caller store afterwards, and never reports completing that
@@ -15,13 +19,16 @@ who changed them. These checks keep a little state across steps:
 
 Each has a vacuity rule (:meth:`History.vacuous`): ``TERM`` has nothing to check
 until some operation is complete; ``EXCL`` until a claim is taken while another
-live worker holds a claim on the same operation; ``FENCE`` until some claim was
+live worker holds a claim on the same operation; ``ORDER`` until one key has two
+relayed operations and a ticket among them; ``FENCE`` until some claim was
 superseded.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from faultlab.invariants import Violation
 from faultlab.records import ProcessRecord
@@ -31,6 +38,7 @@ HISTORY_INVARIANTS: dict[str, str] = {
     "TERM": "a complete operation (and its outbox row) stays complete with the same result",
     "EXCL": "no worker claims an operation while another live worker holds an unexpired "
             "lease on it",
+    "ORDER": "the operations of one ordering key get their tickets in acceptance order",
     "FENCE": "a dispatcher whose claim was superseded never changes the caller store "
              "afterwards, nor reports completing the operation",
 }
@@ -54,6 +62,9 @@ class History:
     terminal: dict[str, str | None] = field(default_factory=dict)
     terminal_outbox: set[str] = field(default_factory=set)
     claims: list[Claim] = field(default_factory=list)
+    ordering_key: str | None = None
+    direct: set[str] = field(default_factory=set)  # operations delivered by a service step
+    ordered: bool = False  # ORDER had something to check at some step
     contested: int = 0  # claims taken while another live worker held one on the operation
     _exclusion: list[str] = field(default_factory=list)
 
@@ -85,6 +96,8 @@ class History:
     def vacuous(self, name: str) -> bool:
         if name == "TERM":
             return not self.terminal
+        if name == "ORDER":
+            return not self.ordered
         if name == "EXCL":
             return not self.contested
         if name == "FENCE":
@@ -93,13 +106,14 @@ class History:
 
     def check(
         self, before: Snapshot, after: Snapshot, *, alone: int | None,
-        exited: list[tuple[int, ProcessRecord]],
+        exited: list[tuple[int, ProcessRecord]], acknowledged: dict[str, str] | None = None,
     ) -> list[Violation]:
         """Check one step. ``alone`` is the worker that was the only one running during the
         step (so a change of the stores is its doing), ``exited`` the workers that ended."""
         found = [Violation("TERM", m) for m in self._terminal(after)]
         found += [Violation("EXCL", m) for m in self._exclusion]
         self._exclusion = []
+        found += [Violation("ORDER", m) for m in self._order(after, acknowledged or {})]
         fence: list[str] = []
         caller_changed = (before.operations, before.outbox) != (after.operations, after.outbox)
         if alone is not None and caller_changed:
@@ -124,6 +138,42 @@ class History:
         self._remember(after)
         return found
 
+    def _key(self, payload: str) -> Any:
+        try:
+            value = json.loads(payload)
+        except ValueError:
+            return None
+        return value.get(self.ordering_key) if isinstance(value, dict) else None
+
+    def _order(self, after: Snapshot, acknowledged: dict[str, str]) -> list[str]:
+        """Within each key, in acceptance (acknowledgement) order, no relayed operation has a
+        ticket while an earlier one has none or a later-numbered one."""
+        if self.ordering_key is None:
+            return []
+        first: dict[str, int] = {}
+        for ticket in after.tickets:
+            first[ticket.operation_id] = min(first.get(ticket.operation_id, ticket.id), ticket.id)
+        keyed: dict[str, list[str]] = {}
+        for operation_id, payload in acknowledged.items():
+            key = self._key(payload)
+            if key is not None and operation_id not in self.direct:
+                keyed.setdefault(canonical_key(key), []).append(operation_id)
+        found = []
+        for key, operations in keyed.items():
+            if len(operations) > 1 and any(op in first for op in operations):
+                self.ordered = True
+            for index, later in enumerate(operations):
+                if later not in first:
+                    continue
+                for earlier in operations[:index]:
+                    if earlier not in first or first[earlier] > first[later]:
+                        shown = f"ticket {first[earlier]}" if earlier in first else "no ticket"
+                        found.append(
+                            f"{later} (key {key}) got ticket {first[later]} while {earlier}, "
+                            f"accepted before it with the same key, has {shown}"
+                        )
+        return found
+
     def _terminal(self, after: Snapshot) -> list[str]:
         found = []
         for operation_id, result in sorted(self.terminal.items()):
@@ -143,3 +193,7 @@ class History:
             if row.state == "complete":
                 self.terminal.setdefault(row.id, row.result)
         self.terminal_outbox |= {r.operation_id for r in after.outbox if r.state == "complete"}
+
+
+def canonical_key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))

@@ -203,7 +203,7 @@ class LaneExecutor:
         self.directory = Path()
         self.clock: VirtualClock | None = None
         self.model = Model()
-        self.history = History()
+        self.history = History(ordering_key=system.ordering_key)
         self.snapshot = Snapshot()
         self.lanes: dict[int, Lane] = {}
         self.observations: list[LaneObservation] = []
@@ -500,6 +500,8 @@ class LaneExecutor:
             payload=payload, deduplication=self.deduplication, spawn=self.spawn,
             deadline=self.deadline,
         )
+        if step.role == "service" and step.operation_id is not None:
+            self.history.direct.add(step.operation_id)
         lane = self._spawn(number, spec)
         self.lanes[number] = lane
         return lane
@@ -543,7 +545,8 @@ class LaneExecutor:
             for lane in self.lanes.values()
         )
         alone = moved.worker if moved is not None and not others_moving else None
-        violations += self.history.check(before, after, alone=alone, exited=exited)
+        violations += self.history.check(before, after, alone=alone, exited=exited,
+                                         acknowledged=self.model.acknowledged)
         self.snapshot = after
         sigkills += sum(1 for _, record in exited if record.killed and step.action != "kill")
         observation = LaneObservation(

@@ -18,6 +18,7 @@ from faultlab.concurrent_trace import LaneStep
 from faultlab.system.contract import CrashPoint, System, WorkerContext
 from faultlab.system.reference import (
     CALLER,
+    CLAIM_SKIP_LOCKED_SQL,
     DOWNSTREAM,
     LEASE_TICKS,
     REFERENCE_POINTS,
@@ -193,6 +194,34 @@ class StaleRescue(ConcurrencyMutant):
         return row[0], row[2]
 
 
+class SkipLocked(ConcurrencyMutant):
+    name = "skip-locked"
+    description = (
+        "competing relays skip a leased entry and take the next, even one of the same key: "
+        "a key's later operation is delivered before its earlier one"
+    )
+    reported = "per-key order lost with FOR UPDATE SKIP LOCKED relays (outbox relays)"
+    caught_by = ("ORDER",)
+    # Lane 2 claims op-1; lane 1 skips it and claims op-2 (same title); the recovery
+    # finishes lane 1 first: op-2 gets ticket 1.
+    minimal_steps = 4
+    minimal_trace = (
+        LaneStep("run", 1, "accept", OP, PAYLOAD),
+        LaneStep("run", 1, "accept", "op-2", PAYLOAD),
+        LaneStep("start", 2, "dispatch"),
+        LaneStep("start", 1, "dispatch"),
+    )
+
+    def next_pending(self, connection: sqlite3.Connection) -> tuple[str, str] | None:
+        now, until = self.window
+        rows = connection.execute(CLAIM_SKIP_LOCKED_SQL, (until, now)).fetchall()
+        if not rows:
+            return None
+        operation_id, attempt, payload = rows[0]
+        self.claim = (operation_id, int(attempt))
+        return operation_id, payload
+
+
 class RacyDedup(ConcurrencyMutant):
     name = "racy-dedup"
     description = (
@@ -245,7 +274,7 @@ class RacyDedup(ConcurrencyMutant):
 
 
 CONCURRENCY_MUTANT_CLASSES: tuple[type[ConcurrencyMutant], ...] = (
-    NoFencing, EagerRescue, FinishAndFail, StaleRescue, RacyDedup,
+    NoFencing, EagerRescue, FinishAndFail, StaleRescue, SkipLocked, RacyDedup,
 )
 CONCURRENCY_MUTANTS: dict[str, Callable[[], System]] = {
     cls.name: cls for cls in CONCURRENCY_MUTANT_CLASSES

@@ -141,6 +141,9 @@ class System(ABC):
     #: False when workers are not faultlab processes (command-line systems): statement
     #: crash points (``sql:K``, ``commit:K``) need faultlab's traced sqlite3 in the worker.
     supports_statement_points: bool = True
+    #: A payload field that orders operations (None: no order): the relay must deliver the
+    #: operations of one key in acceptance order. Concurrent traces check it (``ORDER``).
+    ordering_key: str | None = None
     ref: str = ""
 
     @abstractmethod

@@ -35,9 +35,27 @@ CREATE TABLE outbox (
 #: there is nobody to exclude, and the lease is 0: every pending entry is claimable at once.
 LEASE_TICKS = 10
 
-#: Claim the oldest pending entry whose lease has lapsed, in one statement: take a new
-#: fencing token (the attempt number) and a lease, and read the payload to send.
+#: The payload field whose value orders operations: one title's operations are delivered
+#: in acceptance order.
+ORDERING_KEY = "title"
+
+#: Claim the oldest pending entry whose lease has lapsed and that no earlier pending entry
+#: of the same key precedes, in one statement: take a new fencing token (the attempt
+#: number) and a lease, and read the payload to send. In a sequential trace this is the
+#: oldest pending entry, as the spec says.
 CLAIM_SQL = (
+    "UPDATE outbox SET attempt = attempt + 1, lease_until = ? WHERE rowid = ("
+    "SELECT o.rowid FROM outbox o JOIN operations op ON op.id = o.operation_id "
+    "WHERE o.state = 'pending' AND o.lease_until <= ? AND NOT EXISTS ("
+    "SELECT 1 FROM outbox e JOIN operations eo ON eo.id = e.operation_id "
+    "WHERE e.state = 'pending' AND e.rowid < o.rowid "
+    f"AND json_extract(eo.payload, '$.{ORDERING_KEY}') "
+    f"IS json_extract(op.payload, '$.{ORDERING_KEY}')) "
+    "ORDER BY o.rowid LIMIT 1) "
+    "RETURNING operation_id, attempt, (SELECT payload FROM operations WHERE id = operation_id)"
+)
+#: The same claim without the per-key condition: skip whatever is leased, take the next.
+CLAIM_SKIP_LOCKED_SQL = (
     "UPDATE outbox SET attempt = attempt + 1, lease_until = ? WHERE rowid = ("
     "SELECT rowid FROM outbox WHERE state = 'pending' AND lease_until <= ? "
     "ORDER BY rowid LIMIT 1) "
@@ -99,6 +117,7 @@ class ReferenceOutbox(System):
     name = "reference"
     description = "the correct two-store outbox (docs/system.md), extended to many operations"
     crash_points = REFERENCE_POINTS
+    ordering_key = ORDERING_KEY
 
     # -- stores ------------------------------------------------------------------------------
 
