@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("search", {"faultlab.machine", "faultlab.explore", "faultlab.shrink",
                 "faultlab.enumeration", "faultlab.coverage", "faultlab.data",
                 "faultlab.simplify", "faultlab.search", "faultlab.streams",
-                "faultlab.concurrent_explore"}),
+                "faultlab.concurrent_explore", "faultlab.concurrent_enumeration"}),
     ("front", {"faultlab.scenarios", "faultlab.zoo", "faultlab.corpus", "faultlab.report",
                "faultlab.redis_corpus", "faultlab.__main__", "faultlab.html_report",
                "faultlab.pytest_plugin", "faultlab.lane_report"}),

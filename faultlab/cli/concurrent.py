@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from faultlab.cli.common import check_format, load_system
 from faultlab.concurrent_explore import ConcurrentRecorder
@@ -134,3 +135,65 @@ def cmd_replay_concurrent(args: argparse.Namespace, traces: list[Trace | Concurr
         return EXIT_FOUND
     print(f"{len(plans)} traces replayed; every outcome matches")
     return EXIT_OK
+
+
+def cmd_enumerate_concurrent(args: argparse.Namespace) -> int:
+    import time
+
+    from faultlab import __version__, corpus, report
+    from faultlab.concurrent_enumeration import enumerate_concurrent
+    from faultlab.corpus import check_corpus_directory
+    from faultlab.lane_report import concurrent_table, concurrent_violation_lines
+    from faultlab.lanes import execute_concurrent
+
+    check_format(args.format)
+    check_corpus_directory(args.corpus)
+    system = load_system(args.system, args.deduplication)
+    max_steps: int = args.max_steps or 3
+    result = enumerate_concurrent(
+        system, concurrency=args.concurrency, operations=args.operations, max_steps=max_steps,
+        crashes=args.crashes, deduplication=args.deduplication, spawn=args.spawn,
+        deadline=args.deadline, progress=None if args.quiet else _enumerate_progress,
+    )
+    rows: list[list[Any]] = [
+        ["system", f"{system.ref}{'' if args.deduplication else ' (deduplication off)'}"],
+        ["budget", f"{args.concurrency} lanes, {args.operations} operations, "
+                   f"{args.crashes} kills, 1 tick, {max_steps} choices"],
+        ["sequences run", result.sequences],
+        ["not extended (state already explored)", result.pruned],
+        ["distinct states", result.states],
+        ["steps executed", result.steps],
+        ["wall time (s)", round(result.seconds, 2)],
+    ]
+    print(report.table(rows, ["enumerate", "value"], args.format))
+    if result.finding is None or result.execution is None:
+        print(f"\nclean: no invariant failed in {result.sequences} sequences")
+        return EXIT_OK
+    confirmed = execute_concurrent(
+        system, result.finding, concurrency=args.concurrency,
+        deduplication=args.deduplication, spawn=args.spawn, deadline=args.deadline,
+    )
+    if confirmed.verdict != result.execution.verdict:
+        print(f"\nnote: a finding ({result.execution.verdict.describe()}) showed "
+              f"{confirmed.verdict.describe()} on fresh stores; not reported")
+        return EXIT_OK
+    trace = ConcurrentTrace(
+        system=system.ref, deduplication=args.deduplication, concurrency=args.concurrency,
+        steps=list(result.finding), expected=confirmed.verdict,
+        violations=list(confirmed.violations),
+        meta={"found_by": "enumerate", "operations": args.operations, "crashes": args.crashes,
+              "max_steps": max_steps, "faultlab": __version__,
+              "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+    )
+    path = corpus.save(trace, args.corpus, system.name)
+    print(f"\nFOUND: {confirmed.verdict.describe()} with {len(result.finding) - args.operations} "
+          f"scheduling choices after {args.operations} accepts; saved {path}")
+    print(concurrent_table(confirmed, args.concurrency, args.format))
+    for line in concurrent_violation_lines(confirmed):
+        print(line)
+    print(f"replay with: python -m faultlab replay {path}")
+    return EXIT_FOUND
+
+
+def _enumerate_progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

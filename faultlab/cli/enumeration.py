@@ -15,6 +15,7 @@ from faultlab.cli.common import (
     add_spawn,
     add_system,
     check_format,
+    concurrency,
     count,
     load_system,
     positive_int,
@@ -60,6 +61,13 @@ def register(commands: Commands) -> None:
                              f"(default {default_jobs()}: two per core, at most {MAX_JOBS})")
     parser.add_argument("--first", action="store_true",
                         help="stop after the trace length at which something was first found")
+    parser.add_argument("--concurrency", type=concurrency, default=1, metavar="N",
+                        help="lanes (default 1: sequential traces, as above). With N >= 2: "
+                             "after --operations accepts of one key, every sequence of at "
+                             "most --max-steps scheduling choices (default 3: start a "
+                             "dispatcher or a direct delivery in a free lane, release or kill "
+                             "a held lane, one clock advance past a lease), each state "
+                             "explored once; stops at the first (shortest) finding")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_spawn(parser)
     add_format(parser)
@@ -71,6 +79,10 @@ def _progress(message: str) -> None:
 
 
 def cmd_enumerate(args: argparse.Namespace) -> int:
+    if args.concurrency > 1:
+        from faultlab.cli.concurrent import cmd_enumerate_concurrent
+
+        return cmd_enumerate_concurrent(args)
     from faultlab import __version__, corpus, report
     from faultlab.enumeration import confirm, enumerate_system
     from faultlab.process import Spawner
