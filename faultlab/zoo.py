@@ -71,6 +71,15 @@ class Budget:
 
 def judge(name: str, budget: Budget) -> Judgement:
     """Explore and enumerate one system (runs in a worker process of the pool)."""
+    from faultlab.concurrent_zoo import REFERENCE_CONCURRENT, judge_concurrent
+    from faultlab.system import concurrency_mutant_names
+
+    if name == REFERENCE_CONCURRENT or name in concurrency_mutant_names():
+        # only two lanes at once can show these
+        return Judgement(**judge_concurrent(
+            name, examples=budget.examples, steps=budget.steps, seed=budget.seed,
+            spawn=budget.spawn, deadline=budget.deadline, corpus_directory=budget.corpus,
+        ))
     from faultlab import corpus
     from faultlab.enumeration import enumerate_system
     from faultlab.explore import explore

@@ -145,3 +145,20 @@ def test_enumerate_concurrency_reference_clean_within_three_choices() -> None:
 
     result = enumerate_concurrent(load_system("reference"), concurrency=2, max_steps=3)
     assert result.finding is None and result.sequences > 50 and result.pruned > 0
+
+
+@pytest.mark.slow
+def test_mutants_command_judges_concurrency_mutants(tmp_path: Path) -> None:
+    output, corpus = tmp_path / "mutants.json", tmp_path / "corpus"
+    code, out, _ = cli("mutants", "--only", "reference-concurrent", "--only", "eager-rescue",
+                       "--output", str(output), "--corpus", str(corpus), "--jobs", "2")
+    assert code == 0, out
+    assert "PASS: 1 of 1 mutants caught by both explore and enumerate; reference clean" in out
+    rows = {row["system"]: row for row in json.loads(output.read_text())["systems"]}
+    assert not rows["reference-concurrent"]["explore_found"]
+    assert not rows["reference-concurrent"]["enumerate_found"]
+    mutant = rows["eager-rescue"]
+    assert mutant["explore_found"] and mutant["enumerate_found"]
+    assert mutant["shrunk_steps"] == mutant["minimal_steps"] == 3
+    (saved,) = corpus.glob("*.json")
+    assert isinstance(load(saved), ConcurrentTrace)

@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                 "faultlab.concurrent_explore", "faultlab.concurrent_enumeration"}),
     ("front", {"faultlab.scenarios", "faultlab.zoo", "faultlab.corpus", "faultlab.report",
                "faultlab.redis_corpus", "faultlab.__main__", "faultlab.html_report",
-               "faultlab.pytest_plugin", "faultlab.lane_report"}),
+               "faultlab.pytest_plugin", "faultlab.lane_report", "faultlab.concurrent_zoo"}),
 ]
 
 

@@ -57,7 +57,8 @@ def register(commands: Commands) -> None:
 
 def cmd_mutants(args: argparse.Namespace) -> int:
     from faultlab import report
-    from faultlab.system import builtin_names
+    from faultlab.concurrent_zoo import REFERENCE_CONCURRENT
+    from faultlab.system import builtin_names, concurrency_mutant_names
     from faultlab.trace import write_json_atomically
     from faultlab.zoo import Budget, Judgement, judge_all, timing_summary
 
@@ -65,7 +66,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     check_corpus_directory(args.corpus)
     if args.output is not None:
         check_output_path(args.output)
-    names = builtin_names()
+    names = [*builtin_names(), REFERENCE_CONCURRENT, *concurrency_mutant_names()]
     if args.only:
         unknown = [name for name in args.only if name not in names]
         if unknown:
