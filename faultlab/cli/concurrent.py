@@ -11,6 +11,7 @@ from faultlab.cli.common import check_format, load_system
 from faultlab.concurrent_explore import ConcurrentRecorder
 from faultlab.concurrent_trace import ConcurrentTrace
 from faultlab.errors import EXIT_FOUND, EXIT_OK, UsageError
+from faultlab.streams import Shard
 from faultlab.trace import Trace, Verdict
 
 
@@ -26,16 +27,19 @@ def _progress(recorder: ConcurrentRecorder) -> None:
 def cmd_explore_concurrent(args: argparse.Namespace) -> int:
     from faultlab import corpus, report
     from faultlab.concurrent_explore import explore_concurrent
-    from faultlab.corpus import check_corpus_directory
     from faultlab.explore import HYPOTHESIS_VERSION
     from faultlab.lane_report import concurrent_table, concurrent_violation_lines
 
     check_format(args.format)
-    check_corpus_directory(args.corpus)
+    directory = _corpus_directory(args)
     if args.hypothesis_shrink:
         raise UsageError("--hypothesis-shrink does not apply with --concurrency above 1")
-    if getattr(args, "html", None) is not None:
-        raise UsageError("--html does not apply with --concurrency above 1 yet")
+    for given, option in ((getattr(args, "html", None) is not None, "--html"),
+                          (getattr(args, "duration", None) is not None, "--duration"),
+                          (getattr(args, "jobs", 1) != 1, "--jobs"),
+                          (getattr(args, "shard", None) not in (None, Shard()), "--shard")):
+        if given:
+            raise UsageError(f"{option} does not apply with --concurrency above 1 yet")
     system = load_system(args.system, args.deduplication)
     result = explore_concurrent(
         system, concurrency=args.concurrency, deduplication=args.deduplication,
@@ -63,7 +67,7 @@ def cmd_explore_concurrent(args: argparse.Namespace) -> int:
     if result.trace is None:
         print(f"\nclean: no invariant failed in {stats['examples']} examples")
         return EXIT_OK
-    path = corpus.save(result.trace, args.corpus, system.name)
+    path = corpus.save(result.trace, directory, system.name)
     verdict = result.trace.expected.describe() if result.trace.expected else "?"
     print(f"\nFOUND: {verdict}, shrunk to {result.shrunk_steps} scheduling steps; saved {path}")
     if result.replay is not None:
@@ -142,12 +146,11 @@ def cmd_enumerate_concurrent(args: argparse.Namespace) -> int:
 
     from faultlab import __version__, corpus, report
     from faultlab.concurrent_enumeration import enumerate_concurrent
-    from faultlab.corpus import check_corpus_directory
     from faultlab.lane_report import concurrent_table, concurrent_violation_lines
     from faultlab.lanes import execute_concurrent
 
     check_format(args.format)
-    check_corpus_directory(args.corpus)
+    directory = _corpus_directory(args)
     system = load_system(args.system, args.deduplication)
     max_steps: int = args.max_steps or 3
     result = enumerate_concurrent(
@@ -185,7 +188,7 @@ def cmd_enumerate_concurrent(args: argparse.Namespace) -> int:
               "max_steps": max_steps, "faultlab": __version__,
               "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
     )
-    path = corpus.save(trace, args.corpus, system.name)
+    path = corpus.save(trace, directory, system.name)
     print(f"\nFOUND: {confirmed.verdict.describe()} with {len(result.finding) - args.operations} "
           f"scheduling choices after {args.operations} accepts; saved {path}")
     print(concurrent_table(confirmed, args.concurrency, args.format))
@@ -197,3 +200,15 @@ def cmd_enumerate_concurrent(args: argparse.Namespace) -> int:
 
 def _enumerate_progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def _corpus_directory(args: argparse.Namespace) -> Path:
+    """Concurrent findings go to a corpus directory (not yet to a Redis corpus)."""
+    from faultlab.corpus import check_corpus_directory
+
+    target = str(args.corpus)
+    if "://" in target:
+        raise UsageError(f"--corpus {target}: concurrent findings go to a directory, not yet "
+                         "to a Redis corpus")
+    check_corpus_directory(Path(target))
+    return Path(target)
