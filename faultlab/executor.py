@@ -134,6 +134,9 @@ class Executor:
         self.close()
 
     def close(self) -> None:
+        owned = self._temporary or self._requested_directory is not None  # not a resumed branch
+        if owned and self.directory != Path():
+            self.system.release(self.directory)  # PostgreSQL databases never outlive a trace
         if self._temporary and self.directory != Path():
             shutil.rmtree(self.directory, ignore_errors=True)
 

@@ -48,6 +48,12 @@ class Context:
     def connect(self, filename: str) -> sqlite3.Connection:
         return connect(self.directory / filename)
 
+    def connect_postgres(self, store: str) -> Any:
+        from faultlab import pgcrash, pgstores
+
+        traced = pgcrash.traced_connection_class() if crash.armed_counter() else None
+        return pgstores.connect(self.directory, store, connection_class=traced)
+
     def call_service(self, operation_id: str, payload: str) -> ProcessRecord:
         point = self.system.crash_point(self.spec.crash or "")
         service_crash = self.spec.crash if point is not None and point.role == "service" else None

@@ -62,6 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from faultlab.system.command import set_init_deadline
 
             set_init_deadline(args.deadline)  # a command-line system's init obeys it too
+        if getattr(args, "postgres", None) is not None:
+            from faultlab import pgstores
+
+            pgstores.configure(args.postgres)
         result: int = args.handler(args)
         return result
     except UsageError as error:
@@ -73,3 +77,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("faultlab: interrupted", file=sys.stderr)
         return 130
+    finally:
+        _close_postgres()
+
+
+def _close_postgres() -> None:
+    """Drop every PostgreSQL database this run created (only if one was used at all)."""
+    pgstores = sys.modules.get("faultlab.pgstores")
+    if pgstores is None:
+        return
+    for problem in pgstores.close_run():
+        print(f"faultlab: could not drop {problem}", file=sys.stderr)

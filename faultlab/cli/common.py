@@ -50,6 +50,12 @@ def add_system(parser: argparse.ArgumentParser, *, dedup: bool = True) -> None:
         help="system under test: a built-in name (reference, or a bug-zoo mutant; see "
              "`faultlab systems`), package.module:attribute, or path/to/system.json",
     )
+    parser.add_argument(
+        "--postgres", metavar="DSN",
+        help="PostgreSQL server for systems with PostgreSQL stores (reference-pg, ...): a "
+             "libpq connection string or URI; default: libpq's environment (PGHOST, PGPORT, "
+             "PGUSER, ...). faultlab creates and drops its own marked databases there",
+    )
     if dedup:
         parser.add_argument(
             "--no-deduplication", dest="deduplication", action="store_false",

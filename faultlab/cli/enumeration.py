@@ -21,7 +21,7 @@ from faultlab.cli.common import (
     positive_int,
 )
 from faultlab.corpus import DEFAULT_CORPUS, check_corpus_directory
-from faultlab.errors import EXIT_FOUND, EXIT_OK
+from faultlab.errors import EXIT_FOUND, EXIT_OK, UsageError
 
 MAX_JOBS = 8
 
@@ -91,6 +91,9 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
     check_format(args.format)
     check_corpus_directory(args.corpus)
     system = load_system(args.system, args.deduplication)
+    if system.store_kind != "sqlite":  # branches copy the run directory's store files
+        raise UsageError(f"enumerate: system {system.name!r} keeps its stores in "
+                         f"{system.store_kind}; enumerate needs SQLite stores (use explore)")
     max_steps = args.max_steps or defaults.max_steps(args.operations, args.crashes)
     spawners = [Spawner(args.spawn) for _ in range(args.jobs)]
     try:

@@ -122,3 +122,8 @@ def arm_statement_point(name: str) -> None:
         return connection
 
     sqlite3.connect = traced_connect  # type: ignore[assignment]
+
+
+def armed_counter() -> StatementCounter | None:
+    """The statement point armed in this process, if any (PostgreSQL connections use it too)."""
+    return _counter

@@ -22,6 +22,7 @@ from faultlab.system.contract import (
 
 __all__ = [
     "REFERENCE", "CrashPoint", "Refusal", "System", "WorkerContext", "builtin_names", "load_system",
+    "postgres_names",
 ]
 
 _cache: dict[str, System] = {}
@@ -63,6 +64,19 @@ def builtin_names() -> list[str]:
     return list(_builtins())
 
 
+def postgres_names() -> list[str]:
+    """Built-in systems on PostgreSQL (``reference-pg`` and its zoo); they need psycopg."""
+    from faultlab.system.reference_pg import POSTGRES_SYSTEMS
+
+    return list(POSTGRES_SYSTEMS)
+
+
+def _postgres(name: str) -> System:
+    from faultlab.system.reference_pg import POSTGRES_SYSTEMS
+
+    return POSTGRES_SYSTEMS[name]()
+
+
 def load_system(ref: str) -> System:
     """Resolve a system reference, or raise UsageError naming what is wrong."""
     if ref in _cache:
@@ -72,6 +86,8 @@ def load_system(ref: str) -> System:
         builtins = _concurrency_builtins()  # named apart: sequential traces cannot catch them
     if ref in builtins:
         system = builtins[ref]()
+    elif ref.endswith("-pg") and ref in postgres_names():
+        system = _postgres(ref)
     elif ref.endswith(".json"):
         from faultlab.system.command import load_command_system
 
@@ -79,7 +95,7 @@ def load_system(ref: str) -> System:
     elif ":" in ref:
         system = _load_python_system(ref)
     else:
-        known = ", ".join(builtins)
+        known = ", ".join([*builtins, *postgres_names()])
         raise UsageError(
             f"unknown system {ref!r} (built-in: {known}; or package.module:attribute, "
             "or path/to/system.json)"

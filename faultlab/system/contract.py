@@ -15,12 +15,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from faultlab.errors import UsageError
 from faultlab.nemesis.crash import is_statement_point
 from faultlab.records import ProcessRecord, WorkerSpec
 from faultlab.stores import Snapshot
+
+if TYPE_CHECKING:
+    import psycopg
 
 Role = Literal["accept", "dispatch", "service"]
 ROLES: tuple[Role, ...] = ("accept", "dispatch", "service")
@@ -107,6 +110,14 @@ class WorkerContext(Protocol):
     def connect(self, filename: str) -> sqlite3.Connection:
         """Open a store in the run directory that faultlab initialised (marker checked)."""
 
+    def connect_postgres(self, store: str) -> psycopg.Connection[Any]:
+        """Open a PostgreSQL store of this trace (marker checked; see faultlab.pgstores).
+
+        Only for systems whose ``initialise`` made PostgreSQL stores
+        (``faultlab.pgstores.create_stores``); the connection is psycopg's default
+        (a transaction starts with the first statement; ``commit()`` ends it).
+        """
+
     def call_service(self, operation_id: str, payload: str) -> ProcessRecord:
         """Run the service role as a child process of this worker and wait for it."""
 
@@ -144,6 +155,9 @@ class System(ABC):
     #: A payload field that orders operations (None: no order): the relay must deliver the
     #: operations of one key in acceptance order. Concurrent traces check it (``ORDER``).
     ordering_key: str | None = None
+    #: where the stores live: "sqlite" (files in the run directory) or "postgres"
+    #: (databases cloned per trace; see faultlab.pgstores)
+    store_kind: str = "sqlite"
     ref: str = ""
 
     @abstractmethod
@@ -165,6 +179,14 @@ class System(ABC):
     @abstractmethod
     def snapshot(self, directory: Path) -> Snapshot:
         """Read both stores (without writing) into the four-table model."""
+
+    def release(self, directory: Path) -> None:
+        """Free what ``initialise`` made outside ``directory`` (PostgreSQL databases).
+
+        Called when the trace ends, before the directory is removed. SQLite systems keep
+        everything in the directory and need nothing here.
+        """
+        return None
 
     def crash_point(self, name: str) -> CrashPoint | None:
         return next((point for point in self.crash_points if point.name == name), None)

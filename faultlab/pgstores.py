@@ -1,0 +1,538 @@
+"""PostgreSQL stores: a template per schema, a marked clone per trace, nothing left behind.
+
+One :class:`PostgresRun` lives in the process that drives a run (the CLI, a
+test). It builds a *template* database once per schema, then gives each trace
+fresh databases cloned with ``CREATE DATABASE ... TEMPLATE`` (about 30 ms each
+on a local server: ``bench/postgres.py``). A background thread keeps a small
+pool of clones ready and drops released ones, so a trace rarely waits for the
+server's file copies. :func:`close_run` drops everything the run created; the
+CLI calls it on every exit path (success, failure, Ctrl-C, SIGTERM).
+
+Every database faultlab creates is marked twice: a ``faultlab_marker`` table
+holding the run id (copied into every clone; workers and snapshots check it
+before anything else) and ``COMMENT ON DATABASE`` starting with
+:data:`COMMENT_PREFIX`. faultlab drops a database only if its name has this
+run's prefix *and* it carries the comment. Names are ``faultlab_<pid>_<random>``
+plus a suffix, so parallel runs on one server never collide.
+
+A trace's run directory holds ``postgres.json``: the connection string and the
+database of each store. That is how workers (other processes) find their stores.
+
+psycopg is imported only when a PostgreSQL store is used: the SQLite path never
+needs it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import queue
+import secrets
+import select
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType, ModuleType
+from typing import TYPE_CHECKING, Any
+
+from faultlab.errors import ExecutionError, UsageError
+from faultlab.stores import StoreError
+
+if TYPE_CHECKING:
+    import psycopg
+
+STORES_FILE = "postgres.json"
+NAME_PREFIX = "faultlab_"
+COMMENT_PREFIX = "faultlab store"
+MARKER_TABLE = "faultlab_marker"
+#: how long a killed worker's backend may take to go away before faultlab reports it
+BACKEND_EXIT_BOUND = 5.0
+#: clones kept ready per template by the background thread
+POOL_SIZE = 2
+
+_dsn: str | None = None
+_run: PostgresRun | None = None
+_run_lock = threading.Lock()
+
+
+def psycopg_module() -> ModuleType:
+    """Import psycopg, or explain (one line, exit 2) how to install it."""
+    try:
+        import psycopg
+    except ImportError:
+        raise UsageError(
+            "PostgreSQL stores need psycopg 3: pip install 'faultlab[postgres]'"
+        ) from None
+    return psycopg
+
+
+def configure(dsn: str | None) -> None:
+    """Use ``dsn`` (a libpq connection string or URI) instead of libpq's environment."""
+    global _dsn
+    if _run is not None and dsn != _dsn:
+        raise UsageError("--postgres cannot change once a PostgreSQL run has started")
+    _dsn = dsn
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def conninfo_for(base: str, **extra: str) -> str:
+    """``base`` with keywords overridden (libpq keyword/value form)."""
+    from psycopg.conninfo import make_conninfo
+
+    return str(make_conninfo(base, **extra))
+
+
+def _describe_server(base: str) -> str:
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        params = conninfo_to_dict(base)
+    except Exception:  # noqa: BLE001 - only used in a message
+        params = {}
+    host = params.get("host") or os.environ.get("PGHOST") or "the default socket"
+    port = params.get("port") or os.environ.get("PGPORT") or "5432"
+    user = params.get("user") or os.environ.get("PGUSER") or "the current user"
+    return f"PostgreSQL at {host}:{port} as {user}"
+
+
+def _admin_connect(base: str) -> psycopg.Connection[Any]:
+    """A maintenance connection (autocommit) to the server's ``postgres`` database.
+
+    Connection failures (no server, wrong credentials) are bad input: one line, exit 2.
+    """
+    pg = psycopg_module()
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        params = conninfo_to_dict(base)
+    except pg.ProgrammingError as error:
+        raise UsageError(f"--postgres: not a connection string: {error}") from None
+    dbname = str(params.get("dbname") or "postgres")
+    try:
+        connection: psycopg.Connection[Any] = pg.connect(
+            conninfo_for(base, dbname=dbname, application_name="faultlab-admin"),
+            autocommit=True, connect_timeout=5,
+        )
+    except pg.OperationalError as error:
+        first = (str(error).strip().splitlines() or ["no message"])[-1].strip()
+        raise UsageError(f"cannot connect to {_describe_server(base)}: {first}") from None
+    return connection
+
+
+@dataclass
+class _Template:
+    name: str
+    ready: queue.Queue[str] = field(default_factory=queue.Queue)
+
+
+class PostgresRun:
+    """Everything one run created on the server; drops all of it on :meth:`close`."""
+
+    def __init__(self, dsn: str | None, *, pool: int = POOL_SIZE) -> None:
+        self.base = dsn or ""
+        self.run_id = f"{os.getpid()}_{secrets.token_hex(3)}"
+        self.prefix = f"{NAME_PREFIX}{self.run_id}_"
+        self.application = f"faultlab-{self.run_id}"
+        self.pool = pool
+        self._admin = _admin_connect(self.base)
+        self._lock = threading.RLock()  # guards the admin connection and the sets below
+        self._names = 0
+        self.created: set[str] = set()
+        self._templates: dict[str, _Template] = {}
+        self._work: queue.Queue[tuple[str, str] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._background: psycopg.Connection[Any] | None = None
+        self.clones = 0
+        self.clone_seconds = 0.0
+        self.waits = 0
+
+    # -- naming and marking -----------------------------------------------------------------
+
+    def _new_name(self, kind: str) -> str:
+        with self._lock:
+            self._names += 1
+            return f"{self.prefix}{kind}{self._names}"
+
+    def _create(self, connection: psycopg.Connection[Any], name: str,
+                template: str | None) -> None:
+        """CREATE DATABASE (from ``template``) and mark it; recorded before it exists."""
+        with self._lock:
+            self.created.add(name)
+        clause = f" TEMPLATE {quote_ident(template)}" if template else ""
+        connection.execute(f"CREATE DATABASE {quote_ident(name)}{clause}")
+        connection.execute(
+            f"COMMENT ON DATABASE {quote_ident(name)} IS "
+            f"'{COMMENT_PREFIX} {self.run_id}: dropped when the run ends'"
+        )
+
+    def _drop(self, connection: psycopg.Connection[Any], name: str) -> None:
+        """Drop a database this run created and marked; anything else is refused."""
+        if not name.startswith(self.prefix) or name not in self.created:
+            raise StoreError(f"database {name}: not created by this faultlab run; not dropping")
+        row = connection.execute(
+            "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
+            (name,),
+        ).fetchone()
+        if row is None:  # never created (interrupted CREATE) or already gone
+            with self._lock:
+                self.created.discard(name)
+            return
+        if not str(row[0] or "").startswith(f"{COMMENT_PREFIX} {self.run_id}"):
+            raise StoreError(f"database {name}: no faultlab marker; not dropping")
+        connection.execute(f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
+        with self._lock:
+            self.created.discard(name)
+
+    # -- templates and clones ---------------------------------------------------------------
+
+    def template(self, schema: str) -> str:
+        """The template database for ``schema``, built on first use in this run."""
+        with self._lock:
+            known = self._templates.get(schema)
+        if known is not None:
+            return known.name
+        name = self._new_name("t")
+        with self._lock:
+            self._create(self._admin, name, None)
+        pg = psycopg_module()
+        try:
+            with pg.connect(conninfo_for(self.base, dbname=name,
+                                              application_name=f"{self.application}-template"),
+                                 autocommit=True) as connection:
+                with connection.transaction():
+                    connection.execute(f"CREATE TABLE {MARKER_TABLE} (run TEXT NOT NULL)")
+                    connection.execute(f"INSERT INTO {MARKER_TABLE} VALUES (%s)", (self.run_id,))
+                    for statement in (s.strip() for s in schema.split(";")):
+                        if statement:
+                            connection.execute(statement)
+        except pg.Error as error:
+            raise UsageError(f"schema of template {name}: {error}".splitlines()[0]) from None
+        with self._lock:
+            self._templates[schema] = _Template(name)
+        self._start_background()
+        return name
+
+    def clone(self, schema: str) -> str:
+        """A fresh marked database with ``schema``: from the pool, or cloned now."""
+        template_name = self.template(schema)
+        with self._lock:
+            template = self._templates[schema]
+        try:
+            name = template.ready.get_nowait()
+        except queue.Empty:
+            self.waits += 1
+            name = self._new_name("c")
+            started = time.perf_counter()
+            with self._lock:
+                self._create(self._admin, name, template_name)
+            self.clone_seconds += time.perf_counter() - started
+            self.clones += 1
+        self._work.put(("fill", schema))
+        return name
+
+    def release(self, name: str) -> None:
+        """Drop ``name`` in the background (at once when there is no background thread)."""
+        if self._thread is None:
+            with self._lock:
+                self._drop(self._admin, name)
+        else:
+            self._work.put(("drop", name))
+
+    def _start_background(self) -> None:
+        if self._thread is not None or self.pool <= 0:
+            return
+        pg = psycopg_module()
+        self._background = pg.connect(
+            conninfo_for(self.base, dbname=self._admin.info.dbname,
+                         application_name="faultlab-admin"),
+            autocommit=True,
+        )
+        self._thread = threading.Thread(target=self._serve, name="faultlab-pg-pool", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        """Background: keep ``pool`` clones ready per template; drop released databases."""
+        connection = self._background
+        if connection is None:
+            return
+        while True:
+            item = self._work.get()
+            if item is None:
+                return
+            kind, value = item
+            try:
+                if kind == "drop":
+                    self._drop(connection, value)
+                    continue
+                with self._lock:
+                    template = self._templates[value]
+                while template.ready.qsize() < self.pool:
+                    name = self._new_name("c")
+                    started = time.perf_counter()
+                    self._create(connection, name, template.name)
+                    self.clone_seconds += time.perf_counter() - started
+                    self.clones += 1
+                    template.ready.put(name)
+            except Exception:  # noqa: BLE001 - close() drops whatever is left
+                continue
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def close(self) -> list[str]:
+        """Stop the pool and drop every database this run created; return what could not be."""
+        if self._thread is not None:
+            self._work.put(None)
+            self._thread.join(timeout=60)
+            self._thread = None
+        if self._background is not None:
+            self._background.close()
+            self._background = None
+        left: list[str] = []
+        with self._lock:
+            names = sorted(self.created, key=lambda n: (n.startswith(f"{self.prefix}t"), n))
+        for name in names:  # clones first, then the templates they came from
+            try:
+                with self._lock:
+                    self._drop(self._admin, name)
+            except Exception as error:  # noqa: BLE001 - reported by the caller
+                left.append(f"{name}: {error}")
+        self._admin.close()
+        return left
+
+
+def current_run() -> PostgresRun:
+    """This process's run, started (connected, signal handlers installed) on first use."""
+    global _run
+    with _run_lock:
+        if _run is None:
+            _run = PostgresRun(_dsn if _dsn is not None else os.environ.get("FAULTLAB_POSTGRES"))
+            atexit.register(close_run)
+            _install_sigterm()
+        return _run
+
+
+def active_run() -> PostgresRun | None:
+    return _run
+
+
+def close_run() -> list[str]:
+    """Drop everything the run created (idempotent); the CLI calls it on every exit path."""
+    global _run
+    with _run_lock:
+        run, _run = _run, None
+    return run.close() if run is not None else []
+
+
+def _install_sigterm() -> None:
+    """SIGTERM ends the run like Ctrl-C (so its databases are dropped), if nobody handles it."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+# --- the stores of one trace ----------------------------------------------------------------
+
+
+def create_stores(directory: Path, schemas: dict[str, str]) -> None:
+    """Give the trace in ``directory`` one fresh database per store (``{store: schema}``)."""
+    path = directory / STORES_FILE
+    if path.exists():
+        raise StoreError(f"{path}: already exists; faultlab only initialises new stores")
+    run = current_run()
+    databases: dict[str, str] = {}
+    try:
+        for store, schema in schemas.items():
+            databases[store] = run.clone(schema)
+        data = {"conninfo": run.base, "run": run.run_id, "application": run.application,
+                "databases": databases}
+        path.write_text(json.dumps(data, sort_keys=True), encoding="utf-8")
+    except BaseException:
+        for name in databases.values():
+            run.release(name)
+        raise
+
+
+def release_stores(directory: Path) -> None:
+    """Drop the trace's databases (the run drops them anyway when it ends)."""
+    path = directory / STORES_FILE
+    run = active_run()
+    if run is None or not path.is_file():
+        return
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if data.get("run") != run.run_id:
+        return
+    for name in data.get("databases", {}).values():
+        run.release(str(name))
+    path.unlink()
+
+
+@dataclass(frozen=True)
+class StoreInfo:
+    conninfo: str
+    run: str
+    application: str
+    databases: dict[str, str]
+
+
+_info_cache: dict[str, StoreInfo] = {}
+
+
+def stores_info(directory: Path) -> StoreInfo:
+    key = os.fspath(directory)
+    cached = _info_cache.get(key)
+    if cached is not None:
+        return cached
+    path = directory / STORES_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        info = StoreInfo(str(data["conninfo"]), str(data["run"]), str(data["application"]),
+                         {str(k): str(v) for k, v in data["databases"].items()})
+    except FileNotFoundError:
+        raise StoreError(f"{path}: no PostgreSQL stores here (initialise with faultlab)") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise StoreError(f"{path}: unreadable: {error}") from None
+    _info_cache[key] = info
+    return info
+
+
+def connect(directory: Path, store: str, *, role: str = "worker",
+            connection_class: type[Any] | None = None) -> psycopg.Connection[Any]:
+    """Open a store of the trace in ``directory`` (marker checked before anything else).
+
+    The connection's ``application_name`` names the run and this process's pid, so the
+    driver can see in ``pg_stat_activity`` whether a killed worker's backend is gone.
+    """
+    pg = psycopg_module()
+    info = stores_info(directory)
+    if store not in info.databases:
+        known = ", ".join(sorted(info.databases))
+        raise StoreError(f"no PostgreSQL store {store!r} (stores: {known})")
+    database = info.databases[store]
+    factory = connection_class or pg.Connection
+    try:
+        connection: psycopg.Connection[Any] = factory.connect(
+            conninfo_for(info.conninfo, dbname=database,
+                         application_name=f"{info.application}-{role}-{os.getpid()}"),
+        )
+    except pg.OperationalError as error:
+        first = (str(error).strip().splitlines() or ["no message"])[-1].strip()
+        raise StoreError(f"database {database}: cannot connect: {first}") from None
+    try:
+        cursor = pg.Cursor(connection)  # untraced: the marker check is faultlab's
+        cursor.execute(f"SELECT run FROM {MARKER_TABLE}")
+        row = cursor.fetchone()
+        connection.rollback()
+    except pg.Error:
+        connection.close()
+        raise StoreError(
+            f"database {database}: not created by faultlab (no marker); refusing to write"
+        ) from None
+    if row is None or row[0] != info.run:
+        connection.close()
+        raise StoreError(f"database {database}: marked by another faultlab run; refusing")
+    return connection
+
+
+def query(directory: Path, store: str, queries: dict[str, str]) -> dict[str, list[tuple[Any, ...]]]:
+    """Run queries in one READ ONLY transaction on a store; a query that writes is refused."""
+    pg = psycopg_module()
+    connection = connect(directory, store, role="snapshot")
+    try:
+        connection.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        rows: dict[str, list[tuple[Any, ...]]] = {}
+        for name, sql in queries.items():
+            try:
+                rows[name] = [tuple(row) for row in connection.execute(sql).fetchall()]
+            except pg.Error as error:
+                message = (str(error).strip().splitlines() or ["no message"])[0]
+                raise StoreError(f"snapshot query {name!r}: {message}") from None
+        connection.rollback()
+        return rows
+    finally:
+        connection.close()
+
+
+def wait_for_backends(directory: Path, bound: float = BACKEND_EXIT_BOUND) -> None:
+    """Wait until no worker of this trace has a backend left on its databases.
+
+    A SIGKILLed worker's backend ends when the server sees the socket close; until then it
+    may still hold the row locks of an open transaction. After ``bound`` seconds a lingering
+    backend is reported (ExecutionError), not waited on forever.
+    """
+    info = stores_info(directory)
+    run = active_run()
+    if run is None:
+        raise ExecutionError("no PostgreSQL run is active in this process")
+    names = list(info.databases.values())
+    pattern = f"{info.application}-worker-%"
+    end = time.monotonic() + bound
+    delay = 0.001
+    while True:
+        with run._lock:
+            rows = run._admin.execute(
+                "SELECT pid, application_name, datname, state, "
+                "(SELECT count(*) FROM pg_locks l WHERE l.pid = a.pid AND l.granted) "
+                "FROM pg_stat_activity a WHERE datname = ANY(%s) AND application_name LIKE %s",
+                (names, pattern),
+            ).fetchall()
+        if not rows:
+            return
+        if time.monotonic() >= end:
+            pid, application, datname, state, locks = rows[0]
+            raise ExecutionError(
+                f"backend {pid} ({application}) on {datname} is still {state} with {locks} "
+                f"locks {bound:g}s after its worker ended; not waiting for it"
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def send_commit_then(connection: psycopg.Connection[Any], then: Callable[[], None]) -> None:
+    """Send COMMIT, run ``then`` before reading the reply (a crash point), then finish.
+
+    If ``then`` SIGKILLs the process, the COMMIT is on the wire and its reply is never
+    read: the client cannot know whether it committed; only the server's state tells.
+    """
+    from psycopg import pq
+
+    pgconn = connection.pgconn
+    pgconn.send_query(b"COMMIT")
+    while pgconn.flush() != 0:  # nonblocking connection: wait until every byte is sent
+        select.select([], [pgconn.socket], [], 1.0)
+    then()
+    error: str | None = None
+    while True:
+        while pgconn.is_busy():
+            select.select([pgconn.socket], [], [], 1.0)
+            pgconn.consume_input()
+        result = pgconn.get_result()
+        if result is None:
+            break
+        if result.status != pq.ExecStatus.COMMAND_OK:
+            error = (result.error_message or b"COMMIT failed").decode(errors="replace")
+    if error is not None:
+        raise psycopg_module().OperationalError(error.strip())
+
+
+def list_databases(admin: psycopg.Connection[Any], prefix: str = NAME_PREFIX) -> list[str]:
+    """Names of databases starting with ``prefix`` (tests check none is left behind)."""
+    rows = admin.execute(
+        "SELECT datname FROM pg_database WHERE starts_with(datname, %s) ORDER BY 1", (prefix,)
+    ).fetchall()
+    return [str(row[0]) for row in rows]
