@@ -468,13 +468,14 @@ def query(directory: Path, store: str, queries: dict[str, str]) -> dict[str, lis
         connection.close()
 
 
-def wait_for_backends(directory: Path, bound: float = BACKEND_EXIT_BOUND) -> None:
+def wait_for_backends(directory: Path, bound: float | None = None) -> None:
     """Wait until no worker of this trace has a backend left on its databases.
 
     A SIGKILLed worker's backend ends when the server sees the socket close; until then it
     may still hold the row locks of an open transaction. After ``bound`` seconds a lingering
     backend is reported (ExecutionError), not waited on forever.
     """
+    bound = BACKEND_EXIT_BOUND if bound is None else bound
     info = stores_info(directory)
     run = active_run()
     if run is None:

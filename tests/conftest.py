@@ -11,6 +11,7 @@ workers (which get it as ``PYTHONPATH``).
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,7 +49,6 @@ def reference() -> System:
 
 def required_services() -> set[str]:
     """FAULTLAB_REQUIRE_SERVICES (comma list, set by .ci/run): services that must be present."""
-    import os
 
     names = os.environ.get("FAULTLAB_REQUIRE_SERVICES", "")
     return {name.strip() for name in names.split(",") if name.strip()}

@@ -10,6 +10,8 @@ import os
 import time
 from typing import Any
 
+from faultlab.crash import kill_self
+
 from faultlab.system.contract import WorkerContext
 from faultlab.system.reference import ReferenceOutbox
 
@@ -110,3 +112,42 @@ class DeclaredDataOutbox(ReferenceOutbox):
 
         return st.integers(1, 99999).map(lambda n: f"ORD-{n:05d}")
 
+
+def _lingering_pg() -> type[Any]:
+    from faultlab.system.reference_pg import ReferencePg
+
+    class LingeringPg(ReferencePg):
+        """accept locks its row, hands its connection to a child that outlives it, dies.
+
+        The child keeps the socket open, so the server cannot end the backend: it lingers
+        holding the row lock, which faultlab must report instead of waiting forever. The
+        child exits by itself after LINGER seconds.
+        """
+
+        name = "lingering-pg"
+
+        def accept(
+            self, context: WorkerContext, operation_id: str, payload: str
+        ) -> dict[str, Any]:
+            connection = context.connect_postgres("caller")
+            connection.execute(
+                "INSERT INTO operations (id, payload, state) VALUES (%s, %s, 'pending')",
+                (operation_id, payload),
+            )
+            if os.fork() == 0:  # keeps the socket, not the worker's output pipes
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, 1)
+                os.dup2(devnull, 2)
+                time.sleep(float(os.environ.get("FAULTLAB_TEST_LINGER", "3")))
+                os._exit(0)
+            kill_self()
+            raise AssertionError("unreachable")
+
+    return LingeringPg
+
+
+def __getattr__(name: str) -> Any:
+    """PostgreSQL test systems are built on first use, so psycopg stays optional here."""
+    if name == "LingeringPg":
+        return _lingering_pg()
+    raise AttributeError(name)

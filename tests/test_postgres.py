@@ -1,0 +1,294 @@
+"""PostgreSQL stores and reference-pg, against the real local server.
+
+Skipped with a reason when no server answers; failed instead when
+FAULTLAB_REQUIRE_SERVICES names ``postgres``. Every test checks that no
+``faultlab_`` database it created is left on the server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, require_service
+
+from faultlab.errors import ExecutionError, UsageError
+from faultlab.process import Spawner, child_environment
+from faultlab.scenarios import SCENARIOS
+from faultlab.stores import StoreError
+from faultlab.system import load_system
+from faultlab.trace import Executor, Step, execute
+
+psycopg = pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed")
+
+from faultlab import pgstores  # noqa: E402
+
+DSN = os.environ.get("FAULTLAB_TEST_POSTGRES", "")
+PAYLOAD = {"title": "invoice", "count": 3}
+
+
+def _admin() -> Any:
+    try:
+        return psycopg.connect(pgstores.conninfo_for(DSN, dbname="postgres"), autocommit=True,
+                               connect_timeout=3)
+    except psycopg.OperationalError as error:
+        require_service("postgres", str(error).strip().splitlines()[-1])
+
+
+def _faultlab_databases(admin: Any) -> set[str]:
+    return set(pgstores.list_databases(admin))
+
+
+@pytest.fixture()
+def server() -> Iterator[Any]:
+    """The admin connection; afterwards the run is closed and no new faultlab_ database exists."""
+    admin = _admin()
+    before = _faultlab_databases(admin)
+    pgstores.configure(DSN or None)
+    try:
+        yield admin
+    finally:
+        problems = pgstores.close_run()
+        left = _faultlab_databases(admin) - before
+        admin.close()
+        assert problems == []
+        assert left == set(), f"databases left behind: {sorted(left)}"
+
+
+@pytest.fixture()
+def reference_pg(server: Any) -> Any:
+    return load_system("reference-pg")
+
+
+def test_a_trace_gets_fresh_marked_databases_that_are_dropped(server: Any, tmp_path: Path,
+                                                                reference_pg: Any) -> None:
+    reference_pg.initialise(tmp_path)
+    info = json.loads((tmp_path / pgstores.STORES_FILE).read_text())
+    names = sorted(info["databases"].values())
+    assert len(set(names)) == 2 and all(n.startswith(f"faultlab_{os.getpid()}_") for n in names)
+    rows = server.execute(
+        "SELECT datname, shobj_description(oid, 'pg_database') FROM pg_database "
+        "WHERE datname = ANY(%s) ORDER BY 1", (names,)).fetchall()
+    assert [r[0] for r in rows] == names
+    assert all(r[1].startswith(pgstores.COMMENT_PREFIX) for r in rows)
+    connection = pgstores.connect(tmp_path, "caller")
+    try:
+        assert connection.execute("SELECT count(*) FROM operations").fetchone() == (0,)
+    finally:
+        connection.close()
+    assert reference_pg.snapshot(tmp_path).counts()["tickets"] == 0
+    reference_pg.release(tmp_path)
+    pgstores.close_run()
+    assert not set(names) & _faultlab_databases(server)
+
+
+def test_a_database_without_the_marker_is_neither_written_nor_dropped(server: Any,
+                                                                      tmp_path: Path) -> None:
+    foreign = f"fltest_foreign_{os.getpid()}"
+    server.execute(f'CREATE DATABASE "{foreign}"')
+    try:
+        (tmp_path / pgstores.STORES_FILE).write_text(json.dumps({
+            "conninfo": DSN, "run": "someone", "application": "x",
+            "databases": {"caller": foreign}}))
+        with pytest.raises(StoreError, match="no marker"):
+            pgstores.connect(tmp_path, "caller")
+        run = pgstores.current_run()
+        with pytest.raises(StoreError, match="not created by this faultlab run"):
+            run._drop(run._admin, foreign)
+        assert server.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                              (foreign,)).fetchone() == (1,)
+    finally:
+        server.execute(f'DROP DATABASE "{foreign}"')
+
+
+def test_snapshot_queries_are_read_only(server: Any, tmp_path: Path, reference_pg: Any) -> None:
+    reference_pg.initialise(tmp_path)
+    try:
+        with pytest.raises(StoreError, match="read-only transaction"):
+            pgstores.query(tmp_path, "caller", {"x": "DELETE FROM operations RETURNING id"})
+        with pytest.raises(StoreError, match="read-only transaction"):
+            pgstores.query(tmp_path, "caller", {"x": "CREATE TABLE sneaky (id int)"})
+        tables = pgstores.query(tmp_path, "caller", {"x": "SELECT count(*) FROM pg_tables "
+                                                          "WHERE tablename = 'sneaky'"})
+        assert tables == {"x": [(0,)]}
+    finally:
+        reference_pg.release(tmp_path)
+
+
+def test_the_five_scenarios_pass_on_reference_pg_with_the_seed_figures(
+        server: Any, fork_spawner: Spawner, reference_pg: Any) -> None:
+    outcomes = {s.name: s.run(reference_pg, fork_spawner) for s in SCENARIOS}
+    assert {name: o.failures for name, o in outcomes.items() if not o.passed} == {}
+    summaries = {name: o.summary for name, o in outcomes.items()}
+    assert summaries["crash_before_dispatch"] == {
+        "crash_exit": -9, "tickets_before": 0, "tickets_after": 1, "caller_state": "complete",
+        "ticket_id": 1}
+    assert summaries["crash_after_downstream_commit"]["tickets_after"] == 1
+    assert summaries["deduplication_disabled"]["tickets_after"] == 2
+    assert summaries["crash_during_acceptance"] == {
+        "crash_exit": -9, "partial_operations": 0, "partial_outbox": 0, "tickets_after": 1}
+    assert summaries["changed_payload_rejected"] == {"exit_code": 3, "tickets_after": 1}
+
+
+def test_without_deduplication_the_recovery_duplicates_and_ONE_catches_it(
+        server: Any, fork_spawner: Spawner, reference_pg: Any) -> None:
+    steps = [Step("accept", "op-1", PAYLOAD), Step("dispatch", crash="during_completion"),
+             Step("dispatch")]
+    caught = execute(reference_pg, steps, fork_spawner, deduplication=False)
+    assert caught.verdict.step == 3 and "ONE" in caught.verdict.invariants
+    assert caught.observations[-1].snapshot.counts()["tickets"] == 2
+    clean = execute(reference_pg, steps, fork_spawner, settle=True)
+    assert clean.verdict.clean
+    assert clean.observations[-1].snapshot.counts()["tickets"] == 1
+
+
+@pytest.mark.parametrize(("name", "steps", "caught_by"), [
+    ("no-dedup-pg", [Step("accept", "op-1", PAYLOAD),
+                     Step("dispatch", crash="after_downstream_commit")], None),
+    ("split-complete-pg", [Step("accept", "op-1", PAYLOAD),
+                           Step("dispatch", crash="between_completion_commits")], "PAIR"),
+    ("claim-complete-first-pg", [Step("accept", "op-1", PAYLOAD),
+                                 Step("dispatch", crash="before_dispatch")], None),
+])
+def test_each_postgres_mutant_is_caught_and_reference_pg_is_not(
+        server: Any, fork_spawner: Spawner, name: str, steps: list[Step],
+        caught_by: str | None) -> None:
+    mutant = load_system(name)
+    found = execute(mutant, steps, fork_spawner, settle=True)
+    assert not found.verdict.clean, found.verdict
+    if caught_by is not None:
+        assert caught_by in found.verdict.invariants
+    reference_steps = [s for s in steps if s.crash != "between_completion_commits"]
+    assert execute(load_system("reference-pg"), reference_steps, fork_spawner,
+                   settle=True).verdict.clean
+
+
+def test_ambiguous_commits_are_judged_by_what_the_server_kept(
+        server: Any, fork_spawner: Spawner, reference_pg: Any) -> None:
+    with Executor(reference_pg, fork_spawner) as executor:
+        accepted = executor.run(Step("accept", "op-1", PAYLOAD, crash="accept_commit_sent"))
+        assert accepted.record.exit_code == -9 and accepted.record.response is None
+        assert not accepted.violations
+        # COMMIT was on the wire before the kill: the server committed both rows
+        assert [r.state for r in accepted.snapshot.operations] == ["pending"]
+        assert [r.state for r in accepted.snapshot.outbox] == ["pending"]
+        dispatched = executor.run(Step("dispatch", crash="completion_commit_sent"))
+        assert dispatched.record.exit_code == -9 and not dispatched.violations
+        assert dispatched.snapshot.counts() == {
+            "operations_pending": 0, "operations_complete": 1, "outbox_pending": 0,
+            "outbox_complete": 1, "tickets": 1, "receipts": 1}
+        executor.run(Step("accept", "op-2", PAYLOAD))
+        failed = executor.run(Step("dispatch", crash="service_commit_sent"))
+        assert failed.record.exit_code == 4 and not failed.violations
+        assert failed.record.response["service"]["exit_code"] == -9
+        observations, final = executor.settle()
+        assert final == [] and all(not o.violations for o in observations)
+        assert executor.snapshot.counts()["tickets"] == 2
+        assert [o.record.response["replayed"] for o in observations] == [True]
+
+
+@pytest.mark.parametrize(("crash", "operations"), [("sql:1", 0), ("sql:3", 0), ("commit:1", 1)])
+def test_statement_crash_points_work_on_postgres(
+        server: Any, fork_spawner: Spawner, reference_pg: Any, crash: str,
+        operations: int) -> None:
+    """accept runs SELECT, INSERT, INSERT, COMMIT: sql:K kills before the K-th, commit:1 after."""
+    with Executor(reference_pg, fork_spawner) as executor:
+        observation = executor.run(Step("accept", "op-1", PAYLOAD, crash=crash))
+        assert observation.record.exit_code == -9
+        assert len(observation.snapshot.operations) == operations
+        assert len(observation.snapshot.outbox) == operations
+        assert not observation.violations
+
+
+def test_a_killed_dispatcher_s_row_lock_is_gone_before_the_next_step(
+        server: Any, fork_spawner: Spawner, reference_pg: Any) -> None:
+    """before_dispatch kills a client holding the claim's FOR UPDATE lock; SKIP LOCKED would
+    skip the row if its backend were still there, and the recovery would answer idle."""
+    with Executor(reference_pg, fork_spawner) as executor:
+        executor.run(Step("accept", "op-1", PAYLOAD))
+        crashed = executor.run(Step("dispatch", crash="before_dispatch"))
+        assert crashed.record.exit_code == -9
+        recovered = executor.run(Step("dispatch"))
+        assert recovered.record.response is not None
+        assert recovered.record.response.get("result") == {"ticket_id": 1}
+
+
+def test_a_lingering_backend_is_reported_not_waited_for(
+        server: Any, fork_spawner: Spawner, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pgstores, "BACKEND_EXIT_BOUND", 0.5)
+    system = load_system("systems_for_tests:LingeringPg")
+    started = time.monotonic()
+    with Executor(system, fork_spawner) as executor, \
+            pytest.raises(ExecutionError, match=r"still .* locks 0.5s after its worker ended"):
+        executor.run(Step("accept", "op-1", PAYLOAD))
+    assert time.monotonic() - started < 3  # the child lingers 3 s; faultlab did not wait
+    time.sleep(3)  # let the lingering child finish before the run's databases are dropped
+
+
+def _faultlab(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "faultlab", *args], capture_output=True,
+                          text=True, cwd=ROOT, env=env or child_environment(), timeout=300,
+                          check=False)
+
+
+@pytest.mark.parametrize("dsn", [
+    "host=127.0.0.1 port=1 connect_timeout=2", "host=127.0.0.1 user=no_such_faultlab_role",
+    "not a dsn = = =",
+])
+def test_a_server_faultlab_cannot_use_is_one_line_and_exit_2(server: Any, dsn: str) -> None:
+    completed = _faultlab("suite", "--system", "reference-pg", "--examples", "0",
+                          "--postgres", dsn)
+    assert completed.returncode == 2, completed.stderr
+    assert completed.stdout == ""
+    assert len(completed.stderr.strip().splitlines()) == 1, completed.stderr
+    assert completed.stderr.startswith("faultlab: error: ")
+
+
+def test_explore_reference_pg_is_clean_and_leaves_nothing(server: Any, tmp_path: Path) -> None:
+    completed = _faultlab("explore", "--system", "reference-pg", "--examples", "8", "--seed", "1",
+                          "--quiet", "--corpus", str(tmp_path / "corpus"))
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "clean" in completed.stdout
+    assert not (tmp_path / "corpus").exists() or not list((tmp_path / "corpus").iterdir())
+
+
+def test_an_interrupted_run_drops_its_databases(server: Any) -> None:
+    before = _faultlab_databases(server)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "faultlab", "explore", "--system", "reference-pg", "--examples",
+         "1000", "--seed", "3", "--quiet", "--corpus", os.devnull + "-nonexistent"],
+        cwd=ROOT, env=child_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (_faultlab_databases(server) - before):
+        time.sleep(0.1)
+    assert _faultlab_databases(server) - before, "the run never created a database"
+    time.sleep(1.0)
+    process.terminate()
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert _faultlab_databases(server) - before == set()
+
+
+def test_the_sqlite_path_needs_no_psycopg(tmp_path: Path) -> None:
+    """The README's suite runs with psycopg unimportable; reference-pg then says what to do."""
+    blocker = tmp_path / "block"
+    blocker.mkdir()
+    (blocker / "psycopg.py").write_text("raise ImportError('psycopg blocked by the test')\n")
+    env = child_environment()
+    env["PYTHONPATH"] = os.pathsep.join([str(blocker), env["PYTHONPATH"]])
+    completed = _faultlab("suite", "--examples", "0", env=env)
+    assert completed.returncode == 0, completed.stderr
+    completed = _faultlab("systems", env=env)
+    assert completed.returncode == 0, completed.stderr
+    completed = _faultlab("suite", "--system", "reference-pg", "--examples", "0", env=env)
+    assert completed.returncode == 2
+    assert "pip install 'faultlab[postgres]'" in completed.stderr
+    assert UsageError.exit_code == 2
