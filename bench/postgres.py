@@ -1,0 +1,155 @@
+"""What a PostgreSQL trace costs beside an SQLite one, measured in one run.
+
+    python bench/postgres.py [--traces N] [--postgres DSN] [--output FILE]
+
+It measures, against the server libpq's environment (or ``--postgres``) names:
+
+* per-trace database setup: the milliseconds ``System.initialise`` takes for
+  ``reference-pg`` (two databases) with the background pool of pre-cloned
+  databases, and without it (each ``CREATE DATABASE ... TEMPLATE`` on the clock),
+  beside ``reference`` (two SQLite files);
+* steps per second: the same fixed traces (accept, a crashing dispatch, the
+  recovery, an idle dispatch; every invariant checked after each step) run on
+  ``reference`` and on ``reference-pg``, alternating, in fork mode, setup and
+  teardown included.
+
+Exit status 0, or 2 when no server answers. Every database it created is dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+if importlib.util.find_spec("faultlab") is None:  # run from a checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tabulate import tabulate  # noqa: E402
+
+from faultlab import __version__, pgstores  # noqa: E402
+from faultlab.errors import UsageError  # noqa: E402
+from faultlab.process import Spawner, spawner  # noqa: E402
+from faultlab.stores import scratch_directory  # noqa: E402
+from faultlab.system import System, load_system  # noqa: E402
+from faultlab.trace import Step, execute  # noqa: E402
+
+PAYLOAD = {"title": "bench", "count": 1}
+POINTS = ("before_dispatch", "after_downstream_commit", "during_completion")
+
+
+def _setup_ms(system: System, traces: int) -> list[float]:
+    times = []
+    for _ in range(traces):
+        with tempfile.TemporaryDirectory(prefix="faultlab-bench-", dir=scratch_directory()) as d:
+            started = time.perf_counter()
+            system.initialise(Path(d))
+            times.append((time.perf_counter() - started) * 1000)
+            system.release(Path(d))
+    return times
+
+
+def _trace(point: str) -> list[Step]:
+    return [Step("accept", "op-1", PAYLOAD), Step("dispatch", crash=point), Step("dispatch"),
+            Step("dispatch")]
+
+
+def _steps_per_second(system: System, runner: Spawner, traces: int) -> tuple[float, int, float]:
+    steps = 0
+    started = time.perf_counter()
+    for index in range(traces):
+        execution = execute(system, _trace(POINTS[index % len(POINTS)]), runner)
+        if not execution.verdict.clean:
+            raise SystemExit(f"bench: {system.name} trace not clean: {execution.verdict}")
+        steps += len(execution.observations)
+    seconds = time.perf_counter() - started
+    return steps / seconds, steps, seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--traces", type=int, default=30, metavar="N",
+                        help="traces per system and measurement (default 30)")
+    parser.add_argument("--postgres", metavar="DSN",
+                        help="libpq connection string (default: libpq's environment)")
+    parser.add_argument("--output", type=Path, metavar="FILE", help="also write JSON here")
+    args = parser.parse_args(argv)
+    if args.traces < 3:
+        parser.error("--traces must be at least 3")
+    pgstores.configure(args.postgres)
+    try:
+        return _run(args)
+    except UsageError as error:
+        print(f"bench/postgres.py: {error}", file=sys.stderr)
+        return 2
+    finally:
+        pgstores.close_run()
+
+
+def _run(args: argparse.Namespace) -> int:
+    sqlite_system, pg_system = load_system("reference"), load_system("reference-pg")
+    run = pgstores.current_run()
+    server = run._admin.execute("SHOW server_version").fetchone()
+    pg_system.initialise(Path(tempfile.mkdtemp(prefix="faultlab-bench-warm-")))  # templates
+    time.sleep(1)  # let the pool fill before the pooled measurement
+    pooled = _setup_ms(pg_system, args.traces)
+    pool, run.pool = run.pool, 0
+    # without the pool: wait for the background thread to go idle, then measure inline
+    while not run._work.empty():
+        time.sleep(0.05)
+    for template in run._templates.values():  # use up the ready clones first
+        while not template.ready.empty():
+            run.release(template.ready.get_nowait())
+    while not run._work.empty():
+        time.sleep(0.05)
+    unpooled = _setup_ms(pg_system, args.traces)
+    run.pool = pool
+    sqlite_setup = _setup_ms(sqlite_system, args.traces)
+    rates: dict[str, list[tuple[float, int, float]]] = {"reference": [], "reference-pg": []}
+    with spawner("fork") as runner:
+        for round_ in range(2):  # alternate which system goes first
+            order = (sqlite_system, pg_system) if round_ == 0 else (pg_system, sqlite_system)
+            for system in order:
+                rates[system.name].append(_steps_per_second(system, runner, args.traces // 2))
+
+    def total(name: str) -> tuple[float, int, float]:
+        steps = sum(r[1] for r in rates[name])
+        seconds = sum(r[2] for r in rates[name])
+        return steps / seconds, steps, seconds
+
+    sqlite_rate, pg_rate = total("reference"), total("reference-pg")
+    rows = [
+        ["per-trace store setup, median (ms)", f"{statistics.median(sqlite_setup):.2f}",
+         f"{statistics.median(pooled):.2f}", f"{statistics.median(unpooled):.2f}"],
+        ["per-trace store setup, worst (ms)", f"{max(sqlite_setup):.2f}",
+         f"{max(pooled):.2f}", f"{max(unpooled):.2f}"],
+        ["steps/s (fork mode, invariants checked)", f"{sqlite_rate[0]:.1f}",
+         f"{pg_rate[0]:.1f}", "-"],
+        ["steps measured", str(sqlite_rate[1]), str(pg_rate[1]), "-"],
+    ]
+    print(f"faultlab {__version__}, Python {platform.python_version()}, PostgreSQL "
+          f"{server[0] if server else '?'}, {platform.platform()}; {args.traces} traces per "
+          "measurement; steps/s over alternating halves")
+    print(tabulate(rows, ["median", "reference (SQLite)", "reference-pg (pool)",
+                          "reference-pg (no pool)"], tablefmt="github"))
+    print(f"PostgreSQL runs {sqlite_rate[0] / pg_rate[0]:.1f}x slower than SQLite per step")
+    if args.output is not None:
+        data: dict[str, Any] = {
+            "faultlab": __version__, "postgresql": server[0] if server else None,
+            "setup_ms": {"sqlite": sqlite_setup, "postgres_pool": pooled,
+                         "postgres_no_pool": unpooled},
+            "steps_per_second": {"sqlite": sqlite_rate[0], "postgres": pg_rate[0]},
+        }
+        args.output.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
