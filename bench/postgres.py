@@ -36,10 +36,11 @@ from tabulate import tabulate  # noqa: E402
 
 from faultlab import __version__, pgstores  # noqa: E402
 from faultlab.errors import UsageError  # noqa: E402
+from faultlab.executor import execute  # noqa: E402
 from faultlab.process import Spawner, spawner  # noqa: E402
 from faultlab.stores import scratch_directory  # noqa: E402
 from faultlab.system import System, load_system  # noqa: E402
-from faultlab.trace import Step, execute  # noqa: E402
+from faultlab.trace import Step  # noqa: E402
 
 PAYLOAD = {"title": "bench", "count": 1}
 POINTS = ("before_dispatch", "after_downstream_commit", "during_completion")

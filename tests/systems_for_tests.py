@@ -10,8 +10,7 @@ import os
 import time
 from typing import Any
 
-from faultlab.crash import kill_self
-
+from faultlab.nemesis.crash import kill_self
 from faultlab.system.contract import WorkerContext
 from faultlab.system.reference import ReferenceOutbox
 

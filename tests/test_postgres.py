@@ -20,11 +20,12 @@ import pytest
 from conftest import ROOT, require_service
 
 from faultlab.errors import ExecutionError, UsageError
+from faultlab.executor import Executor, execute
 from faultlab.process import Spawner, child_environment
 from faultlab.scenarios import SCENARIOS
 from faultlab.stores import StoreError
 from faultlab.system import load_system
-from faultlab.trace import Executor, Step, execute
+from faultlab.trace import Step
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed")
 
