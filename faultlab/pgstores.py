@@ -149,6 +149,8 @@ class PostgresRun:
         self._work: queue.Queue[tuple[str, str] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._background: psycopg.Connection[Any] | None = None
+        #: the driver's read-only connections, one per live trace database (closed on release)
+        self.readers: dict[str, psycopg.Connection[Any]] = {}
         self.clones = 0
         self.clone_seconds = 0.0
         self.waits = 0
@@ -239,6 +241,9 @@ class PostgresRun:
 
     def release(self, name: str) -> None:
         """Drop ``name`` in the background (at once when there is no background thread)."""
+        reader = self.readers.pop(name, None)
+        if reader is not None:
+            reader.close()
         if self._thread is None:
             with self._lock:
                 self._drop(self._admin, name)
@@ -294,6 +299,9 @@ class PostgresRun:
         if self._background is not None:
             self._background.close()
             self._background = None
+        for reader in self.readers.values():
+            reader.close()
+        self.readers.clear()
         left: list[str] = []
         with self._lock:
             names = sorted(self.created, key=lambda n: (n.startswith(f"{self.prefix}t"), n))
@@ -450,9 +458,20 @@ def connect(directory: Path, store: str, *, role: str = "worker",
 
 
 def query(directory: Path, store: str, queries: dict[str, str]) -> dict[str, list[tuple[Any, ...]]]:
-    """Run queries in one READ ONLY transaction on a store; a query that writes is refused."""
+    """Run queries in one READ ONLY transaction on a store; a query that writes is refused.
+
+    The run driving the trace keeps this read-only connection open until the trace's
+    databases are released (a connection costs a server process; a snapshot follows
+    every step). On an error the connection is closed, never reused.
+    """
     pg = psycopg_module()
-    connection = connect(directory, store, role="snapshot")
+    info = stores_info(directory)
+    run = active_run()
+    database = info.databases.get(store, "")
+    ours = run is not None and info.run == run.run_id
+    connection = run.readers.pop(database, None) if run is not None and ours else None
+    if connection is None or connection.closed:
+        connection = connect(directory, store, role="snapshot")
     try:
         connection.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         rows: dict[str, list[tuple[Any, ...]]] = {}
@@ -463,9 +482,14 @@ def query(directory: Path, store: str, queries: dict[str, str]) -> dict[str, lis
                 message = (str(error).strip().splitlines() or ["no message"])[0]
                 raise StoreError(f"snapshot query {name!r}: {message}") from None
         connection.rollback()
-        return rows
-    finally:
+    except BaseException:
         connection.close()
+        raise
+    if run is not None and ours:
+        run.readers[database] = connection
+    else:
+        connection.close()
+    return rows
 
 
 def wait_for_backends(directory: Path, bound: float | None = None) -> None:

@@ -221,6 +221,7 @@ def test_a_killed_dispatcher_s_row_lock_is_gone_before_the_next_step(
         assert recovered.record.response.get("result") == {"ticket_id": 1}
 
 
+@pytest.mark.slow
 def test_a_lingering_backend_is_reported_not_waited_for(
         server: Any, fork_spawner: Spawner, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pgstores, "BACKEND_EXIT_BOUND", 0.5)
@@ -252,6 +253,7 @@ def test_a_server_faultlab_cannot_use_is_one_line_and_exit_2(server: Any, dsn: s
     assert completed.stderr.startswith("faultlab: error: ")
 
 
+@pytest.mark.slow
 def test_explore_reference_pg_is_clean_and_leaves_nothing(server: Any, tmp_path: Path) -> None:
     completed = _faultlab("explore", "--system", "reference-pg", "--examples", "8", "--seed", "1",
                           "--quiet", "--corpus", str(tmp_path / "corpus"))
@@ -260,6 +262,7 @@ def test_explore_reference_pg_is_clean_and_leaves_nothing(server: Any, tmp_path:
     assert not (tmp_path / "corpus").exists() or not list((tmp_path / "corpus").iterdir())
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_drops_its_databases(server: Any) -> None:
     before = _faultlab_databases(server)
     process = subprocess.Popen(
