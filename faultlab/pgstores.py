@@ -33,7 +33,7 @@ import select
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, ModuleType
@@ -194,38 +194,78 @@ class PostgresRun:
 
     # -- templates and clones ---------------------------------------------------------------
 
-    def template(self, schema: str) -> str:
-        """The template database for ``schema``, built on first use in this run."""
-        with self._lock:
-            known = self._templates.get(schema)
-        if known is not None:
-            return known.name
+    def _marked_empty(self) -> str:
+        """A new database holding only the marker table: the start of every template."""
         name = self._new_name("t")
         with self._lock:
             self._create(self._admin, name, None)
         pg = psycopg_module()
-        try:
-            with pg.connect(conninfo_for(self.base, dbname=name,
-                                              application_name=f"{self.application}-template"),
-                                 autocommit=True) as connection:
-                with connection.transaction():
-                    connection.execute(f"CREATE TABLE {MARKER_TABLE} (run TEXT NOT NULL)")
-                    connection.execute(f"INSERT INTO {MARKER_TABLE} VALUES (%s)", (self.run_id,))
+        with pg.connect(conninfo_for(self.base, dbname=name,
+                                     application_name=f"{self.application}-template"),
+                        autocommit=True) as connection, connection.transaction():
+            connection.execute(f"CREATE TABLE {MARKER_TABLE} (run TEXT NOT NULL)")
+            connection.execute(f"INSERT INTO {MARKER_TABLE} VALUES (%s)", (self.run_id,))
+        return name
+
+    def templates(self, key: str, stores: Sequence[str],
+                  build: Callable[[dict[str, str]], None]) -> dict[str, str]:
+        """Template keys for ``stores``, built once per run by ``build({store: conninfo})``.
+
+        ``build`` fills the marked, empty templates (runs DDL, or a system's ``init``
+        command); afterwards no connection may remain on them (CREATE DATABASE ...
+        TEMPLATE needs the template idle), which is waited for with a bound.
+        """
+        keys = {store: f"{key}\x00{store}" for store in stores}
+        with self._lock:
+            if all(k in self._templates for k in keys.values()):
+                return keys
+        names = {store: self._marked_empty() for store in stores}
+        build({store: conninfo_for(self.base, dbname=name,
+                                   application_name=f"{self.application}-template")
+               for store, name in names.items()})
+        self._wait_unused(list(names.values()))
+        with self._lock:
+            for store, name in names.items():
+                self._templates[keys[store]] = _Template(name)
+        self._start_background()
+        return keys
+
+    def _wait_unused(self, names: list[str]) -> None:
+        end = time.monotonic() + BACKEND_EXIT_BOUND
+        while True:
+            with self._lock:
+                row = self._admin.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = ANY(%s)", (names,)
+                ).fetchone()
+            if row is None or row[0] == 0:
+                return
+            if time.monotonic() >= end:
+                raise ExecutionError(
+                    f"template databases {', '.join(names)} still have {row[0]} connections "
+                    f"{BACKEND_EXIT_BOUND:g}s after they were built"
+                )
+            time.sleep(0.01)
+
+    def template(self, schema: str) -> str:
+        """The template key for ``schema`` (DDL statements separated by ``;``)."""
+
+        def run_ddl(conninfos: dict[str, str]) -> None:
+            pg = psycopg_module()
+            try:
+                with pg.connect(conninfos["schema"], autocommit=True) as connection, \
+                        connection.transaction():
                     for statement in (s.strip() for s in schema.split(";")):
                         if statement:
                             connection.execute(statement)
-        except pg.Error as error:
-            raise UsageError(f"schema of template {name}: {error}".splitlines()[0]) from None
-        with self._lock:
-            self._templates[schema] = _Template(name)
-        self._start_background()
-        return name
+            except pg.Error as error:
+                raise UsageError(f"schema of a template: {error}".splitlines()[0]) from None
 
-    def clone(self, schema: str) -> str:
-        """A fresh marked database with ``schema``: from the pool, or cloned now."""
-        template_name = self.template(schema)
+        return self.templates(schema, ["schema"], run_ddl)["schema"]
+
+    def clone(self, key: str) -> str:
+        """A fresh marked database from template ``key``: from the pool, or cloned now."""
         with self._lock:
-            template = self._templates[schema]
+            template = self._templates[key]
         try:
             name = template.ready.get_nowait()
         except queue.Empty:
@@ -233,10 +273,10 @@ class PostgresRun:
             name = self._new_name("c")
             started = time.perf_counter()
             with self._lock:
-                self._create(self._admin, name, template_name)
+                self._create(self._admin, name, template.name)
             self.clone_seconds += time.perf_counter() - started
             self.clones += 1
-        self._work.put(("fill", schema))
+        self._work.put(("fill", key))
         return name
 
     def release(self, name: str) -> None:
@@ -356,14 +396,20 @@ def _install_sigterm() -> None:
 
 def create_stores(directory: Path, schemas: dict[str, str]) -> None:
     """Give the trace in ``directory`` one fresh database per store (``{store: schema}``)."""
+    run = current_run()
+    clone_stores(directory, {store: run.template(schema) for store, schema in schemas.items()})
+
+
+def clone_stores(directory: Path, templates: dict[str, str]) -> None:
+    """Give the trace in ``directory`` one clone per store (``{store: template key}``)."""
     path = directory / STORES_FILE
     if path.exists():
         raise StoreError(f"{path}: already exists; faultlab only initialises new stores")
     run = current_run()
     databases: dict[str, str] = {}
     try:
-        for store, schema in schemas.items():
-            databases[store] = run.clone(schema)
+        for store, key in templates.items():
+            databases[store] = run.clone(key)
         data = {"conninfo": run.base, "run": run.run_id, "application": run.application,
                 "databases": databases}
         path.write_text(json.dumps(data, sort_keys=True), encoding="utf-8")
