@@ -504,7 +504,14 @@ def connect(directory: Path, store: str, *, role: str = "worker",
 
 
 def query(directory: Path, store: str, queries: dict[str, str]) -> dict[str, list[tuple[Any, ...]]]:
-    """Run queries in one READ ONLY transaction on a store; a query that writes is refused.
+    """Run queries in one READ ONLY transaction on a store; a query that writes is refused."""
+    return {name: rows for name, (_, rows) in query_described(directory, store, queries).items()}
+
+
+def query_described(
+    directory: Path, store: str, queries: dict[str, str]
+) -> dict[str, tuple[int, list[tuple[Any, ...]]]]:
+    """Each query's column count and rows, in one ``READ ONLY`` transaction on one store.
 
     The run driving the trace keeps this read-only connection open until the trace's
     databases are released (a connection costs a server process; a snapshot follows
@@ -520,10 +527,12 @@ def query(directory: Path, store: str, queries: dict[str, str]) -> dict[str, lis
         connection = connect(directory, store, role="snapshot")
     try:
         connection.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        rows: dict[str, list[tuple[Any, ...]]] = {}
+        results: dict[str, tuple[int, list[tuple[Any, ...]]]] = {}
         for name, sql in queries.items():
             try:
-                rows[name] = [tuple(row) for row in connection.execute(sql).fetchall()]
+                cursor = connection.execute(sql)
+                rows = [tuple(row) for row in cursor.fetchall()] if cursor.description else []
+                results[name] = (len(cursor.description or ()), rows)
             except pg.Error as error:
                 message = (str(error).strip().splitlines() or ["no message"])[0]
                 raise StoreError(f"snapshot query {name!r}: {message}") from None
@@ -535,7 +544,7 @@ def query(directory: Path, store: str, queries: dict[str, str]) -> dict[str, lis
         run.readers[database] = connection
     else:
         connection.close()
-    return rows
+    return results
 
 
 def wait_for_backends(directory: Path, bound: float | None = None) -> None:

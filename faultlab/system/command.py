@@ -103,6 +103,11 @@ class CommandSystem(System):
         self.operation_id_pattern = description.operation_id_pattern
         reader = Reader(description.path)
         self.programs = {role: resolve_program(reader, description, role) for role in COMMANDS}
+        if description.postgres:
+            from faultlab import pgstores
+
+            pgstores.psycopg_module()  # a one-line error now if psycopg is missing
+            self.store_kind = "postgres"
 
     # -- commands --------------------------------------------------------------------------------
 
@@ -138,6 +143,10 @@ class CommandSystem(System):
     def values(self, directory: Path, operation_id: str | None = None,
                payload: str | None = None) -> dict[str, str]:
         values = {**static_values(self.config), "directory": str(directory.resolve())}
+        if self.config.postgres:
+            from faultlab.system.command_pg import dsn_values
+
+            values.update(dsn_values(directory))
         if operation_id is not None:
             values["operation_id"] = operation_id
         if payload is not None:
@@ -182,6 +191,11 @@ class CommandSystem(System):
         self._initialise(directory, ExecutionError)
 
     def _initialise(self, directory: Path, error: type[Exception]) -> None:
+        if self.config.postgres:
+            from faultlab.system.command_pg import initialise
+
+            initialise(self, directory, error)
+            return
         values = self.values(directory)
         record = run_command(
             self.argv("init", values), deadline=_init_deadline, env=self.environment(values),
@@ -200,8 +214,18 @@ class CommandSystem(System):
                     f"system {self.name!r}: store {store} ({filename}) does not exist after init"
                 )
 
+    def release(self, directory: Path) -> None:
+        if self.config.postgres:
+            from faultlab import pgstores
+
+            pgstores.release_stores(directory)
+
     def snapshot(self, directory: Path) -> Snapshot:
         """Run each table's query on its store, opened read-only."""
+        if self.config.postgres:
+            from faultlab.system.command_pg import snapshot
+
+            return snapshot(self, directory)
         connections: dict[str, sqlite3.Connection] = {}
         tables: dict[str, Iterable[Iterable[Any]]] = {}
         try:
@@ -225,7 +249,7 @@ class CommandSystem(System):
                         f"system {self.name!r}: the {table} query returns {width} columns, "
                         f"expected {len(COLUMNS[table])} ({', '.join(COLUMNS[table])})"
                     )
-                tables[table] = [self._row(table, row) for row in rows]
+                tables[table] = [self.row(table, row) for row in rows]
         finally:
             for connection in connections.values():
                 connection.close()
@@ -249,7 +273,7 @@ class CommandSystem(System):
                              f"{error}") from None
         return connection
 
-    def _row(self, table: str, row: tuple[Any, ...]) -> tuple[Any, ...]:
+    def row(self, table: str, row: tuple[Any, ...]) -> tuple[Any, ...]:
         converted: list[Any] = []
         for column, value in zip(COLUMNS[table], row, strict=True):
             if table == "tickets" and column == "id":
@@ -283,6 +307,7 @@ class CommandSystem(System):
                 raise UsageError(f"system {self.name!r}: init command failed: {error}") from None
             snapshot = self.snapshot(directory)
         finally:
+            self.release(directory)
             shutil.rmtree(directory, ignore_errors=True)
         counts = {table: len(getattr(snapshot, table)) for table in TABLES}
         if any(counts.values()):

@@ -117,6 +117,9 @@ class Description:
     #: A JSON Schema for payloads and a regular expression for ids (faultlab.data draws them).
     payload_schema: Any = None
     operation_id_pattern: str | None = None
+    #: stores that are PostgreSQL databases (faultlab clones one per trace; commands get
+    #: its libpq connection string as ``{dsn:STORE}``); the others are SQLite files
+    postgres: tuple[str, ...] = field(default=())
 
     @property
     def system_dir(self) -> Path:
@@ -205,6 +208,8 @@ def read_description(path: Path) -> Description:
     except ValueError as error:
         reader.fail(f"not valid JSON: {error}")
     top = reader.object(data, "the file", _TOP_KEYS)
+    postgres = _postgres_stores(top.get("stores"))
+    dsn = frozenset(f"dsn:{store}" for store in postgres)
 
     name = reader.string(top.get("name", path.stem), "name")
     description = reader.string(top.get("description", f"command-line system {path.name}"),
@@ -219,7 +224,8 @@ def read_description(path: Path) -> Description:
     for role in COMMANDS:
         if role not in commands_data:
             reader.fail(f"commands.{role} is missing (an argument list)")
-        argv = reader.arguments(commands_data[role], f"commands.{role}", PLACEHOLDERS[role])
+        argv = reader.arguments(commands_data[role], f"commands.{role}",
+                                PLACEHOLDERS[role] | dsn)
         program_names = placeholders_in(argv[0])
         if any(n not in _PROGRAM_PLACEHOLDERS for n in program_names):
             reader.fail(f"commands.{role}[0]: the program may use only {{python}} and "
@@ -242,11 +248,20 @@ def read_description(path: Path) -> Description:
         reader.fail("stores must name at least one SQLite file")
     stores: dict[str, str] = {}
     for store, filename in stores_data.items():
+        if store in postgres:
+            reader.object(filename, f"stores.{store}", ("kind",))
+            stores[store] = ""
+            continue
+        if isinstance(filename, dict):
+            reader.fail(f'stores.{store}: an object must be {{"kind": "postgres"}}')
         filename = reader.string(filename, f"stores.{store}")
         relative = Path(filename)
         if relative.is_absolute() or ".." in relative.parts:
             reader.fail(f"stores.{store}: {filename!r} must be a path inside the run directory")
         stores[store] = filename
+
+    if postgres and len(postgres) != len(stores):
+        reader.fail("stores: all SQLite files or all PostgreSQL databases, not a mix")
 
     if "snapshot" not in top:
         reader.fail("snapshot is missing (one query per table: " + ", ".join(TABLES) + ")")
@@ -269,15 +284,16 @@ def read_description(path: Path) -> Description:
                                     ("arguments", "environment"))
         switch = Switch(
             reader.arguments(switch_data.get("arguments", []), "no_deduplication.arguments",
-                             PLACEHOLDERS["no_deduplication"], empty=True),
+                             PLACEHOLDERS["no_deduplication"] | dsn, empty=True),
             reader.environment(switch_data.get("environment", {}),
-                               "no_deduplication.environment", PLACEHOLDERS["no_deduplication"]),
+                               "no_deduplication.environment",
+                               PLACEHOLDERS["no_deduplication"] | dsn),
         )
         if not switch.arguments and not switch.environment:
             reader.fail("no_deduplication needs arguments or environment")
 
     environment = reader.environment(top.get("environment", {}), "environment",
-                                     PLACEHOLDERS["environment"])
+                                     PLACEHOLDERS["environment"] | dsn)
     fields = ResponseFields()
     if "response_fields" in top:
         mapping = reader.object(top["response_fields"], "response_fields", None)
@@ -296,7 +312,15 @@ def read_description(path: Path) -> Description:
         except re.error as error:
             reader.fail(f"operation_ids is not a regular expression: {error}")
     return Description(path, name, description, commands, arming, points, stores, queries,
-                       switch, environment, fields, payload_schema, pattern)
+                       switch, environment, fields, payload_schema, pattern, postgres)
+
+
+def _postgres_stores(value: Any) -> tuple[str, ...]:
+    """Names of the stores declared ``{"kind": "postgres"}`` (checked fully later)."""
+    if not isinstance(value, dict):
+        return ()
+    return tuple(store for store, entry in value.items()
+                 if isinstance(entry, dict) and entry.get("kind") == "postgres")
 
 
 def _crash_points(reader: Reader, value: Any) -> tuple[CrashPoint, ...]:

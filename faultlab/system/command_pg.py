@@ -1,0 +1,85 @@
+"""Command-line systems whose stores are PostgreSQL databases.
+
+A store declared ``{"kind": "postgres"}`` in the system file is a database
+faultlab creates: the system's ``init`` command runs *once per run*, against
+empty marked template databases (``{dsn:STORE}`` is each one's libpq connection
+string); every trace then gets clones of them (:mod:`faultlab.pgstores`). Worker
+commands get their trace's databases through the same ``{dsn:STORE}``
+placeholders, whose ``application_name`` lets faultlab see in
+``pg_stat_activity`` when a killed worker's backend is gone. Snapshot queries
+run in a ``READ ONLY`` transaction: a query that writes is refused by the server.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from faultlab import pgstores
+from faultlab.errors import UsageError
+from faultlab.process import run_command
+from faultlab.records import DEFAULT_DEADLINE
+from faultlab.stores import TABLES, Snapshot, StoreError
+from faultlab.system.description import COLUMNS
+
+if TYPE_CHECKING:
+    from faultlab.system.command import CommandSystem
+
+
+def dsn_values(directory: Path) -> dict[str, str]:
+    """``{"dsn:STORE": conninfo}`` for the trace in ``directory`` (empty before initialise)."""
+    if not (directory / pgstores.STORES_FILE).is_file():
+        return {}
+    info = pgstores.stores_info(directory)
+    return {
+        f"dsn:{store}": pgstores.conninfo_for(
+            info.conninfo, dbname=database, application_name=f"{info.application}-worker-cmd")
+        for store, database in info.databases.items()
+    }
+
+
+def initialise(system: CommandSystem, directory: Path, error: type[Exception]) -> None:
+    """Clone the system's templates for this trace, building them with ``init`` on first use."""
+    run = pgstores.current_run()
+
+    def build(conninfos: dict[str, str]) -> None:
+        with tempfile.TemporaryDirectory(prefix="faultlab-init-") as scratch:
+            values = {**system.values(Path(scratch)),
+                      **{f"dsn:{store}": conninfo for store, conninfo in conninfos.items()}}
+            record = run_command(system.argv("init", values), deadline=DEFAULT_DEADLINE,
+                                 env=system.environment(values), cwd=scratch)
+        if record.exit_code != 0:
+            last = (record.stderr.strip().splitlines() or ["no message on stderr"])[-1]
+            raise error(f"system {system.name!r}: init command exited {record.exit_code}: "
+                        f"{last}")
+
+    keys = run.templates(f"command:{system.config.path.resolve()}",
+                         list(system.config.postgres), build)
+    pgstores.clone_stores(directory, keys)
+
+
+def snapshot(system: CommandSystem, directory: Path) -> Snapshot:
+    """Wait for the step's backends to end, then run each table's query read-only."""
+    pgstores.wait_for_backends(directory)
+    by_store: dict[str, dict[str, str]] = {}
+    for table in TABLES:
+        query = system.config.queries[table]
+        by_store.setdefault(query.store, {})[table] = query.sql
+    tables: dict[str, Iterable[Iterable[Any]]] = {}
+    for store, queries in by_store.items():
+        try:
+            described = pgstores.query_described(directory, store, queries)
+        except StoreError as problem:
+            raise UsageError(f"system {system.name!r}: store {store}: {problem}") from None
+        for table, (width, rows) in described.items():
+            if width != len(COLUMNS[table]):
+                raise UsageError(
+                    f"system {system.name!r}: the {table} query returns {width} columns, "
+                    f"expected {len(COLUMNS[table])} ({', '.join(COLUMNS[table])})"
+                )
+            tables[table] = [system.row(table, tuple(row)) for row in rows]
+    return Snapshot.from_rows(tables)
+
+
