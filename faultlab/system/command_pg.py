@@ -13,19 +13,34 @@ run in a ``READ ONLY`` transaction: a query that writes is refused by the server
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from faultlab import pgstores
 from faultlab.errors import UsageError
 from faultlab.process import run_command
 from faultlab.records import DEFAULT_DEADLINE
 from faultlab.stores import TABLES, Snapshot, StoreError
-from faultlab.system.description import COLUMNS
+from faultlab.system.description import COLUMNS, Description
 
-if TYPE_CHECKING:
-    from faultlab.system.command import CommandSystem
+
+class CommandSystem(Protocol):
+    """What this module uses of :class:`faultlab.system.command.CommandSystem`."""
+
+    name: str
+    config: Description
+
+    def values(self, directory: Path, operation_id: str | None = None,
+               payload: str | None = None) -> dict[str, str]: ...
+
+    def argv(self, role: str, values: Mapping[str, str], *, crash_point: str | None = None,
+             deduplication: bool = True) -> list[str]: ...
+
+    def environment(self, values: Mapping[str, str], *, crash_point: str | None = None,
+                    deduplication: bool = True) -> dict[str, str]: ...
+
+    def row(self, table: str, row: tuple[Any, ...]) -> tuple[Any, ...]: ...
 
 
 def dsn_values(directory: Path) -> dict[str, str]:
