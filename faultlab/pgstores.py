@@ -135,12 +135,12 @@ class _Template:
 class PostgresRun:
     """Everything one run created on the server; drops all of it on :meth:`close`."""
 
-    def __init__(self, dsn: str | None, *, pool: int = POOL_SIZE) -> None:
+    def __init__(self, dsn: str | None, *, pool: int | None = None) -> None:
         self.base = dsn or ""
         self.run_id = f"{os.getpid()}_{secrets.token_hex(3)}"
         self.prefix = f"{NAME_PREFIX}{self.run_id}_"
         self.application = f"faultlab-{self.run_id}"
-        self.pool = pool
+        self.pool = POOL_SIZE if pool is None else pool
         self._admin = _admin_connect(self.base)
         self._lock = threading.RLock()  # guards the admin connection and the sets below
         self._names = 0
@@ -154,6 +154,7 @@ class PostgresRun:
         self.clones = 0
         self.clone_seconds = 0.0
         self.waits = 0
+        self._closing = False
 
     # -- naming and marking -----------------------------------------------------------------
 
@@ -312,13 +313,15 @@ class PostgresRun:
             if item is None:
                 return
             kind, value = item
+            if kind == "fill" and self._closing:
+                continue  # the run is ending: no more clones
             try:
                 if kind == "drop":
                     self._drop(connection, value)
                     continue
                 with self._lock:
                     template = self._templates[value]
-                while template.ready.qsize() < self.pool:
+                while template.ready.qsize() < self.pool and not self._closing:
                     name = self._new_name("c")
                     started = time.perf_counter()
                     self._create(connection, name, template.name)
@@ -332,6 +335,7 @@ class PostgresRun:
 
     def close(self) -> list[str]:
         """Stop the pool and drop every database this run created; return what could not be."""
+        self._closing = True
         if self._thread is not None:
             self._work.put(None)
             self._thread.join(timeout=60)

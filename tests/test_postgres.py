@@ -48,8 +48,14 @@ def _faultlab_databases(admin: Any) -> set[str]:
 
 
 @pytest.fixture()
-def server() -> Iterator[Any]:
-    """The admin connection; afterwards the run is closed and no new faultlab_ database exists."""
+def server(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The admin connection; afterwards the run is closed and no new faultlab_ database exists.
+
+    In-process tests run without the background pool (each clone made when asked: the
+    teardown then drops only what the test used) unless marked ``pool``.
+    """
+    if request.node.get_closest_marker("pool") is None:
+        monkeypatch.setattr(pgstores, "POOL_SIZE", 0)
     admin = _admin()
     before = _faultlab_databases(admin)
     pgstores.configure(DSN or None)
@@ -88,6 +94,28 @@ def test_a_trace_gets_fresh_marked_databases_that_are_dropped(server: Any, tmp_p
     reference_pg.release(tmp_path)
     pgstores.close_run()
     assert not set(names) & _faultlab_databases(server)
+
+
+@pytest.mark.pool
+def test_the_pool_keeps_marked_clones_ready_and_the_run_drops_them(
+        server: Any, tmp_path: Path, reference_pg: Any) -> None:
+    reference_pg.initialise(tmp_path)
+    run = pgstores.current_run()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(
+            t.ready.qsize() < run.pool for t in run._templates.values()):
+        time.sleep(0.05)
+    ready = sorted(name for t in run._templates.values() for name in list(t.ready.queue))
+    assert len(ready) == 2 * run.pool == 4
+    rows = server.execute(
+        "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = ANY(%s)",
+        (ready,)).fetchall()
+    assert len(rows) == 4 and all(r[0].startswith(pgstores.COMMENT_PREFIX) for r in rows)
+    taken = json.loads((tmp_path / pgstores.STORES_FILE).read_text())["databases"]
+    assert not set(taken.values()) & set(ready)
+    reference_pg.release(tmp_path)
+    assert pgstores.close_run() == []
+    assert not (set(ready) | set(taken.values())) & _faultlab_databases(server)
 
 
 def test_a_database_without_the_marker_is_neither_written_nor_dropped(server: Any,
@@ -153,10 +181,11 @@ def test_without_deduplication_the_recovery_duplicates_and_ONE_catches_it(
 @pytest.mark.parametrize(("name", "steps", "caught_by"), [
     ("no-dedup-pg", [Step("accept", "op-1", PAYLOAD),
                      Step("dispatch", crash="after_downstream_commit")], None),
-    ("split-complete-pg", [Step("accept", "op-1", PAYLOAD),
-                           Step("dispatch", crash="between_completion_commits")], "PAIR"),
-    ("claim-complete-first-pg", [Step("accept", "op-1", PAYLOAD),
-                                 Step("dispatch", crash="before_dispatch")], None),
+    pytest.param("split-complete-pg", [Step("accept", "op-1", PAYLOAD),
+                 Step("dispatch", crash="between_completion_commits")], "PAIR",
+                 marks=pytest.mark.slow),
+    pytest.param("claim-complete-first-pg", [Step("accept", "op-1", PAYLOAD),
+                 Step("dispatch", crash="before_dispatch")], None, marks=pytest.mark.slow),
 ])
 def test_each_postgres_mutant_is_caught_and_reference_pg_is_not(
         server: Any, fork_spawner: Spawner, name: str, steps: list[Step],

@@ -41,7 +41,8 @@ CREATE TABLE outbox_events (
     status TEXT NOT NULL CHECK (status IN ('NEW', 'SENT')))
 """
 DOWNSTREAM_SCHEMA = """
-CREATE TABLE ticket (ticket_no BIGSERIAL PRIMARY KEY, request_key TEXT NOT NULL, body TEXT NOT NULL);
+CREATE TABLE ticket (
+    ticket_no BIGSERIAL PRIMARY KEY, request_key TEXT NOT NULL, body TEXT NOT NULL);
 CREATE TABLE idempotency_keys (
     request_key TEXT PRIMARY KEY, body TEXT NOT NULL, ticket_no BIGINT NOT NULL)
 """
