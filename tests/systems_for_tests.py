@@ -137,7 +137,7 @@ def _lingering_pg() -> type[Any]:
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, 1)
                 os.dup2(devnull, 2)
-                time.sleep(float(os.environ.get("FAULTLAB_TEST_LINGER", "3")))
+                time.sleep(float(os.environ.get("FAULTLAB_TEST_LINGER", "8")))
                 os._exit(0)
             kill_self()
             raise AssertionError("unreachable")
