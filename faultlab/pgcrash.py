@@ -14,7 +14,7 @@ committed; the invariants judge what the server kept.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from faultlab import pgstores
 from faultlab.nemesis import crash
@@ -22,7 +22,11 @@ from faultlab.nemesis import crash
 if TYPE_CHECKING:
     import psycopg
 
-    from faultlab.system.contract import WorkerContext
+
+class CrashPoints(Protocol):
+    """What :func:`commit_or_crash` needs of a worker context (the systems layer's)."""
+
+    def crash_point(self, name: str) -> None: ...
 
 _classes: type[Any] | None = None
 
@@ -63,7 +67,7 @@ def traced_connection_class() -> type[Any]:
 
 
 def commit_or_crash(
-    context: WorkerContext, connection: psycopg.Connection[Any], point: str
+    context: CrashPoints, connection: psycopg.Connection[Any], point: str
 ) -> None:
     """COMMIT; if ``point`` is armed, SIGKILL after sending COMMIT and before its reply.
 
