@@ -7,7 +7,8 @@ It measures, against the server libpq's environment (or ``--postgres``) names:
 * per-trace database setup: the milliseconds ``System.initialise`` takes for
   ``reference-pg`` (two databases) with the background pool of pre-cloned
   databases, and without it (each ``CREATE DATABASE ... TEMPLATE`` on the clock),
-  beside ``reference`` (two SQLite files);
+  beside ``reference`` (two SQLite files); setups are 0.3 s apart (about one
+  trace), the time the pool has to refill;
 * steps per second: the same fixed traces (accept, a crashing dispatch, the
   recovery, an idle dispatch; every invariant checked after each step) run on
   ``reference`` and on ``reference-pg``, alternating, in fork mode, setup and
@@ -46,9 +47,15 @@ PAYLOAD = {"title": "bench", "count": 1}
 POINTS = ("before_dispatch", "after_downstream_commit", "during_completion")
 
 
-def _setup_ms(system: System, traces: int) -> list[float]:
+#: the pause between setups: about one trace of five PostgreSQL steps, during which the
+#: background pool refills (back to back, setups would only measure the pool running dry)
+PAUSE = 0.3
+
+
+def _setup_ms(system: System, traces: int, pause: float = 0.0) -> list[float]:
     times = []
     for _ in range(traces):
+        time.sleep(pause)
         with tempfile.TemporaryDirectory(prefix="faultlab-bench-", dir=scratch_directory()) as d:
             started = time.perf_counter()
             system.initialise(Path(d))
@@ -100,7 +107,7 @@ def _run(args: argparse.Namespace) -> int:
     server = run._admin.execute("SHOW server_version").fetchone()
     pg_system.initialise(Path(tempfile.mkdtemp(prefix="faultlab-bench-warm-")))  # templates
     time.sleep(1)  # let the pool fill before the pooled measurement
-    pooled = _setup_ms(pg_system, args.traces)
+    pooled = _setup_ms(pg_system, args.traces, PAUSE)
     pool, run.pool = run.pool, 0
     # without the pool: wait for the background thread to go idle, then measure inline
     while not run._work.empty():
@@ -110,7 +117,7 @@ def _run(args: argparse.Namespace) -> int:
             run.release(template.ready.get_nowait())
     while not run._work.empty():
         time.sleep(0.05)
-    unpooled = _setup_ms(pg_system, args.traces)
+    unpooled = _setup_ms(pg_system, args.traces, PAUSE)
     run.pool = pool
     sqlite_setup = _setup_ms(sqlite_system, args.traces)
     rates: dict[str, list[tuple[float, int, float]]] = {"reference": [], "reference-pg": []}
