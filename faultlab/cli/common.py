@@ -50,17 +50,22 @@ def add_system(parser: argparse.ArgumentParser, *, dedup: bool = True) -> None:
         help="system under test: a built-in name (reference, or a bug-zoo mutant; see "
              "`faultlab systems`), package.module:attribute, or path/to/system.json",
     )
+    add_postgres(parser)
+    if dedup:
+        parser.add_argument(
+            "--no-deduplication", dest="deduplication", action="store_false",
+            help="switch the receiver's deduplication off (the negative control)",
+        )
+
+
+def add_postgres(parser: argparse.ArgumentParser) -> None:
+    """``--postgres DSN``: applied by ``main`` before the command runs."""
     parser.add_argument(
         "--postgres", metavar="DSN",
         help="PostgreSQL server for systems with PostgreSQL stores (reference-pg, ...): a "
              "libpq connection string or URI; default: libpq's environment (PGHOST, PGPORT, "
              "PGUSER, ...). faultlab creates and drops its own marked databases there",
     )
-    if dedup:
-        parser.add_argument(
-            "--no-deduplication", dest="deduplication", action="store_false",
-            help="switch the receiver's deduplication off (the negative control)",
-        )
 
 
 def add_spawn(parser: argparse.ArgumentParser) -> None:

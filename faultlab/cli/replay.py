@@ -9,6 +9,7 @@ from faultlab.cli.common import (
     Commands,
     add_format,
     add_html,
+    add_postgres,
     add_spawn,
     check_format,
     check_output_path,
@@ -34,6 +35,7 @@ def register(commands: Commands) -> None:
     add_html(parser, "also write every replayed trace as one self-contained HTML page (a "
                      "timeline with a lane per process, SIGKILLs, both stores after each step "
                      "with changed rows highlighted, violated invariants marked)")
+    add_postgres(parser)
     add_spawn(parser)
     add_format(parser)
     parser.set_defaults(handler=cmd_replay)
