@@ -198,9 +198,14 @@ class PostgresRun:
     def _marked_empty(self) -> str:
         """A new database holding only the marker table: the start of every template."""
         name = self._new_name("t")
-        with self._lock:
-            self._create(self._admin, name, None)
         pg = psycopg_module()
+        try:
+            with self._lock:
+                self._create(self._admin, name, None)
+        except pg.Error as error:  # e.g. a role without CREATEDB: bad input, nothing made
+            first = (str(error).strip().splitlines() or ["no message"])[0]
+            raise UsageError(f"cannot create a database on {_describe_server(self.base)}: "
+                             f"{first}") from None
         with pg.connect(conninfo_for(self.base, dbname=name,
                                      application_name=f"{self.application}-template"),
                         autocommit=True) as connection, connection.transaction():
