@@ -39,5 +39,9 @@ def cmd_systems(args: argparse.Namespace) -> int:
     for name in builtin_names():
         system = load_system(name)
         rows.append([name, str(len(system.crash_points)), system.description])
+    from faultlab.system.reference_pg import POSTGRES_SYSTEMS  # listed without psycopg
+
+    for name, cls in POSTGRES_SYSTEMS.items():
+        rows.append([name, str(len(cls.crash_points)), f"{cls.description} (PostgreSQL)"])
     print(report.table(rows, ["system", "crash points", "description"], args.format))
     return EXIT_OK
