@@ -330,3 +330,27 @@ def test_the_sqlite_path_needs_no_psycopg(tmp_path: Path) -> None:
     assert completed.returncode == 2
     assert "pip install 'faultlab[postgres]'" in completed.stderr
     assert UsageError.exit_code == 2
+
+
+@pytest.mark.slow
+def test_two_runs_on_one_server_at_once_never_collide(server: Any, tmp_path: Path) -> None:
+    """Names carry each run's pid and a random part; each run drops only its own databases."""
+    before = _faultlab_databases(server)
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "faultlab", "explore", "--system", "reference-pg",
+             "--examples", "6", "--seed", str(seed), "--quiet", "--corpus",
+             str(tmp_path / f"corpus{seed}")],
+            cwd=ROOT, env=child_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        for seed in (1, 2)
+    ]
+    seen: set[str] = set()
+    while any(run.poll() is None for run in runs):
+        seen |= _faultlab_databases(server) - before
+        time.sleep(0.05)
+    outputs = [run.communicate() for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    prefixes = {"_".join(name.split("_")[:3]) for name in seen}
+    assert len(prefixes) == 2, sorted(seen)  # each run made its own, under its own prefix
+    assert _faultlab_databases(server) - before == set()
