@@ -63,6 +63,10 @@ def cmd_init(args: argparse.Namespace) -> int:
     directory: Path = args.directory
     create = _check_directory(directory)
     system = load_system(args.system)
+    if system.store_kind != "sqlite":  # its databases live only as long as one run
+        raise UsageError(f"init: system {system.name!r} keeps its stores in "
+                         f"{system.store_kind}, dropped when the run ends; try its workers "
+                         "through suite, explore or replay")
     if create:
         directory.mkdir()
     try:
