@@ -354,3 +354,10 @@ def test_two_runs_on_one_server_at_once_never_collide(server: Any, tmp_path: Pat
     prefixes = {"_".join(name.split("_")[:3]) for name in seen}
     assert len(prefixes) == 2, sorted(seen)  # each run made its own, under its own prefix
     assert _faultlab_databases(server) - before == set()
+
+
+def test_init_refuses_a_system_whose_stores_live_in_postgres(server: Any, tmp_path: Path) -> None:
+    completed = _faultlab("init", str(tmp_path / "stores"), "--system", "reference-pg")
+    assert completed.returncode == 2
+    assert "dropped when the run ends" in completed.stderr
+    assert not (tmp_path / "stores").exists()
