@@ -151,9 +151,6 @@ class PostgresRun:
         self._background: psycopg.Connection[Any] | None = None
         #: the driver's read-only connections, one per live trace database (closed on release)
         self.readers: dict[str, psycopg.Connection[Any]] = {}
-        self.clones = 0
-        self.clone_seconds = 0.0
-        self.waits = 0
         self._closing = False
 
     # -- naming and marking -----------------------------------------------------------------
@@ -275,13 +272,9 @@ class PostgresRun:
         try:
             name = template.ready.get_nowait()
         except queue.Empty:
-            self.waits += 1
             name = self._new_name("c")
-            started = time.perf_counter()
             with self._lock:
                 self._create(self._admin, name, template.name)
-            self.clone_seconds += time.perf_counter() - started
-            self.clones += 1
         self._work.put(("fill", key))
         return name
 
@@ -328,10 +321,7 @@ class PostgresRun:
                     template = self._templates[value]
                 while template.ready.qsize() < self.pool and not self._closing:
                     name = self._new_name("c")
-                    started = time.perf_counter()
                     self._create(connection, name, template.name)
-                    self.clone_seconds += time.perf_counter() - started
-                    self.clones += 1
                     template.ready.put(name)
             except Exception:  # noqa: BLE001 - close() drops whatever is left
                 continue
