@@ -162,15 +162,25 @@ class PostgresRun:
 
     def _create(self, connection: psycopg.Connection[Any], name: str,
                 template: str | None) -> None:
-        """CREATE DATABASE (from ``template``) and mark it; recorded before it exists."""
+        """CREATE DATABASE (from ``template``) and mark it; recorded before it exists.
+
+        CREATE DATABASE cannot share a transaction with its COMMENT, so Ctrl-C and SIGTERM
+        are held back between the two: an interrupted run never leaves an unmarked
+        database (which it would then refuse to drop).
+        """
         with self._lock:
             self.created.add(name)
         clause = f" TEMPLATE {quote_ident(template)}" if template else ""
-        connection.execute(f"CREATE DATABASE {quote_ident(name)}{clause}")
-        connection.execute(
-            f"COMMENT ON DATABASE {quote_ident(name)} IS "
-            f"'{COMMENT_PREFIX} {self.run_id}: dropped when the run ends'"
-        )
+        held = {signal.SIGINT, signal.SIGTERM}
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        try:
+            connection.execute(f"CREATE DATABASE {quote_ident(name)}{clause}")
+            connection.execute(
+                f"COMMENT ON DATABASE {quote_ident(name)} IS "
+                f"'{COMMENT_PREFIX} {self.run_id}: dropped when the run ends'"
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
     def _drop(self, connection: psycopg.Connection[Any], name: str) -> None:
         """Drop a database this run created and marked; anything else is refused."""
