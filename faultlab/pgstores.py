@@ -312,7 +312,12 @@ class PostgresRun:
         self._thread.start()
 
     def _serve(self) -> None:
-        """Background: keep ``pool`` clones ready per template; drop released databases."""
+        """Background: keep ``pool`` clones ready per template; drop released databases.
+
+        Ctrl-C and SIGTERM are blocked in this thread for good: the kernel then delivers
+        them to the main thread, whose mask holds them back while it creates a database.
+        """
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         connection = self._background
         if connection is None:
             return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -297,22 +298,29 @@ def test_explore_reference_pg_is_clean_and_leaves_nothing(server: Any, tmp_path:
 
 
 @pytest.mark.slow
-def test_an_interrupted_run_drops_its_databases(server: Any) -> None:
+@pytest.mark.parametrize(("signum", "after"), [
+    (signal.SIGTERM, 0.3), (signal.SIGINT, 0.7), (signal.SIGTERM, 1.1), (signal.SIGINT, 1.9),
+])
+def test_an_interrupted_run_drops_its_databases(server: Any, tmp_path: Path, signum: int,
+                                                after: float) -> None:
+    """Ctrl-C or SIGTERM at some moment of an exploration: exit 130, no database left."""
     before = _faultlab_databases(server)
     process = subprocess.Popen(
         [sys.executable, "-m", "faultlab", "explore", "--system", "reference-pg", "--examples",
-         "1000", "--seed", "3", "--quiet", "--corpus", os.devnull + "-nonexistent"],
+         "1000", "--seed", "3", "--quiet", "--corpus", str(tmp_path / "corpus")],
         cwd=ROOT, env=child_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (_faultlab_databases(server) - before):
-        time.sleep(0.1)
+        time.sleep(0.05)
     assert _faultlab_databases(server) - before, "the run never created a database"
-    time.sleep(1.0)
-    process.terminate()
+    time.sleep(after)
+    process.send_signal(signum)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == "faultlab: interrupted"
     assert _faultlab_databases(server) - before == set()
+    assert not (tmp_path / "corpus").exists()
 
 
 def test_the_sqlite_path_needs_no_psycopg(tmp_path: Path) -> None:
