@@ -585,6 +585,7 @@ def wait_for_backends(directory: Path, bound: float | None = None) -> None:
                 "FROM pg_stat_activity a WHERE datname = ANY(%s) AND application_name LIKE %s",
                 (names, pattern),
             ).fetchall()
+        rows = [row for row in rows if not _worker_alive(str(row[1]))]
         if not rows:
             return
         if time.monotonic() >= end:
@@ -595,6 +596,25 @@ def wait_for_backends(directory: Path, bound: float | None = None) -> None:
             )
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
+
+
+def _worker_alive(application: str) -> bool:
+    """Whether the worker named in ``application`` (``...-worker-<pid>``) still runs.
+
+    Concurrent traces snapshot while other workers are alive, held at a scheduling point
+    with their transactions open: only a worker that has ended must have lost its backend.
+    A command-line worker's name carries no pid (``-worker-cmd``): it counts as ended.
+    """
+    suffix = application.rsplit("-", 1)[-1]
+    if not suffix.isdigit():
+        return False
+    try:
+        os.kill(int(suffix), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def send_commit_then(connection: psycopg.Connection[Any], then: Callable[[], None]) -> None:

@@ -369,3 +369,15 @@ def test_init_refuses_a_system_whose_stores_live_in_postgres(server: Any, tmp_pa
     assert completed.returncode == 2
     assert "dropped when the run ends" in completed.stderr
     assert not (tmp_path / "stores").exists()
+
+
+@pytest.mark.slow
+def test_concurrent_exploration_of_reference_pg_is_clean_and_leaves_nothing(
+        server: Any, tmp_path: Path) -> None:
+    """Two lanes: a snapshot taken while a held worker keeps its transaction open must not
+    wait for that worker's backend (only a worker that has ended must have lost it)."""
+    completed = _faultlab("explore", "--system", "reference-pg", "--concurrency", "2",
+                          "--examples", "10", "--seed", "0", "--quiet",
+                          "--corpus", str(tmp_path / "corpus"))
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "clean" in completed.stdout
