@@ -7,10 +7,9 @@ so a retry that re-encodes a payload cannot masquerade as a conflict.
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
-from faultlab.errors import UsageError
+from faultlab.inputs import parse_json
 
 
 def canonical_json(value: Any) -> str:
@@ -18,16 +17,6 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def parse_payload(text: str, *, what: str = "--payload") -> str:
     """Parse user-supplied JSON and return its canonical form, or raise UsageError."""
-    try:
-        value = json.loads(text, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as error:
-        raise UsageError(f"{what} is not valid JSON: {error}") from None
-    if isinstance(value, float) and not math.isfinite(value):
-        raise UsageError(f"{what} is not valid JSON: non-finite number")
-    return canonical_json(value)
+    return canonical_json(parse_json(text, f"{what} is not valid JSON"))

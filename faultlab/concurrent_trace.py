@@ -26,6 +26,7 @@ from typing import Any
 
 from faultlab.canonical import canonical_json
 from faultlab.errors import UsageError
+from faultlab.inputs import check_operation_id, read_json_file
 from faultlab.invariants import Violation
 from faultlab.trace import TRACE_FORMAT, Trace, Verdict
 
@@ -73,8 +74,8 @@ class LaneStep:
             raise UsageError(f"step ticks must be an integer: {ticks!r}")
         if role is not None and not isinstance(role, str):
             raise UsageError(f"step role must be a string: {role!r}")
-        if operation_id is not None and not isinstance(operation_id, str):
-            raise UsageError(f"step operation_id must be a string: {operation_id!r}")
+        if operation_id is not None:
+            check_operation_id(operation_id, "step operation_id")
         return cls(data["action"], lane, role, operation_id, data.get("payload"), ticks)
 
     def validate(self, concurrency: int) -> None:
@@ -165,20 +166,13 @@ class ConcurrentTrace:
             )
         except UsageError as error:
             raise UsageError(f"{source}: {error}") from None
-        except (KeyError, TypeError, ValueError) as error:
+        except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as error:
             raise UsageError(f"{source}: corrupt trace: {error}") from None
 
 
 def load(path: Path) -> Trace | ConcurrentTrace:
     """Read a trace file of either version (version 1 exactly as :meth:`Trace.load`)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise UsageError(f"{path}: cannot read: {error.strerror}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{path}: not a faultlab trace (not UTF-8 text)") from None
-    except ValueError as error:
-        raise UsageError(f"{path}: not a faultlab trace (invalid JSON: {error})") from None
+    data = read_json_file(path, "faultlab trace")  # untrusted: bounded, strict, Unicode
     if isinstance(data, dict) and data.get("format") == TRACE_FORMAT \
             and data.get("version") == TRACE_VERSION_CONCURRENT:
         return ConcurrentTrace.from_json(data, source=str(path))

@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from faultlab.errors import UsageError
-from faultlab.trace import Trace, write_json_atomically
+from faultlab.errors import ExecutionError
+from faultlab.output import check_output_directory, write_json
+from faultlab.trace import Trace
 
 if TYPE_CHECKING:
     from faultlab.concurrent_trace import ConcurrentTrace
@@ -17,14 +18,8 @@ DEFAULT_CORPUS = Path("corpus")
 
 
 def check_corpus_directory(path: Path) -> None:
-    """Refuse a corpus path that exists but is not a directory (before running anything)."""
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--corpus {path}: exists and is not a directory")
-    parent = path
-    while not parent.exists():
-        parent = parent.parent if parent.parent != parent else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"--corpus {path}: {parent} is not a directory")
+    """Refuse a corpus path faultlab could not save into, before running anything."""
+    check_output_directory(path, "--corpus")
 
 
 def finding_name(trace: Trace | ConcurrentTrace, system_name: str | None = None) -> str:
@@ -42,9 +37,28 @@ def finding_name(trace: Trace | ConcurrentTrace, system_name: str | None = None)
 
 
 def save(trace: Trace | ConcurrentTrace, directory: Path, system_name: str | None = None) -> Path:
-    """Write the trace into the corpus directory (created if needed), atomically."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / finding_name(trace, system_name)
-    write_json_atomically(path, trace.to_json())
-    return path
+    """Write the trace into the corpus directory (created if needed), atomically.
 
+    Saving is the run's commit point (:func:`faultlab.output.write_text` with ``final``):
+    a signal before the rename leaves neither the file nor a directory made for it.
+    """
+    missing = []
+    parent = directory
+    while not parent.exists() and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    path = directory / finding_name(trace, system_name)
+    try:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ExecutionError(f"cannot create {directory}: {error.strerror or error}") from None
+        write_json(path, trace.to_json(), final=True)
+    except BaseException:
+        for made in missing:  # innermost first; only directories this call created
+            try:
+                made.rmdir()
+            except OSError:
+                break
+        raise
+    return path

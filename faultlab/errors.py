@@ -8,6 +8,8 @@ line and exits with status 2 before anything is created or changed.
 EXIT_OK = 0
 EXIT_FOUND = 1
 EXIT_USAGE = 2
+#: The run itself failed (a deadline, a broken protocol, an unreadable store): no finding.
+EXIT_RUN_FAILED = 3
 
 
 class UsageError(Exception):
@@ -17,6 +19,9 @@ class UsageError(Exception):
 
 
 class ExecutionError(Exception):
-    """A run could not be completed (a worker missed its deadline, the fork server died)."""
+    """A run could not be completed (a worker missed its deadline, the fork server died).
 
-    exit_code = 1
+    Exit status 3: the run failed, which is not a finding (1) and not bad input (2).
+    """
+
+    exit_code = EXIT_RUN_FAILED

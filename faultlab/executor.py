@@ -9,6 +9,7 @@ faultlab spawns a worker or reads a store.
 from __future__ import annotations
 
 import copy
+import os
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -17,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from faultlab import inputs, interrupt
 from faultlab.canonical import canonical_json
 from faultlab.errors import EXIT_USAGE, ExecutionError, UsageError
 from faultlab.invariants import Check, Model, Violation, check_live, check_step
@@ -66,8 +68,10 @@ def validate_step(system: System, step: Step) -> None:
     if step.action in ("accept", "service"):
         if not step.operation_id:
             raise UsageError(f"{step.action} step needs an operation_id")
+        inputs.check_operation_id(step.operation_id, f"{step.action} step operation_id")
         if step.payload is None:
             raise UsageError(f"{step.action} step needs a payload")
+        inputs.check_value(step.payload, f"{step.action} step payload")
         try:
             canonical_json(step.payload)
         except (TypeError, ValueError) as error:
@@ -114,12 +118,15 @@ class Executor:
         return executor
 
     def __enter__(self) -> Executor:
-        if self._requested_directory is None:
-            self.directory = Path(tempfile.mkdtemp(prefix="faultlab-", dir=scratch_directory()))
-        else:
-            self.directory = self._requested_directory
-            self.directory.mkdir(parents=True)
         try:
+            with interrupt.deferred():  # the directory is created and known, or neither
+                if self._requested_directory is None:
+                    # the pid in the name tells whose run directory it is (tests check)
+                    self.directory = Path(tempfile.mkdtemp(prefix=f"faultlab-{os.getpid()}-",
+                                                           dir=scratch_directory()))
+                else:
+                    self.directory = self._requested_directory
+                    self.directory.mkdir(parents=True)
             self.system.initialise(self.directory)
             self.snapshot = self.system.snapshot(self.directory)
         except BaseException:
@@ -134,17 +141,19 @@ class Executor:
         self.close()
 
     def close(self) -> None:
-        owned = self._temporary or self._requested_directory is not None  # not a resumed branch
-        if owned and self.directory != Path():
-            self.system.release(self.directory)  # PostgreSQL databases never outlive a trace
-        if self._temporary and self.directory != Path():
-            shutil.rmtree(self.directory, ignore_errors=True)
+        with interrupt.deferred():  # a signal must not leave half a run directory
+            owned = self._temporary or self._requested_directory is not None  # not resumed
+            if owned and self.directory != Path():
+                self.system.release(self.directory)  # PostgreSQL databases never outlive a trace
+            if self._temporary and self.directory != Path():
+                shutil.rmtree(self.directory, ignore_errors=True)
 
     @property
     def steps(self) -> list[Step]:
         return [observation.step for observation in self.observations]
 
     def run(self, step: Step, *, phase: str = "step") -> Observation:
+        interrupt.check()  # after a SIGINT/SIGTERM no further worker starts
         validate_step(self.system, step)
         payload = None if step.action == "dispatch" else canonical_json(step.payload)
         spec = WorkerSpec(

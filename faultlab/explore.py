@@ -19,7 +19,7 @@ from hypothesis import __version__ as _hypothesis_version
 from hypothesis.errors import Flaky
 from hypothesis.stateful import run_state_machine_as_test
 
-from faultlab import __version__, defaults
+from faultlab import __version__, defaults, interrupt
 from faultlab.executor import Execution, execute
 from faultlab.machine import (
     InvariantFailure,
@@ -171,6 +171,13 @@ def explore(
         failure = error
     except StopExploration:
         stopped = True
+    except Exception:
+        if recorder.run_error is not None:
+            raise recorder.run_error from None  # the step's own error, not Hypothesis's report
+        raise
+    interrupt.check()  # an interrupted search reports nothing
+    if recorder.run_error is not None:
+        raise recorder.run_error  # a run that failed is not a finding, whatever it showed
     seconds = time.monotonic() - started
     result = Exploration(system.ref, deduplication, seed_value, recorder, seconds,
                          stopped=stopped)

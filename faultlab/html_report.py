@@ -19,8 +19,6 @@ offline and fetches nothing.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
@@ -329,17 +327,11 @@ def render(reports: Sequence[TraceReport], *, title: str = "faultlab trace repor
 
 def write(path: Path, reports: Sequence[TraceReport], *, title: str = "faultlab trace report"
           ) -> None:
-    """Write the page atomically (a temporary file beside it, then rename)."""
-    text = render(reports, title=title)
-    directory = path.parent if str(path.parent) else Path(".")
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    """Write the page atomically (a temporary file beside it, then rename), as every output
+    file is written (:mod:`faultlab.output`)."""
+    from faultlab.output import write_text
+
+    write_text(path, render(reports, title=title))
 
 
 __all__ = ["TABLES", "Process", "TraceReport", "processes", "render", "write"]

@@ -89,6 +89,9 @@ class Recorder:
     started: float = field(default_factory=time.monotonic)
     first_failure_examples: int | None = None
     first_failure_seconds: float | None = None
+    #: the first error that stopped a step without a verdict (deadline, protocol, store):
+    #: a run failure, never a finding, whatever Hypothesis makes of it
+    run_error: Exception | None = None
     _last_progress: float = 0.0
 
     @property
@@ -115,12 +118,14 @@ class Recorder:
 
     def finish(self, steps: list[Step], verdict: Verdict, violations: list[Violation]) -> None:
         self.examples += 1
-        if not verdict.clean and self.first_failure_examples is None:
-            self.first_failure_examples = self.examples
-            self.first_failure_seconds = self.seconds
         self.last_steps = steps
         self.last_verdict = verdict
         self.last_violations = violations
+        if not verdict.clean and self.first_failure_examples is None:
+            self.first_failure_examples = self.examples
+            self.first_failure_seconds = self.seconds
+            if self.progress is not None:
+                self.progress(self)  # at once: shrinking starts now, and may take a while
 
 
 class OutboxMachine(RuleBasedStateMachine):
@@ -163,7 +168,11 @@ class OutboxMachine(RuleBasedStateMachine):
         if stop is not None and stop():
             self.stopped = True
             raise StopExploration
-        observation = self.executor.run(step)
+        try:
+            observation = self.executor.run(step)
+        except Exception as error:
+            self.recorder.run_error = self.recorder.run_error or error
+            raise
         self._observed(observation)
         if observation.violations:
             self.failure = InvariantFailure(observation.index, list(observation.violations))
@@ -234,7 +243,11 @@ class OutboxMachine(RuleBasedStateMachine):
         found: InvariantFailure | None = None
         try:
             if self.failure is None and not self.stopped:
-                observations, final = self.executor.settle()
+                try:
+                    observations, final = self.executor.settle()
+                except Exception as error:
+                    self.recorder.run_error = self.recorder.run_error or error
+                    raise
                 for observation in observations:
                     self._observed(observation)
                 failed = next((o for o in observations if o.violations), None)

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import IO, Any, NoReturn
 
+from faultlab import interrupt
 from faultlab.errors import ExecutionError
 from faultlab.records import (
     DEFAULT_DEADLINE,
@@ -52,7 +53,41 @@ WorkerMain = Callable[[WorkerSpec], int]
 def _collect(pid: int, fds: dict[int, str], deadline: float, group: bool) -> tuple[
     dict[str, bytes], int, bool
 ]:
-    """Read the child's pipes to EOF and reap it; kill it (or its group) at the deadline."""
+    """Read the child's pipes to EOF and reap it; kill it (or its group) at the deadline.
+
+    If anything interrupts the wait (SIGINT, SIGTERM), the child is killed and reaped
+    before the exception goes on: an interrupted run leaves no worker behind.
+    """
+    try:
+        return _collect_and_reap(pid, fds, deadline, group)
+    except BaseException:
+        end_child(pid, group)
+        raise
+
+
+def end_child(pid: int, group: bool) -> None:
+    """Kill and reap our child ``pid`` (and its group), unless it was already reaped.
+
+    The child is signalled only while it is known unreaped, so its pid cannot have been
+    reused by a process faultlab did not start.
+    """
+    with interrupt.deferred():
+        try:
+            waited, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return  # reaped already
+        if waited:
+            return
+        _kill(pid, group)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def _collect_and_reap(pid: int, fds: dict[int, str], deadline: float, group: bool) -> tuple[
+    dict[str, bytes], int, bool
+]:
     chunks: dict[str, list[bytes]] = {name: [] for name in fds.values()}
     sizes = dict.fromkeys(fds.values(), 0)
     selector = selectors.DefaultSelector()
@@ -156,6 +191,7 @@ def _child_main(
         if new_group:
             os.setpgid(0, 0)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -351,7 +387,11 @@ def run_command(
         _collect(child.pid, fds, deadline, new_group)
         child.returncode = -signal.SIGKILL
         raise
-    outputs, status, timed_out = _collect(child.pid, fds, deadline, new_group)
+    try:
+        outputs, status, timed_out = _collect(child.pid, fds, deadline, new_group)
+    except BaseException:
+        child.returncode = -signal.SIGKILL  # killed and reaped by _collect
+        raise
     child.returncode = os.waitstatus_to_exitcode(status)  # reaped by _collect
     return _record(child.pid, outputs, status, began, timed_out)
 
@@ -380,54 +420,110 @@ def _set_child_subreaper() -> None:
         pass
 
 
-def _reap_orphans() -> None:
+def _reap_orphans(wait: float = 0.0) -> None:
     """Reap orphaned grandchildren that were reparented to the fork server.
 
-    The waiting spare is alive and blocked, so ``WNOHANG`` never takes it.
+    The waiting spare is alive and blocked, so ``WNOHANG`` never takes it. With ``wait``
+    (as the server ends), keep reaping for up to that long while children remain: a
+    killed worker's service may still be dying.
     """
+    end = time.monotonic() + wait
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
-            return
+            if time.monotonic() >= end:
+                return
+            time.sleep(0.005)
+
+
+@dataclass
+class _Children:
+    """The fork server's children that are not reaped yet: the spare, the running worker."""
+
+    spare: _Spare | None = None
+    running: _Spare | None = None  # assigned a spec and not yet reaped
+
+    def end(self) -> None:
+        """Kill and reap the running worker, release the spare, reap orphans."""
+        if self.running is not None:
+            end_child(self.running.pid, True)  # its pipes close as this process exits
+            self.running = None
+        if self.spare is not None:
+            _retire(self.spare)
+            self.spare = None
+        _reap_orphans(wait=_KILL_GRACE)
 
 
 def zygote_main(run: WorkerMain, prepare: Callable[[WorkerSpec], None]) -> None:
-    """The fork server: read one spec per line, fork a worker, answer with its record.
+    """The fork server: read one request per line, fork a worker, answer with its record.
 
     ``prepare(spec)`` runs here before the fork (loading the spec's system once, so every
     child inherits it warm); ``run(spec)`` is the worker's body in the child.
+
+    A request is ``{"id": N, "spec": {...}}`` and its reply echoes ``"id"``, so the
+    client can never take one worker's record for another's. SIGTERM (what the client
+    sends after an interruption) raises :class:`~faultlab.interrupt.Interrupted`, at most
+    once, wherever the server is (even as its loop ends on EOF); the running worker's
+    group is then killed and reaped, the spare released and the server ends quietly.
+    SIGINT is ignored (the client decides).
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    children = _Children()
+    try:
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, interrupt.handler)
+            _serve(children, run, prepare)
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stopping: no second raise
+    except (interrupt.Interrupted, BrokenPipeError):
+        pass  # the client stopped the run or went away
+    children.end()
+
+
+def _serve(own: _Children, run: WorkerMain, prepare: Callable[[WorkerSpec], None]) -> None:
     _set_child_subreaper()
     requests = sys.stdin.buffer
     replies = sys.stdout.buffer
-    spare: _Spare | None = None
-    try:
-        for line in requests:
-            try:
-                spec = WorkerSpec(**json.loads(line))
-                prepare(spec)
-                worker = spare if spare is not None else _fork_spare(run)
-                spare = None
-                started = _assign(worker, line)
-                spare = _fork_spare(run)  # the next worker forks while this one runs
-                record = _finish(worker, spec, started)
-                reply: dict[str, Any] = {"record": record.to_json()}
-            except Exception as error:  # noqa: BLE001 - reported to the client, not swallowed
-                reply = {"error": f"{type(error).__name__}: {error}"}
-            _reap_orphans()
+    for line in requests:
+        request_id: Any = None
+        try:
+            request = json.loads(line)
+            request_id = request["id"]
+            spec = WorkerSpec(**request["spec"])
+            prepare(spec)
+            with interrupt.deferred():  # a forked child is always known by its pid
+                own.running = own.spare if own.spare is not None else _fork_spare(run)
+                own.spare = None
+            started = _assign(own.running, json.dumps(request["spec"]).encode())
+            with interrupt.deferred():
+                own.spare = _fork_spare(run)  # the next worker forks while this one runs
+            record = _finish(own.running, spec, started)
+            own.running = None
+            reply: dict[str, Any] = {"id": request_id, "record": record.to_json()}
+        except Exception as error:  # noqa: BLE001 - reported to the client, not swallowed
+            if own.running is not None:
+                end_child(own.running.pid, True)
+                own.running = None
+            reply = {"id": request_id, "error": f"{type(error).__name__}: {error}"}
+        _reap_orphans()
+        try:
             replies.write(json.dumps(reply).encode() + b"\n")
             replies.flush()
-    finally:
-        if spare is not None:
-            _retire(spare)
+        except BrokenPipeError:
+            break  # the client went away
 
 
 class ForkServer:
-    """Client side of the fork server; one per run, closed (and reaped) at the end."""
+    """Client side of the fork server; one per run, closed (and reaped) at the end.
+
+    Every request carries a fresh id that the reply must echo. An exchange cut short
+    (a signal between writing a request and reading its reply) leaves the channel
+    unusable: no later request can read the earlier reply, and :meth:`close` stops the
+    server with SIGTERM, which kills and reaps the worker it was running.
+    """
 
     def __init__(self, entry: str = FORK_SERVER_ENTRY) -> None:
         self._process = subprocess.Popen(
@@ -437,15 +533,25 @@ class ForkServer:
             start_new_session=True,
         )
         self.pid = self._process.pid
+        self._requests = 0
+        self._in_flight = False  # a request was written and its reply not yet read
 
     def run(self, spec: WorkerSpec) -> ProcessRecord:
         process = self._process
         stdin: IO[bytes] | None = process.stdin
         stdout: IO[bytes] | None = process.stdout
+        if self._in_flight:
+            raise ExecutionError(
+                f"the fork server (pid {self.pid}) is unusable: an earlier request was "
+                "interrupted before its reply"
+            )
         if stdin is None or stdout is None or process.poll() is not None:
             raise ExecutionError("the fork server is not running")
+        self._requests += 1
+        request_id = self._requests
+        self._in_flight = True  # stays set if anything interrupts the exchange
         try:
-            stdin.write(json.dumps(vars(spec)).encode() + b"\n")
+            stdin.write(json.dumps({"id": request_id, "spec": vars(spec)}).encode() + b"\n")
             stdin.flush()
             line = stdout.readline()
         except BrokenPipeError:
@@ -453,24 +559,35 @@ class ForkServer:
         if not line:
             raise ExecutionError(f"the fork server (pid {self.pid}) died")
         reply = json.loads(line)
+        if not isinstance(reply, dict) or reply.get("id") != request_id:
+            raise ExecutionError(
+                f"the fork server (pid {self.pid}) answered request "
+                f"{reply.get('id') if isinstance(reply, dict) else '?'}, not {request_id}"
+            )
+        self._in_flight = False
         if "error" in reply:
             raise ExecutionError(f"the fork server could not run the worker: {reply['error']}")
         return ProcessRecord.from_json(reply["record"])
 
     def close(self) -> None:
-        process = self._process
-        if process.stdin is not None:
+        """End the server and reap it; after an interruption, stop its worker first."""
+        with interrupt.deferred():
+            process = self._process
+            if self._in_flight or interrupt.received() is not None:
+                if process.poll() is None:  # not reaped, so the pid is still ours
+                    process.send_signal(signal.SIGTERM)
+            if process.stdin is not None:
+                try:
+                    process.stdin.close()
+                except BrokenPipeError:
+                    pass
             try:
-                process.stdin.close()
-            except BrokenPipeError:
-                pass
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
 
 
 class Spawner:
@@ -521,3 +638,16 @@ def spawner(mode: SpawnMode = "fork") -> Iterator[Spawner]:
         yield runner
     finally:
         runner.close()
+
+
+def stop_resource_tracker() -> None:
+    """End multiprocessing's resource tracker (a child a spawn-context pool or queue
+    started) and reap it, so faultlab leaves no process behind, interrupted or not."""
+    from multiprocessing import resource_tracker
+
+    stop = getattr(getattr(resource_tracker, "_resource_tracker", None), "_stop", None)
+    if callable(stop):
+        try:
+            stop()
+        except Exception:  # noqa: BLE001 - a tracker that is already gone
+            pass

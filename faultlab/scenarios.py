@@ -16,7 +16,7 @@ from typing import Any
 
 from faultlab.executor import Execution, Observation, execute
 from faultlab.process import Spawner
-from faultlab.records import KILLED, ProcessRecord
+from faultlab.records import DEFAULT_DEADLINE, KILLED, ProcessRecord
 from faultlab.system.contract import System
 from faultlab.system.fields import describe_unknown
 from faultlab.trace import Step
@@ -63,9 +63,11 @@ class Scenario:
     deduplication: bool = True
     expected: dict[str, Any] = field(default_factory=dict)
 
-    def run(self, system: System, spawner: Spawner, directory: Path | None = None) -> Outcome:
+    def run(self, system: System, spawner: Spawner, directory: Path | None = None, *,
+            deadline: float = DEFAULT_DEADLINE) -> Outcome:
         execution = execute(
-            system, self.steps, spawner, deduplication=self.deduplication, directory=directory
+            system, self.steps, spawner, deduplication=self.deduplication, directory=directory,
+            deadline=deadline,
         )
         return self.judge(self, execution)
 

@@ -22,15 +22,18 @@ the same streams. A finding records its round's seed: ``explore --seed <that>
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from faultlab import interrupt
 from faultlab.explore import Exploration, explore
 from faultlab.machine import Recorder
-from faultlab.process import Spawner
+from faultlab.process import Spawner, stop_resource_tracker
 from faultlab.records import DEFAULT_DEADLINE, SpawnMode
 from faultlab.streams import Shard, round_seed
 from faultlab.system.contract import System
@@ -171,6 +174,7 @@ def _job_main(plan: Plan, job: int, messages: Any, stop_event: Any) -> None:
     from faultlab.process import spawner
     from faultlab.system import load_system
 
+    interrupt.install()  # SIGINT (the terminal's group) or SIGTERM (the parent) end it cleanly
     system = load_system(plan.system)
     last = [0.0]
 
@@ -234,6 +238,13 @@ def run_jobs(
                     for key, value in vars(totals).items():
                         setattr(merged, key, getattr(merged, key) + value)
                 progress(merged, time.monotonic() - started)
+    except BaseException:
+        # interrupted: end the jobs at once (a job waiting on a worker would otherwise run
+        # to its deadline); each ends its worker and fork server and removes its stores
+        for process in processes:
+            if process.is_alive() and process.pid is not None:  # unreaped: still ours
+                os.kill(process.pid, signal.SIGTERM)
+        raise
     finally:
         stop_event.set()
         while any(process.is_alive() for process in processes):
@@ -244,6 +255,8 @@ def run_jobs(
         for process in processes:
             process.join()
         messages.close()
+        messages.join_thread()
+        stop_resource_tracker()
     if errors:
         from faultlab.errors import ExecutionError
 

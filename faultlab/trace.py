@@ -10,13 +10,12 @@ replays whatever generated it.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from faultlab import inputs
 from faultlab.canonical import canonical_json
 from faultlab.errors import UsageError
 from faultlab.invariants import Violation
@@ -24,6 +23,7 @@ from faultlab.invariants import Violation
 TRACE_FORMAT = "faultlab-trace"
 TRACE_VERSION = 1
 ACTIONS = ("accept", "dispatch", "service")
+MAX_STEPS = 10_000
 
 
 def changed_payload(payload: Any) -> Any:
@@ -65,10 +65,12 @@ class Step:
             raise UsageError(f"not a trace step: {json.dumps(data)[:80]}")
         crash_point = data.get("crash")
         operation_id = data.get("operation_id")
-        if crash_point is not None and not isinstance(crash_point, str):
-            raise UsageError(f"step crash must be a string: {crash_point!r}")
-        if operation_id is not None and not isinstance(operation_id, str):
-            raise UsageError(f"step operation_id must be a string: {operation_id!r}")
+        if crash_point is not None and (
+            not isinstance(crash_point, str) or not crash_point or len(crash_point) > 200
+        ):
+            raise UsageError(f"step crash must be a point name: {json.dumps(crash_point)[:80]}")
+        if operation_id is not None:
+            inputs.check_operation_id(operation_id, "step operation_id")
         return cls(data["action"], operation_id, data.get("payload"), crash_point)
 
     def describe(self) -> str:
@@ -115,10 +117,17 @@ class Verdict:
             raise UsageError("trace 'expected' must be an object with a boolean 'clean'")
         if data["clean"]:
             return cls()
-        invariants = tuple(str(i) for i in data.get("invariants", ()))
+        names = data.get("invariants", ())
+        if not isinstance(names, list) or not all(isinstance(i, str) for i in names):
+            raise UsageError("trace 'expected.invariants' must be a list of names")
+        invariants = tuple(names)
         if not invariants:
             raise UsageError("trace 'expected' is not clean but names no invariant")
-        step = None if data.get("final") else int(data["step"])
+        if data.get("final") is True:
+            return cls(None, invariants)
+        step = data.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            raise UsageError(f"trace 'expected.step' must be a step number: {step!r}")
         return cls(step, invariants)
 
     def describe(self) -> str:
@@ -161,55 +170,51 @@ class Trace:
     def from_json(cls, data: Any, *, source: str = "trace") -> Trace:
         if not isinstance(data, dict) or data.get("format") != TRACE_FORMAT:
             raise UsageError(f"{source}: not a faultlab trace (no \"format\": \"{TRACE_FORMAT}\")")
-        if data.get("version") != TRACE_VERSION:
+        version = data.get("version")
+        if type(version) is not int or version != TRACE_VERSION:  # True == 1 in Python
             raise UsageError(
-                f"{source}: unsupported trace version {data.get('version')!r} "
+                f"{source}: unsupported trace version {json.dumps(version)[:40]} "
                 f"(this faultlab reads versions {TRACE_VERSION} and 2)"
             )
         try:
+            if not isinstance(data.get("steps"), list) or len(data["steps"]) > MAX_STEPS:
+                raise TypeError(f"steps must be a list of at most {MAX_STEPS} steps")
             steps = [Step.from_json(step) for step in data["steps"]]
             system = data["system"]
-            if not isinstance(system, str) or not isinstance(data["deduplication"], bool):
+            if not isinstance(system, str) or not system or not isinstance(
+                data["deduplication"], bool
+            ):
                 raise TypeError("system must be a string and deduplication a boolean")
+            if not isinstance(data.get("settle", True), bool):
+                raise TypeError("settle must be a boolean")
+            if not isinstance(data.get("meta", {}), dict) or not isinstance(
+                data.get("violations", []), list
+            ):
+                raise TypeError("meta must be an object and violations a list")
             expected = Verdict.from_json(data["expected"]) if "expected" in data else None
             return cls(
                 system=system,
                 deduplication=data["deduplication"],
                 steps=steps,
-                settle=bool(data.get("settle", True)),
+                settle=data.get("settle", True),
                 expected=expected,
                 violations=[Violation.from_json(v) for v in data.get("violations", ())],
                 meta=dict(data.get("meta", {})),
             )
         except UsageError as error:
             raise UsageError(f"{source}: {error}") from None
-        except (KeyError, TypeError, ValueError) as error:
+        except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as error:
             raise UsageError(f"{source}: corrupt trace: {error}") from None
 
     @classmethod
     def load(cls, path: Path) -> Trace:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as error:
-            raise UsageError(f"{path}: cannot read: {error.strerror}") from None
-        except UnicodeDecodeError:
-            raise UsageError(f"{path}: not a faultlab trace (not UTF-8 text)") from None
-        try:
-            data = json.loads(text)
-        except ValueError as error:
-            raise UsageError(f"{path}: not a faultlab trace (invalid JSON: {error})") from None
+        """Read a trace file, refusing anything hostile in one line (:mod:`faultlab.inputs`)."""
+        data = inputs.read_json_file(path, "faultlab trace")
         return cls.from_json(data, source=str(path))
 
 
 def write_json_atomically(path: Path, data: Any) -> None:
-    """Write to a temporary file beside the target and rename, so no reader sees half a file."""
-    directory = path.parent if str(path.parent) else Path(".")
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            json.dump(data, stream, indent=2, sort_keys=False)
-            stream.write("\n")
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    """Write JSON to a temporary file beside the target and rename (see :mod:`faultlab.output`)."""
+    from faultlab.output import write_json
+
+    write_json(path, data)

@@ -8,6 +8,8 @@ enumeration (bounded exhaustive) run one after the other with their defaults.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -16,6 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from faultlab import interrupt
+from faultlab.process import stop_resource_tracker
 from faultlab.records import DEFAULT_DEADLINE, SpawnMode
 
 
@@ -133,13 +137,27 @@ def judge_all(
     """Judge every system, ``jobs`` at a time, each in a fresh interpreter (spawn)."""
     context = multiprocessing.get_context("spawn")
     results: dict[str, Judgement] = {}
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context,
+                               initializer=interrupt.install)
+    try:
         futures = {pool.submit(judge, name, budget): name for name in names}
         for future in as_completed(futures):
             judgement = future.result()
             results[judgement.system] = judgement
             if progress is not None:
                 progress(judgement)
+        pool.shutdown(wait=True)
+    except BaseException:
+        # interrupted (or failed): stop the judges too; each ends its own workers and fork
+        # server and removes its run directories, as the command does on SIGTERM
+        processes: dict[int, Any] = getattr(pool, "_processes", None) or {}
+        for process in list(processes.values()):
+            if process.is_alive():  # not reaped yet, so the pid is still our child's
+                os.kill(process.pid, signal.SIGTERM)
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        stop_resource_tracker()
     return [results[name] for name in names]
 
 

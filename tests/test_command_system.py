@@ -372,7 +372,7 @@ BAD_FILES = [
      ["outbox query returns 1 columns, expected 2"]),
     ("writing-query", _set("snapshot", "receipts", "query",
                            value="DELETE FROM idempotency_keys RETURNING 1, 2, 3"),
-     ["receipts query failed", "readonly"]),
+     ["receipts query failed", "may only read"]),
     ("init-fails", _set("commands", "init", value=["{python}", "-c", "raise SystemExit(5)"]),
      ["init command exited 5"]),
     ("env-bad-name", _set("environment", value={"NOT-A-NAME": "x"}),
@@ -403,7 +403,7 @@ def test_unreadable_system_files(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="no such file"):
         load_system(str(tmp_path / "missing.json"))
     (tmp_path / "broken.json").write_text("{not json")
-    with pytest.raises(UsageError, match="not valid JSON"):
+    with pytest.raises(UsageError, match="invalid JSON"):
         load_system(str(tmp_path / "broken.json"))
     (tmp_path / "list.json").write_text("[]")
     with pytest.raises(UsageError, match="must be a JSON object"):

@@ -10,14 +10,16 @@ so an exec-mode worker (``python -m faultlab worker ...``) starts quickly.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 
-from faultlab import __version__
+from faultlab import __version__, interrupt
 from faultlab.cli import corpus, enumeration, explore, init, mutants, replay, suite, systems, worker
 from faultlab.cli.common import Parser
-from faultlab.errors import EXIT_FOUND, EXIT_USAGE, ExecutionError, UsageError
+from faultlab.errors import EXIT_RUN_FAILED, EXIT_USAGE, ExecutionError, UsageError
 from faultlab.messages import printable
+from faultlab.stores import StoreError
 
 #: Every command, in the order ``--help`` lists them.
 COMMANDS = {
@@ -50,9 +52,24 @@ def build_parser(*, only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    worker_process = argv[:1] == ["worker"]
+    try:
+        # a worker is ended by SIGKILL only; every other command stops cleanly on a signal
+        with contextlib.nullcontext() if worker_process else interrupt.handling():
+            return _run(argv, worker_process)
+    except interrupt.Interrupted as stopped:
+        print(f"faultlab: {stopped}; workers stopped, nothing reported or saved",
+              file=sys.stderr)
+        return stopped.exit_code
+    except KeyboardInterrupt:
+        print("faultlab: interrupted; nothing reported or saved", file=sys.stderr)
+        return 130
+
+
+def _run(argv: list[str], worker_process: bool) -> int:
     try:
         # an exec-mode worker is started per step: build only its own command line
-        parser = build_parser(only="worker" if argv[:1] == ["worker"] else None)
+        parser = build_parser(only="worker" if worker_process else None)
         args = parser.parse_args(argv)
         if args.command is None:
             raise UsageError(
@@ -71,12 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"faultlab: error: {printable(str(error))}", file=sys.stderr)
         return EXIT_USAGE
-    except ExecutionError as error:
-        print(f"faultlab: {printable(str(error))}", file=sys.stderr)
-        return EXIT_FOUND
-    except KeyboardInterrupt:
-        print("faultlab: interrupted", file=sys.stderr)
-        return 130
+    except (ExecutionError, StoreError) as error:
+        print(f"faultlab: run failed: {printable(str(error))}", file=sys.stderr)
+        return EXIT_RUN_FAILED
     finally:
         _close_postgres()
 

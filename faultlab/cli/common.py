@@ -7,11 +7,11 @@ handler; they import these helpers and nothing from each other.
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn, TypeAlias
+from typing import Any, NoReturn, TypeAlias
 
+from faultlab import output
 from faultlab import system as registry
 from faultlab.errors import UsageError
 from faultlab.records import DEFAULT_DEADLINE, SPAWN_MODES
@@ -21,8 +21,47 @@ from faultlab.system.contract import System
 Commands: TypeAlias = "argparse._SubParsersAction[Parser]"
 
 
+EPILOG = """exit status:
+  0        clean: nothing found
+  1        a finding: an invariant failed
+  2        bad input (one line on stderr; nothing created or changed)
+  3        the run itself failed (a worker missed its deadline or broke the announcement
+           protocol, a store could not be read, the system's own error); nothing reported
+  130/143  interrupted by SIGINT/SIGTERM: workers ended, run directories removed,
+           nothing reported or saved"""
+
+_OUTCOMES = "0        clean: nothing found\n  1        a finding: an invariant failed"
+
+SUITE_EPILOG = EPILOG.replace(
+    _OUTCOMES,
+    "0        every scenario and the exploration phase passed\n"
+    "  1        a scenario check failed, or the exploration phase did not pass",
+)
+
+REPLAY_EPILOG = EPILOG.replace(
+    _OUTCOMES,
+    "0        every outcome matches its recording\n"
+    "  1        an outcome differs from its recording",
+)
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Wraps descriptions as usual but keeps an epilog's table of exit statuses as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("exit status:"):
+            return text
+        return super()._fill_text(text, width, indent)
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, but bad input is one line on stderr and exit status 2."""
+    """argparse, but bad input is one line on stderr and exit status 2; every command's
+    --help ends with the exit statuses."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        kwargs.setdefault("epilog", EPILOG)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         # main() prints "faultlab: error: "; name the subcommand, not the program twice
@@ -115,14 +154,9 @@ def check_format(fmt: str) -> None:
 
 
 def check_output_path(path: Path, option: str = "--output") -> None:
-    """Refuse an output path we could not write, before running anything."""
-    if path.is_dir():
-        raise UsageError(f"{option} {path}: is a directory")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"{option} {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise UsageError(f"{option} {path}: not writable")
+    """Refuse an output path we could not write or must not replace, before running anything
+    (:mod:`faultlab.output`)."""
+    output.check_output_file(path, option)
 
 
 def add_html(parser: argparse.ArgumentParser, help_text: str) -> None:
@@ -132,13 +166,7 @@ def add_html(parser: argparse.ArgumentParser, help_text: str) -> None:
 
 
 def check_new_directory(path: Path, option: str = "--directory") -> None:
-    if path.exists() or path.is_symlink():
-        raise UsageError(f"{option} {path}: already exists; give a path that does not exist")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"{option} {path}: parent directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"{option} {path}: parent directory {parent} is not writable")
+    output.check_new_directory(path, option)
 
 
 def load_system(ref: str, deduplication: bool = True) -> System:

@@ -154,6 +154,11 @@ def _progress_line(totals: Totals, seconds: float, jobs: int) -> None:
           file=sys.stderr, flush=True)
 
 
+def _announce_failure() -> None:
+    """Shrinking takes a while (every candidate is real processes): say it has begun."""
+    print("explore: an invariant failed; shrinking the trace", file=sys.stderr, flush=True)
+
+
 def cmd_explore(args: argparse.Namespace) -> int:
     if args.concurrency > 1:
         from faultlab.cli.concurrent import cmd_explore_concurrent
@@ -191,7 +196,8 @@ def cmd_explore(args: argparse.Namespace) -> int:
             if plan.jobs == 1:
                 result, found = run_stream(
                     system, runner, plan, 0,
-                    progress=lambda t: progress(t, time.monotonic() - started))
+                    progress=lambda t: progress(t, time.monotonic() - started),
+                    on_failure=None if args.quiet else _announce_failure)
                 results = [result]
                 replay = found.replay if found is not None else None
             else:

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from faultlab.cli.common import (
+    REPLAY_EPILOG,
     Commands,
     add_format,
     add_html,
@@ -28,6 +29,7 @@ def register(commands: Commands) -> None:
                     "matches its recording, 1 when one differs, 2 on bad input. With --against, "
                     "each trace runs on another system and is expected to be clean (a finding "
                     "from a broken variant replayed against a fixed one must pass).",
+        epilog=REPLAY_EPILOG,
     )
     parser.add_argument("traces", nargs="+", type=Path, metavar="TRACE")
     parser.add_argument("--against", metavar="SYSTEM",

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from faultlab.cli.common import (
+    SUITE_EPILOG,
     Commands,
     add_format,
     add_spawn,
@@ -28,7 +29,8 @@ def register(commands: Commands) -> None:
         description="Run the five regression scenarios of the seed lab on fresh stores, print "
                     "a table and the seed's summary lines, then explore the system (fixed seed) "
                     "and run the negative control. Exit 0 when everything passes, 1 when a "
-                    "check fails, 2 on bad input.",
+                    "check fails, 2 on bad input, 3 when the run itself failed.",
+        epilog=SUITE_EPILOG,
     )
     add_system(parser, dedup=False)
     parser.add_argument("--output", type=Path, metavar="FILE",
@@ -49,9 +51,9 @@ def register(commands: Commands) -> None:
 def cmd_suite(args: argparse.Namespace) -> int:
     from faultlab import report
     from faultlab.explore import suite_exploration
+    from faultlab.output import write_json
     from faultlab.process import spawner
     from faultlab.scenarios import SCENARIOS
-    from faultlab.trace import write_json_atomically
 
     check_format(args.format)
     system = load_system(args.system)
@@ -68,7 +70,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
         for scenario in SCENARIOS:
             directory = args.directory / scenario.name if args.directory is not None else None
             began = time.perf_counter()
-            outcome = scenario.run(system, runner, directory)
+            outcome = scenario.run(system, runner, directory, deadline=args.deadline)
             outcome.seconds = time.perf_counter() - began
             outcomes.append(outcome)
         scenario_seconds = time.perf_counter() - started
@@ -95,7 +97,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
         if exploration is not None:
             data["exploration"] = exploration["evidence"]
             data["passed"] = data["passed"] and exploration["passed"]
-        write_json_atomically(args.output, data)
+        write_json(args.output, data, final=True)
     return EXIT_OK if passed else EXIT_FOUND
 
 

@@ -16,6 +16,8 @@ def register(commands: Commands) -> None:
                     "initialised. Prints one JSON response line. Exit 0 on success, 3 "
                     "payload_conflict, 4 downstream_failure, 2 bad input, -9 when a crash "
                     "point fires.",
+        epilog="exit status: 0 success, 2 bad input, 3 payload_conflict, "
+               "4 downstream_failure, -9 (SIGKILL) when the armed crash point fires",
     )
     parser.add_argument("role", choices=("accept", "dispatch", "service"))
     parser.add_argument("--directory", required=True, metavar="DIR")
@@ -30,6 +32,7 @@ def register(commands: Commands) -> None:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from faultlab.canonical import parse_payload
+    from faultlab.inputs import check_operation_id
     from faultlab.records import WorkerSpec
     from faultlab.system.contract import check_crash_point
     from faultlab.worker import run_worker
@@ -39,6 +42,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not directory.is_dir():
         raise UsageError(f"--directory {directory}: no such directory")
     payload = None
+    if args.operation_id is not None:
+        check_operation_id(args.operation_id, "--operation-id")
     if args.role in ("accept", "service"):
         if args.payload is None:
             raise UsageError(f"worker {args.role}: --payload is required")

@@ -117,6 +117,10 @@ def _load_python_system(ref: str) -> System:
             f"system {ref!r}: cannot import {module_name}: {error} (is the directory that "
             "holds it on PYTHONPATH, or the current directory?)"
         ) from None
+    except SystemExit as error:  # sys.exit() at import must not end faultlab with its status
+        raise UsageError(
+            f"system {ref!r}: importing {module_name} called sys.exit({error.code!r})"
+        ) from None
     except Exception as error:  # noqa: BLE001 - the user's module failed while importing
         raise UsageError(
             f"system {ref!r}: importing {module_name} failed: {type(error).__name__}: {error}"
@@ -138,9 +142,10 @@ def _load_python_system(ref: str) -> System:
             )
         try:
             target = target()
-        except Exception as error:  # noqa: BLE001 - reported as bad input
+        except (Exception, SystemExit) as error:  # noqa: BLE001 - reported as bad input
             raise UsageError(
-                f"system {ref!r}: cannot instantiate {target.__name__}: {error}"
+                f"system {ref!r}: cannot instantiate {target.__name__}: "
+                f"{type(error).__name__}: {error}"
             ) from None
     if not isinstance(target, System):
         methods = ("initialise", "accept", "dispatch", "service", "snapshot")

@@ -85,6 +85,21 @@ def set_init_deadline(seconds: float) -> None:
     _init_deadline = seconds
 
 
+_READ_ACTIONS = frozenset({
+    sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
+    getattr(sqlite3, "SQLITE_RECURSIVE", 33),
+})
+
+
+def _read_only(action: int, first: str | None, second: str | None, database: str | None,
+               trigger: str | None) -> int:
+    """SQLite authorizer for snapshot queries: reading tables and calling functions only."""
+    if action in _READ_ACTIONS and not (action == sqlite3.SQLITE_FUNCTION
+                                        and second == "load_extension"):
+        return sqlite3.SQLITE_OK
+    return sqlite3.SQLITE_DENY
+
+
 # --- the system --------------------------------------------------------------------------------
 
 
@@ -239,9 +254,12 @@ class CommandSystem(System):
                     cursor = connection.execute(query.sql)
                     rows = cursor.fetchall()
                 except sqlite3.Error as error:
+                    denied = "authoriz" in str(error)
                     raise UsageError(
                         f"system {self.name!r}: the {table} query failed on store "
                         f"{query.store}: {error}"
+                        + (" (a snapshot query may only read: SELECT or WITH ... SELECT)"
+                           if denied else "")
                     ) from None
                 width = len(cursor.description or ())
                 if width != len(COLUMNS[table]):
@@ -268,6 +286,9 @@ class CommandSystem(System):
                 timeout=BUSY_TIMEOUT,
             )
             connection.execute("PRAGMA query_only=ON")
+            # mode=ro and query_only protect the store, not the file system: ATTACH and
+            # VACUUM INTO create files anywhere. A snapshot query may only read.
+            connection.set_authorizer(_read_only)
         except sqlite3.Error as error:
             raise UsageError(f"system {self.name!r}: cannot open store {store} ({path}): "
                              f"{error}") from None

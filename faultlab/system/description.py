@@ -9,7 +9,6 @@ naming the file and the key; running the system is :mod:`faultlab.system.command
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from faultlab.errors import UsageError
+from faultlab.inputs import read_json_file
 from faultlab.nemesis.announce import ANNOUNCE_FD_VARIABLE, RESUME_FD_VARIABLE
 from faultlab.stores import TABLES
 from faultlab.system.contract import ROLES, CrashPoint, crash_point_problem
@@ -200,13 +200,9 @@ def read_description(path: Path) -> Description:
     if not path.is_file():
         reader.fail("no such file" if not path.exists() else "not a regular file")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        reader.fail(f"cannot read: {error}")
-    try:
-        data = json.loads(text)
-    except ValueError as error:
-        reader.fail(f"not valid JSON: {error}")
+        data = read_json_file(path, "system file")  # untrusted: bounded, strict, Unicode
+    except UsageError as error:
+        reader.fail(str(error).replace(f"{path}: ", "", 1))
     top = reader.object(data, "the file", _TOP_KEYS)
     postgres = _postgres_stores(top.get("stores"))
     dsn = frozenset(f"dsn:{store}" for store in postgres)

@@ -1,0 +1,146 @@
+"""Run one faultlab command, send it a real signal at a chosen moment, report what was left.
+
+Run as a separate process (``python interrupt_harness.py CONFIG_JSON``): it makes itself
+a child subreaper, so any process faultlab leaves behind (a worker, the fork server, a
+zombie) is reparented to the harness, where it can be seen, counted and then killed and
+reaped. Prints one JSON object: the exit status, stdout, stderr, when the signal was
+sent, the processes left behind and the run directories (``faultlab-<pid>-*``) left.
+
+CONFIG: ``argv``, ``cwd``, ``signal`` ("INT" or "TERM"), ``trigger`` ("ready": the
+command has installed its SIGTERM handler; "stderr": a text appeared on stderr;
+"rundir": a run directory of the command exists), ``text``, ``delay`` (seconds after
+the trigger), ``limit`` (seconds to wait for the trigger and for the exit).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+
+def children(me: int) -> dict[int, str]:
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()  # noqa: SIM115
+        except OSError:
+            continue
+        if int(fields[1]) == me:
+            try:
+                command = open(f"/proc/{entry}/cmdline", "rb").read()[:120]  # noqa: SIM115
+            except OSError:
+                command = b""
+            shown = command.replace(b"\0", b" ").decode("utf-8", "replace")
+            found[int(entry)] = f"{fields[0]} pgid={fields[2]} sid={fields[3]} {shown}"
+    return found
+
+
+def handles_sigterm(pid: int) -> bool:
+    try:
+        status = open(f"/proc/{pid}/status").read()  # noqa: SIM115
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    return False
+
+
+def run_directories(pid: int) -> list[str]:
+    places = ["/dev/shm", tempfile.gettempdir()]
+    return sorted(p for place in places for p in glob.glob(f"{place}/faultlab-{pid}-*"))
+
+
+def main() -> None:
+    config: dict[str, Any] = json.loads(sys.argv[1])
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    me = os.getpid()
+    started = time.monotonic()
+    child = subprocess.Popen(config["argv"], cwd=config["cwd"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    assert child.stdout is not None and child.stderr is not None
+    output = {"stdout": b"", "stderr": b""}
+    selector = selectors.DefaultSelector()
+    selector.register(child.stdout, selectors.EVENT_READ, "stdout")
+    selector.register(child.stderr, selectors.EVENT_READ, "stderr")
+    limit = started + float(config.get("limit", 60))
+    signum = signal.SIGINT if config["signal"] == "INT" else signal.SIGTERM
+    trigger, text = config["trigger"], config.get("text", "")
+    sent_at: float | None = None
+    triggered_at: float | None = None
+    exited_at: float | None = None
+
+    def pump(timeout: float) -> None:
+        for key, _ in selector.select(timeout):
+            data = os.read(key.fileobj.fileno(), 65536)  # type: ignore[union-attr]
+            if not data:
+                selector.unregister(key.fileobj)
+            else:
+                output[key.data] += data
+
+    while selector.get_map() and time.monotonic() < limit:
+        pump(0.005)
+        if sent_at is None and triggered_at is None:
+            if (trigger == "ready" and handles_sigterm(child.pid)) or (
+                trigger == "stderr" and text.encode() in output["stderr"]
+            ) or (trigger == "rundir" and run_directories(child.pid)):
+                triggered_at = time.monotonic()
+        if triggered_at is not None and sent_at is None:
+            if time.monotonic() - triggered_at >= float(config.get("delay", 0)):
+                if child.poll() is None:  # still our unreaped child
+                    child.send_signal(signum)
+                    sent_at = time.monotonic()
+    try:
+        child.wait(timeout=max(limit - time.monotonic(), 1))
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    exited_at = time.monotonic()
+    left = children(me)  # anything faultlab left behind is ours now
+    directories = run_directories(child.pid)
+    # clean up after a failing run, so the next test starts clean: what is killed here
+    # may leave its own children to us, so repeat until nothing is left (bounded)
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        remaining = children(me)
+        if not remaining:
+            break
+        for pid in remaining:
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        time.sleep(0.05)
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+    print(json.dumps({
+        "returncode": child.returncode,
+        "stdout": output["stdout"].decode("utf-8", "replace"),
+        "stderr": output["stderr"].decode("utf-8", "replace"),
+        "signalled": sent_at is not None,
+        "signal_after": None if sent_at is None else round(sent_at - started, 3),
+        "exit_after_signal": None if sent_at is None else round(exited_at - sent_at, 3),
+        "leftovers": {str(pid): state for pid, state in left.items()},
+        "run_directories": directories,
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,328 @@
+"""Every bad input is one line on stderr, exit status 2, and nothing created or changed.
+
+The cases of issue 10 item 6 first (each once a traceback, exit 1, or a file created),
+then hostile trace and system files beyond that list, output paths faultlab must not
+replace, and exit status 3 for a run that failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT
+
+from faultlab.cli import main
+from faultlab.output import write_json
+from faultlab.process import child_environment
+
+STANDALONE = ROOT / "examples" / "standalone_outbox" / "system.json"
+
+
+def tree(*roots: Path) -> dict[str, tuple[int, int]]:
+    """Every path below the roots with its type and size: what 'nothing changed' compares."""
+    found: dict[str, tuple[int, int]] = {}
+    for root in roots:
+        for directory, names, files in os.walk(root):
+            for name in names + files:
+                path = os.path.join(directory, name)
+                info = os.lstat(path)
+                found[path] = (stat.S_IFMT(info.st_mode), info.st_size)
+    return found
+
+
+def run_directories() -> list[str]:
+    shm = Path("/dev/shm")
+    mine = f"faultlab-{os.getpid()}-"
+    return sorted(p.name for p in shm.iterdir() if p.name.startswith(mine)) if shm.is_dir() else []
+
+
+def refused(capsys: pytest.CaptureFixture[str], argv: list[str], *words: str,
+            watch: tuple[Path, ...] = ()) -> str:
+    """Run the CLI in this process; assert exit 2, one line naming the problem, no change."""
+    before = tree(*watch), run_directories(), sorted(os.listdir(ROOT))
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    assert out == ""
+    assert len(err.splitlines()) == 1 and err.startswith("faultlab: error: "), err
+    for word in words:
+        assert word in err, err
+    assert (tree(*watch), run_directories(), sorted(os.listdir(ROOT))) == before
+    return err
+
+
+def trace_file(tmp_path: Path, steps: Any = None, **fields: Any) -> Path:
+    data = {"format": "faultlab-trace", "version": 1, "system": "reference",
+            "deduplication": True,
+            "steps": steps if steps is not None else [{"action": "dispatch"}], **fields}
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+# --- issue 10, item 6 ----------------------------------------------------------------------
+
+
+def test_output_into_proc_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """As root, os.access says /proc is writable; the real probe says otherwise."""
+    refused(capsys, ["suite", "--examples", "0", "--output", "/proc/version"],
+            "--output /proc/version", "cannot create a file in /proc")
+
+
+def test_a_trace_nested_five_thousand_levels_deep(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text('{"format": "faultlab-trace", "version": 1, "system": "reference", '
+                    '"deduplication": true, "steps": [{"action": "accept", '
+                    '"operation_id": "op-1", "payload": ' + "[" * 5000 + "]" * 5000 + "}]}")
+    refused(capsys, ["replay", str(path)], "nested too deeply", watch=(tmp_path,))
+
+
+def test_a_payload_nested_deeper_than_faultlab_accepts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Deep enough to parse, too deep to be a payload (it would blow up a worker instead)."""
+    payload = json.loads("[" * 200 + "]" * 200)
+    path = trace_file(tmp_path, [{"action": "accept", "operation_id": "op-1",
+                                  "payload": payload}])
+    refused(capsys, ["replay", str(path)], "nested more than 64 levels", watch=(tmp_path,))
+
+
+def test_version_true_is_not_version_one(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    path = trace_file(tmp_path, version=True)
+    refused(capsys, ["replay", str(path)], "unsupported trace version true",
+            watch=(tmp_path,))
+
+
+def test_an_operation_id_with_a_lone_surrogate(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "trace.json"
+    path.write_text('{"format": "faultlab-trace", "version": 1, "system": "reference", '
+                    '"deduplication": true, "steps": [{"action": "accept", '
+                    '"operation_id": "op-\\udc80", "payload": {"title": "x"}}]}')
+    refused(capsys, ["replay", str(path)], "lone surrogate", watch=(tmp_path,))
+
+
+def test_a_non_utf8_operation_id_on_the_worker_command_line(tmp_path: Path,
+                                                             reference: Any) -> None:
+    reference.initialise(tmp_path)
+    before = tree(tmp_path)
+    done = subprocess.run(
+        [os.fsencode(sys.executable), b"-m", b"faultlab", b"worker", b"accept",
+         b"--directory", os.fsencode(tmp_path), b"--operation-id", b"op-\xff",
+         b"--payload", b'{"title":"x"}'],
+        capture_output=True, cwd=ROOT, env=child_environment(), timeout=60,
+    )
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert done.stdout == b"" and len(err.splitlines()) == 1, err
+    assert "--operation-id" in err and "UTF-8" in err
+    assert tree(tmp_path) == before
+
+
+def test_an_operation_id_with_nul_for_a_command_line_system(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = trace_file(tmp_path, [{"action": "accept", "operation_id": "op\u00001",
+                                  "payload": {"title": "x"}}], system=str(STANDALONE))
+    refused(capsys, ["replay", str(path)], "control character", watch=(tmp_path,))
+
+
+def test_a_system_module_that_calls_sys_exit_at_import(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    refused(capsys, ["explore", "--system", "exits_at_import:SYSTEM", "--corpus",
+                     str(tmp_path / "corpus")], "called sys.exit(3)", watch=(tmp_path,))
+
+
+@pytest.mark.parametrize("query", [
+    "VACUUM INTO '{target}'",
+    "ATTACH '{target}' AS elsewhere",
+])
+def test_a_snapshot_query_cannot_create_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], query: str,
+) -> None:
+    data = json.loads(STANDALONE.read_text())
+    target = tmp_path / "created-by-the-query.db"
+    data["snapshot"]["receipts"]["query"] = query.format(target=target)
+    system = tmp_path / "system" / "system.json"
+    system.parent.mkdir()
+    system.write_text(json.dumps(data))
+    (system.parent / "outbox.py").symlink_to(STANDALONE.parent / "outbox.py")
+    refused(capsys, ["systems", "--system", str(system)], "may only read",
+            watch=(tmp_path,))
+    assert not target.exists()
+
+
+# --- beyond the list: hostile trace files ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
+     '"deduplication": true, "steps": [{"action": "accept", "operation_id": "op-1", '
+     '"payload": {"n": NaN}}]}', "NaN is not valid JSON"),
+    ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
+     '"deduplication": true, "steps": [{"action": "accept", "operation_id": "op-1", '
+     '"payload": {"n": 1e999}}]}', "out of range"),
+    ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
+     '"deduplication": true, "steps": [{"action": "accept", "operation_id": "op-1", '
+     '"payload": {"n": ' + "9" * 5000 + "}}]}", "digits"),
+    ('{"format": "faultlab-trace", "version": 1.0, "system": "reference", '
+     '"deduplication": true, "steps": []}', "unsupported trace version 1.0"),
+    ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
+     '"deduplication": true, "steps": "dispatch"}', "steps must be a list"),
+    ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
+     '"deduplication": true, "steps": [], "settle": "no"}', "settle must be a boolean"),
+    ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
+     '"deduplication": true, "steps": [], "expected": {"clean": false, "step": 1e300, '
+     '"invariants": ["ONE"]}}', "expected.step"),
+    ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
+     '"deduplication": true, "steps": [], "expected": {"clean": false, "step": 2, '
+     '"invariants": "ONE"}}', "expected.invariants"),
+    ('{"format": "faultlab-trace", "version": 1, "system": 7, '
+     '"deduplication": true, "steps": []}', "system must be a string"),
+    ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
+     '"deduplication": true, "steps": [{"action": "accept", "operation_id": 12, '
+     '"payload": {}}]}', "operation_id must be a non-empty string"),
+    ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
+     '"deduplication": true, "steps": [{"action": "accept", "operation_id": "' + "x" * 300
+     + '", "payload": {}}]}', "at most 200"),
+    ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
+     '"deduplication": true, "steps": [{"action": "dispatch", "crash": ["sql:1"]}]}',
+     "step crash must be a point name"),
+    ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
+     '"deduplication": true, "steps": [], "meta": [1]}', "meta must be an object"),
+])
+def test_hostile_trace_files(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                             content: str, words: str) -> None:
+    path = tmp_path / "hostile.json"
+    path.write_text(content)
+    refused(capsys, ["replay", str(path)], words, watch=(tmp_path,))
+
+
+def test_a_gigantic_trace_file_is_refused_unread(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "huge.json"
+    with open(path, "wb") as stream:
+        stream.truncate(64 << 20)  # sparse: 64 MiB of nothing, costs no disk
+    refused(capsys, ["replay", str(path)], "at most", watch=(tmp_path,))
+
+
+def test_a_fifo_as_a_trace_does_not_block(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    fifo = tmp_path / "trace.json"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    refused(capsys, ["replay", str(fifo)], "not a regular file", watch=(tmp_path,))
+    assert time.monotonic() - started < 5
+    refused(capsys, ["replay", "/dev/zero"], "not a regular file")
+
+
+def test_a_hostile_system_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "system.json"
+    path.write_text('{"name": ' + "[" * 3000 + "]" * 3000 + "}")
+    refused(capsys, ["systems", "--system", str(path)], "nested too deeply", watch=(tmp_path,))
+    path.write_text('{"name": "\\ud800"}')
+    refused(capsys, ["systems", "--system", str(path)], "lone surrogate", watch=(tmp_path,))
+
+
+# --- output paths ---------------------------------------------------------------------------
+
+
+def test_output_that_is_not_a_regular_file_is_never_replaced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    refused(capsys, ["suite", "--examples", "0", "--output", str(fifo)], "a FIFO",
+            watch=(tmp_path,))
+    refused(capsys, ["suite", "--examples", "0", "--output", str(tmp_path)], "a directory",
+            watch=(tmp_path,))
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    refused(capsys, ["suite", "--examples", "0", "--output", str(dangling)],
+            "does not exist", watch=(tmp_path,))
+    if os.geteuid() == 0:  # a device node of our own (the /dev/null device), never /dev/full
+        device = tmp_path / "device"
+        os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        refused(capsys, ["suite", "--examples", "0", "--output", str(device)],
+                "a character device", watch=(tmp_path,))
+        assert stat.S_ISCHR(os.lstat(device).st_mode)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and dangling.is_symlink()
+
+
+def test_output_through_a_symbolic_link_replaces_the_target_not_the_link(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    target = tmp_path / "evidence.json"
+    target.write_text("old")
+    target.chmod(0o640)
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    assert main(["suite", "--examples", "0", "--output", str(link)]) == 0
+    capsys.readouterr()
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert json.loads(target.read_text())["passed"] is True
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640  # a replaced file keeps its mode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evidence.json", "link.json"]
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_a_new_output_file_honours_the_umask(tmp_path: Path, umask: int, mode: int) -> None:
+    previous = os.umask(umask)
+    try:
+        write_json(tmp_path / "new.json", {"a": 1})
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "new.json").stat().st_mode) == mode
+
+
+def test_an_unwritable_corpus_is_refused_before_the_search(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Once found only after the search, losing the finding with a traceback."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    refused(capsys, ["explore", "--no-deduplication", "--corpus", str(blocker / "corpus")],
+            "is a regular file", watch=(tmp_path,))
+    refused(capsys, ["explore", "--no-deduplication", "--corpus", "/proc/faultlab-corpus"],
+            "cannot create files in /proc")
+    refused(capsys, ["enumerate", "--corpus", "/proc/faultlab-corpus"],
+            "cannot create files in /proc")
+
+
+def test_suite_directory_must_be_creatable(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    refused(capsys, ["suite", "--examples", "0", "--directory", "/proc/faultlab-stores"],
+            "not writable")
+
+
+# --- exit status 3: the run itself failed ----------------------------------------------------
+
+
+def test_suite_deadline_reaches_the_scenarios_and_a_missed_deadline_exits_3(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """HangingOutbox's accept sleeps for an hour: --deadline 1 must end it in about 1 s
+    (not the 15 s default), and a missed deadline is a failed run (3), not a finding (1)."""
+    started = time.monotonic()
+    code = main(["suite", "--system", "systems_for_tests:HangingOutbox", "--deadline", "1",
+                 "--examples", "0"])
+    elapsed = time.monotonic() - started
+    out, err = capsys.readouterr()
+    assert code == 3, (out, err)
+    assert 1.0 <= elapsed < 8, elapsed
+    assert "missed its 1s deadline" in err and len(err.splitlines()) == 1, err
+    assert "PASS" not in out and "FOUND" not in out

@@ -1,0 +1,239 @@
+"""SIGINT and SIGTERM stop a run cleanly: no finding, no corpus file, nothing left behind.
+
+Each test runs a real ``python -m faultlab explore`` under ``interrupt_harness.py``, a
+child subreaper, and sends a real signal at a chosen moment: as soon as the command
+handles signals (before the first worker), while a worker hangs (mid-step, both spawn
+modes), while a finding is being shrunk. Whatever faultlab leaves behind (a worker, the
+fork server, a zombie) is reparented to the harness and reported; the run directories
+carry the command's pid, so a leftover is found even while other runs use /dev/shm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, TESTS
+
+from faultlab import interrupt
+from faultlab.errors import ExecutionError
+from faultlab.output import write_json
+from faultlab.process import ForkServer, child_environment
+from faultlab.records import WorkerSpec
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+
+STATUS = {"INT": 130, "TERM": 143}
+
+
+def interrupted_run(argv: list[str], sig: str, trigger: str, *, text: str = "",
+                    delay: float = 0.0, limit: float = 60.0) -> dict[str, Any]:
+    config = {
+        "argv": [sys.executable, "-m", "faultlab", *argv], "cwd": str(ROOT), "signal": sig,
+        "trigger": trigger, "text": text, "delay": delay, "limit": limit,
+    }
+    done = subprocess.run(
+        [sys.executable, str(TESTS / "interrupt_harness.py"), json.dumps(config)],
+        capture_output=True, text=True, env=child_environment(), timeout=limit + 30,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def assert_stopped_cleanly(result: dict[str, Any], sig: str, corpus: Path) -> None:
+    """The run ended with 128+N, one line, no finding, no corpus file, nothing left."""
+    assert result["signalled"], result
+    assert result["returncode"] == STATUS[sig], result
+    assert "FOUND" not in result["stdout"] and "clean" not in result["stdout"], result
+    lines = [line for line in result["stderr"].splitlines() if not line.startswith("explore: ")]
+    assert lines == [
+        f"faultlab: interrupted by SIG{sig}; workers stopped, nothing reported or saved"
+    ], result["stderr"]
+    assert not corpus.exists(), list(corpus.iterdir())
+    assert result["leftovers"] == {}, result
+    assert result["run_directories"] == [], result
+
+
+@pytest.mark.parametrize("sig", ["INT", pytest.param("TERM", marks=pytest.mark.slow)])
+def test_a_signal_before_the_first_worker(tmp_path: Path, sig: str) -> None:
+    corpus = tmp_path / "corpus"
+    result = interrupted_run(["explore", "--examples", "50", "--corpus", str(corpus)], sig,
+                             "ready")
+    assert_stopped_cleanly(result, sig, corpus)
+
+
+@pytest.mark.parametrize(("spawn", "sig"), [("fork", "TERM"), ("exec", "INT")])
+def test_a_signal_while_a_worker_hangs_ends_and_reaps_it(
+    tmp_path: Path, spawn: str, sig: str,
+) -> None:
+    """The worker would hang for an hour (deadline 60 s): the signal ends it at once."""
+    corpus = tmp_path / "corpus"
+    result = interrupted_run(
+        ["explore", "--system", "systems_for_tests:HangingOutbox", "--deadline", "60",
+         "--spawn", spawn, "--corpus", str(corpus)],
+        sig, "rundir", delay=1.0 if spawn == "exec" else 0.5,
+    )
+    assert_stopped_cleanly(result, sig, corpus)
+    assert result["exit_after_signal"] < 10, result
+
+
+@pytest.mark.parametrize("sig", [pytest.param("INT", marks=pytest.mark.slow), "TERM"])
+def test_a_signal_while_shrinking_saves_nothing(tmp_path: Path, sig: str) -> None:
+    """The signal arrives as faultlab's shrinker starts on the negative control's finding."""
+    corpus = tmp_path / "corpus"
+    result = interrupted_run(
+        ["explore", "--no-deduplication", "--examples", "50", "--corpus", str(corpus)],
+        sig, "stderr", text="shrinking the trace", delay=0.0,
+    )
+    assert_stopped_cleanly(result, sig, corpus)
+
+
+@pytest.mark.slow  # about 90 s: thirty runs of the negative control, interrupted at random
+def test_a_signal_at_any_moment_is_all_or_nothing(tmp_path: Path) -> None:
+    """Delays from start-up to past the corpus write: either the run is interrupted (and
+    nothing was saved or reported), or it had already committed its finding (exit 1,
+    one complete corpus file that replays). Never half of each."""
+    chooser = random.Random(10)
+    outcomes = {"interrupted": 0, "committed": 0}
+    for attempt in range(30):
+        sig = "INT" if attempt % 2 else "TERM"
+        corpus = tmp_path / f"corpus-{attempt}"
+        result = interrupted_run(
+            ["explore", "--no-deduplication", "--examples", "200", "--corpus", str(corpus)],
+            sig, "ready", delay=chooser.uniform(0.0, 3.0),
+        )
+        assert result["leftovers"] == {} and result["run_directories"] == [], result
+        if result["returncode"] == STATUS[sig]:
+            assert_stopped_cleanly(result, sig, corpus)
+            outcomes["interrupted"] += 1
+        else:
+            assert result["returncode"] == 1, result
+            assert "FOUND" in result["stdout"], result
+            (saved,) = corpus.iterdir()
+            assert json.loads(saved.read_text())["expected"]["invariants"][0] in ("ONE", "RCPT")
+            outcomes["committed"] += 1
+    assert outcomes["interrupted"] >= 10, outcomes
+
+
+@pytest.mark.slow  # about 20 s: each command started and interrupted twice
+@pytest.mark.parametrize("sig", ["INT", "TERM"])
+@pytest.mark.parametrize(("command", "delay"), [
+    (["suite", "--output", "{tmp}/out.json", "--directory", "{tmp}/stores"], 1.0),
+    (["enumerate", "--no-deduplication", "--corpus", "{tmp}/corpus"], 1.0),
+    (["enumerate", "--spawn", "exec", "--jobs", "2", "--corpus", "{tmp}/corpus"], 1.5),
+    (["mutants", "--only", "no-dedup", "--only", "split-accept", "--output", "{tmp}/out.json",
+      "--corpus", "{tmp}/corpus"], 1.0),
+    (["replay", str(ROOT / "examples" / "standalone_outbox" / "corpus" /
+                    "standalone-outbox-nodedup-ONE.json")], 0.3),
+])
+def test_every_command_stops_cleanly(tmp_path: Path, command: list[str], delay: float,
+                                     sig: str) -> None:
+    argv = [part.replace("{tmp}", str(tmp_path)) for part in command]
+    result = interrupted_run(argv, sig, "ready", delay=delay)
+    assert result["signalled"], result
+    assert result["returncode"] == STATUS[sig], result
+    assert result["leftovers"] == {} and result["run_directories"] == [], result
+    assert result["stderr"].splitlines()[-1] == (
+        f"faultlab: interrupted by SIG{sig}; workers stopped, nothing reported or saved"
+    ), result["stderr"]
+    assert "FOUND" not in result["stdout"] and "PASS" not in result["stdout"]
+    assert not (tmp_path / "out.json").exists()
+    if command[0] == "enumerate":
+        assert not (tmp_path / "corpus").exists()
+
+
+# --- in this process: the fork server's channel and the output commit point -------------
+
+
+def test_an_interrupted_request_never_yields_a_stale_reply(tmp_path: Path) -> None:
+    """A signal between writing a request and reading its reply: the next request must not
+    read that reply; closing stops the server and the hanging worker it was running."""
+    from faultlab.system import load_system
+
+    load_system("reference").initialise(tmp_path)
+    server = ForkServer()
+    hanging = WorkerSpec(system="systems_for_tests:HangingOutbox", role="accept",
+                         directory=str(tmp_path), operation_id="op-1",
+                         payload='{"title":"x"}', deadline=60)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        with interrupt.handling():
+            timer.start()
+            with pytest.raises(interrupt.Interrupted):
+                server.run(hanging)
+        interrupt.reset()
+        quick = WorkerSpec(system="reference", role="dispatch", directory=str(tmp_path))
+        with pytest.raises(ExecutionError, match="interrupted before its reply"):
+            server.run(quick)
+    finally:
+        timer.cancel()
+        server.close()
+        interrupt.reset()
+    assert server._process.returncode is not None  # the server is gone and reaped
+    group_members = [
+        entry for entry in os.listdir("/proc") if entry.isdigit()
+        and _ppid(entry) == server.pid
+    ]
+    assert group_members == []
+
+
+def _ppid(pid: str) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1
+
+
+class _SignalsWhileSerialised(dict[str, Any]):
+    """A JSON object whose serialisation sends this process a real signal, mid-write
+    (after the part of the file before it was written to the temporary file)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(after="the signal")
+        self.signum = signum
+        self.sent = False
+
+    def items(self) -> Any:
+        os.kill(os.getpid(), self.signum)
+        self.sent = True
+        return super().items()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_mid_write_leaves_no_file(tmp_path: Path, signum: int) -> None:
+    target = tmp_path / "finding.json"
+    trigger = _SignalsWhileSerialised(signum)
+    data = {"before": "x" * 100_000, "steps": trigger}
+    try:
+        with interrupt.handling():
+            with pytest.raises(interrupt.Interrupted) as stopped:
+                write_json(target, data, final=True)
+    finally:
+        interrupt.reset()
+    assert trigger.sent
+    assert stopped.value.exit_code == 128 + signum
+    assert list(tmp_path.iterdir()) == []  # neither the file nor its temporary
+
+
+def test_a_signal_after_the_commit_leaves_the_whole_file(tmp_path: Path) -> None:
+    """Negative control of the test above: without a signal the same write succeeds, and
+    a signal after the commit changes nothing about the committed file."""
+    target = tmp_path / "finding.json"
+    try:
+        with interrupt.handling():
+            write_json(target, {"steps": [1, 2, 3]}, final=True)
+            os.kill(os.getpid(), signal.SIGTERM)  # after the commit: noted, not raised
+            interrupt.check()
+    finally:
+        interrupt.reset()
+    assert json.loads(target.read_text()) == {"steps": [1, 2, 3]}
+    assert list(tmp_path.iterdir()) == [target]
