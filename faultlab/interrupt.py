@@ -131,10 +131,13 @@ def install() -> None:
 
 
 @contextmanager
-def handling() -> Iterator[None]:
+def handling(*, restore: bool = True) -> Iterator[None]:
     """Turn SIGINT and SIGTERM into :class:`Interrupted` for the duration of a command.
 
-    Only the main thread can install handlers; elsewhere this changes nothing.
+    ``restore=False`` (the ``faultlab`` program) ignores both signals after the command,
+    so one that arrives once the outcome is decided (and printed) changes nothing: no
+    traceback, no death by the default action during interpreter shutdown. Only the main thread can install handlers; elsewhere
+    this changes nothing.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -145,4 +148,6 @@ def handling() -> Iterator[None]:
         yield
     finally:
         for signum, previous_handler in previous.items():
-            signal.signal(signum, previous_handler)
+            # not restoring: ignore, since interpreter shutdown puts the default (deadly)
+            # action back in place of a Python handler, but leaves SIG_IGN alone
+            signal.signal(signum, previous_handler if restore else signal.SIG_IGN)

@@ -59,10 +59,13 @@ def _collect(pid: int, fds: dict[int, str], deadline: float, group: bool) -> tup
     before the exception goes on: an interrupted run leaves no worker behind.
     """
     try:
-        return _collect_and_reap(pid, fds, deadline, group)
+        outputs, status, timed_out = _collect_and_reap(pid, fds, deadline, group)
     except BaseException:
         end_child(pid, group)
         raise
+    if timed_out and group:
+        _reap_group(pid)  # what the killed worker started (its service) goes too
+    return outputs, status, timed_out
 
 
 def end_child(pid: int, group: bool) -> None:
@@ -83,6 +86,47 @@ def end_child(pid: int, group: bool) -> None:
             os.waitpid(pid, 0)
         except ChildProcessError:
             pass
+        if group:
+            _reap_group(pid)
+
+
+def _group_members(pgid: int) -> list[tuple[int, int]]:
+    """(pid, parent pid) of every process in group ``pgid`` (Linux /proc; else none)."""
+    members = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stream:
+                fields = stream.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            members.append((int(entry), int(fields[1])))
+    return members
+
+
+def _reap_group(pgid: int, wait: float = 1.0) -> None:
+    """After a killed worker's leader is reaped: reap the rest of its group (a service the
+    dispatcher started) where it was reparented to this process (a child subreaper), and
+    give the others a moment to be reaped by theirs. Never signals anything."""
+    me = os.getpid()
+    end = time.monotonic() + wait
+    while True:
+        members = _group_members(pgid)
+        for pid, parent in members:
+            if parent == me:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+        if not members or time.monotonic() >= end:
+            return
+        time.sleep(0.005)
 
 
 def _collect_and_reap(pid: int, fds: dict[int, str], deadline: float, group: bool) -> tuple[
@@ -405,6 +449,14 @@ def _bootstrap(entry: str) -> str:
         "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
         f"from {module} import {function} as main; main()"
     )
+
+
+def become_subreaper() -> None:
+    """Become the reaper of orphaned grandchildren (Linux), so none stays a zombie.
+
+    The fork server is one; so is the ``faultlab`` program (a killed exec-mode
+    dispatcher's service is reparented to it, and reaped, not left to its caller)."""
+    _set_child_subreaper()
 
 
 def _set_child_subreaper() -> None:

@@ -97,9 +97,10 @@ def test_a_signal_while_shrinking_saves_nothing(tmp_path: Path, sig: str) -> Non
     assert_stopped_cleanly(result, sig, corpus)
 
 
-@pytest.mark.slow  # about 90 s: thirty runs of the negative control, interrupted at random
+@pytest.mark.slow  # about 60 s: thirty runs of the negative control, interrupted at random
 def test_a_signal_at_any_moment_is_all_or_nothing(tmp_path: Path) -> None:
-    """Delays from start-up to past the corpus write: either the run is interrupted (and
+    """Delays over the whole run (about a second: start-up, search, shrink, corpus write, and
+    past it): either the run is interrupted (and
     nothing was saved or reported), or it had already committed its finding (exit 1,
     one complete corpus file that replays). Never half of each."""
     chooser = random.Random(10)
@@ -109,7 +110,7 @@ def test_a_signal_at_any_moment_is_all_or_nothing(tmp_path: Path) -> None:
         corpus = tmp_path / f"corpus-{attempt}"
         result = interrupted_run(
             ["explore", "--no-deduplication", "--examples", "200", "--corpus", str(corpus)],
-            sig, "ready", delay=chooser.uniform(0.0, 3.0),
+            sig, "ready", delay=chooser.uniform(0.0, 1.2),
         )
         assert result["leftovers"] == {} and result["run_directories"] == [], result
         if result["returncode"] == STATUS[sig]:
@@ -132,12 +133,13 @@ def test_a_signal_at_any_moment_is_all_or_nothing(tmp_path: Path) -> None:
     (["enumerate", "--spawn", "exec", "--jobs", "2", "--corpus", "{tmp}/corpus"], 1.5),
     (["mutants", "--only", "no-dedup", "--only", "split-accept", "--output", "{tmp}/out.json",
       "--corpus", "{tmp}/corpus"], 1.0),
-    (["replay", str(ROOT / "examples" / "standalone_outbox" / "corpus" /
-                    "standalone-outbox-nodedup-ONE.json")], 0.3),
+    (["replay", "--spawn", "exec", "{corpus}/reference-nodedup-ONE-*.json"], 0.5),
 ])
 def test_every_command_stops_cleanly(tmp_path: Path, command: list[str], delay: float,
                                      sig: str) -> None:
     argv = [part.replace("{tmp}", str(tmp_path)) for part in command]
+    argv = [str(next((ROOT / "corpus").glob(Path(part).name))) if part.startswith("{corpus}")
+            else part for part in argv]
     result = interrupted_run(argv, sig, "ready", delay=delay)
     assert result["signalled"], result
     assert result["returncode"] == STATUS[sig], result

@@ -10,7 +10,6 @@ so an exec-mode worker (``python -m faultlab worker ...``) starts quickly.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from collections.abc import Sequence
 
@@ -51,12 +50,24 @@ def build_parser(*, only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. Without ``argv`` this is the ``faultlab`` program: signal handlers
+    stay installed to the end (a signal after the result is decided changes nothing), and
+    the process reaps orphans of the workers it kills (a child subreaper)."""
+    program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     worker_process = argv[:1] == ["worker"]
     try:
         # a worker is ended by SIGKILL only; every other command stops cleanly on a signal
-        with contextlib.nullcontext() if worker_process else interrupt.handling():
+        if worker_process:
             return _run(argv, worker_process)
+        if program:
+            from faultlab.process import become_subreaper
+
+            become_subreaper()
+        with interrupt.handling(restore=not program):
+            result = _run(argv, worker_process)
+            interrupt.finished()  # the outcome is decided and printed
+            return result
     except interrupt.Interrupted as stopped:
         print(f"faultlab: {stopped}; workers stopped, nothing reported or saved",
               file=sys.stderr)

@@ -80,9 +80,12 @@ def cmd_suite(args: argparse.Namespace) -> int:
                     system, runner, examples=args.examples, seed=args.seed,
                     deadline=args.deadline,
                 )
-        finally:
-            # the scenarios ran: show them even when the exploration phase errors
+        except Exception:
+            # the scenarios ran: show them even when the exploration phase errors (an
+            # interrupted run, a KeyboardInterrupt, reports nothing)
             print_scenarios(outcomes, args.format)
+            raise
+        print_scenarios(outcomes, args.format)
     seconds = time.perf_counter() - started
     failed = [o for o in outcomes if not o.passed]
     if exploration is not None:
