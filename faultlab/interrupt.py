@@ -136,8 +136,8 @@ def handling(*, restore: bool = True) -> Iterator[None]:
 
     ``restore=False`` (the ``faultlab`` program) ignores both signals after the command,
     so one that arrives once the outcome is decided (and printed) changes nothing: no
-    traceback, no death by the default action during interpreter shutdown. Only the main thread can install handlers; elsewhere
-    this changes nothing.
+    traceback, no death by the default action during interpreter shutdown. Only the main
+    thread can install handlers; elsewhere this changes nothing.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
