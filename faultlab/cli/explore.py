@@ -156,7 +156,8 @@ def _progress_line(totals: Totals, seconds: float, jobs: int) -> None:
 
 def _announce_failure() -> None:
     """Shrinking takes a while (every candidate is real processes): say it has begun."""
-    print("explore: an invariant failed; shrinking the trace", file=sys.stderr, flush=True)
+    sys.stderr.write("explore: an invariant failed; shrinking the trace\n")  # one write: a
+    sys.stderr.flush()  # signal right after it must not leave the line unfinished
 
 
 def cmd_explore(args: argparse.Namespace) -> int:
