@@ -130,6 +130,7 @@ def test_a_signal_at_any_moment_is_all_or_nothing(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("command", "delay"), [
     (["suite", "--output", "{tmp}/out.json", "--directory", "{tmp}/stores"], 1.0),
     (["enumerate", "--no-deduplication", "--corpus", "{tmp}/corpus"], 1.0),
+    (["explore", "--jobs", "2", "--examples", "500", "--corpus", "{tmp}/corpus"], 2.0),
     (["enumerate", "--spawn", "exec", "--jobs", "2", "--corpus", "{tmp}/corpus"], 1.5),
     (["mutants", "--only", "no-dedup", "--only", "split-accept", "--output", "{tmp}/out.json",
       "--corpus", "{tmp}/corpus"], 1.0),
@@ -149,7 +150,7 @@ def test_every_command_stops_cleanly(tmp_path: Path, command: list[str], delay: 
     ), result["stderr"]
     assert "FOUND" not in result["stdout"] and "PASS" not in result["stdout"]
     assert not (tmp_path / "out.json").exists()
-    if command[0] == "enumerate":
+    if command[0] in ("enumerate", "explore"):
         assert not (tmp_path / "corpus").exists()
 
 
