@@ -33,7 +33,7 @@ from typing import Any
 from faultlab import interrupt
 from faultlab.explore import Exploration, explore
 from faultlab.machine import Recorder
-from faultlab.process import Spawner, stop_resource_tracker
+from faultlab.process import Spawner
 from faultlab.records import DEFAULT_DEADLINE, SpawnMode
 from faultlab.streams import Shard, round_seed
 from faultlab.system.contract import System
@@ -256,7 +256,6 @@ def run_jobs(
             process.join()
         messages.close()
         messages.join_thread()
-        stop_resource_tracker()
     if errors:
         from faultlab.errors import ExecutionError
 

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from faultlab import interrupt
-from faultlab.process import stop_resource_tracker
 from faultlab.records import DEFAULT_DEADLINE, SpawnMode
 
 
@@ -156,8 +155,6 @@ def judge_all(
                 os.kill(process.pid, signal.SIGTERM)
         pool.shutdown(wait=True, cancel_futures=True)
         raise
-    finally:
-        stop_resource_tracker()
     return [results[name] for name in names]
 
 

@@ -56,25 +56,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     worker_process = argv[:1] == ["worker"]
-    try:
-        # a worker is ended by SIGKILL only; every other command stops cleanly on a signal
-        if worker_process:
-            return _run(argv, worker_process)
-        if program:
-            from faultlab.process import become_subreaper
+    if worker_process:  # a worker is ended by SIGKILL only
+        return _run(argv, worker_process)
+    if program:
+        from faultlab.process import become_subreaper
 
-            become_subreaper()
+        become_subreaper()
+    try:
+        # every other command stops cleanly on a signal
         with interrupt.handling(restore=not program):
-            result = _run(argv, worker_process)
+            code = _run(argv, worker_process)
             interrupt.finished()  # the outcome is decided and printed
-            return result
     except interrupt.Interrupted as stopped:
         print(f"faultlab: {stopped}; workers stopped, nothing reported or saved",
               file=sys.stderr)
-        return stopped.exit_code
+        code = stopped.exit_code
     except KeyboardInterrupt:
         print("faultlab: interrupted; nothing reported or saved", file=sys.stderr)
-        return 130
+        code = 130
+    if program:
+        # the exception and its frames are gone, so multiprocessing's semaphores are
+        # released: end its resource tracker too, rather than leave it to outlive us
+        from faultlab.process import stop_resource_tracker
+
+        stop_resource_tracker()
+    return code
 
 
 def _run(argv: list[str], worker_process: bool) -> int:
