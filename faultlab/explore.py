@@ -172,6 +172,7 @@ def explore(
     except StopExploration:
         stopped = True
     except Exception:
+        interrupt.check()  # Hypothesis can trip over a KeyboardInterrupt in its own setup
         if recorder.run_error is not None:
             raise recorder.run_error from None  # the step's own error, not Hypothesis's report
         raise

@@ -102,12 +102,17 @@ def _run(argv: list[str], worker_process: bool) -> int:
             pgstores.configure(args.postgres)
         result: int = args.handler(args)
         return result
-    except UsageError as error:
-        print(f"faultlab: error: {printable(str(error))}", file=sys.stderr)
-        return EXIT_USAGE
-    except (ExecutionError, StoreError) as error:
-        print(f"faultlab: run failed: {printable(str(error))}", file=sys.stderr)
-        return EXIT_RUN_FAILED
+    except Exception as error:
+        # an error that follows a signal is the interruption's doing (a worker killed, or
+        # Hypothesis tripping over a KeyboardInterrupt during its own setup): report that
+        interrupt.check()
+        if isinstance(error, UsageError):
+            print(f"faultlab: error: {printable(str(error))}", file=sys.stderr)
+            return EXIT_USAGE
+        if isinstance(error, (ExecutionError, StoreError)):
+            print(f"faultlab: run failed: {printable(str(error))}", file=sys.stderr)
+            return EXIT_RUN_FAILED
+        raise
     finally:
         _close_postgres()
 
