@@ -16,12 +16,20 @@ who changed them. These checks keep a little state across steps:
   another dispatcher claimed the same operation with a higher token) never
   changes the caller store afterwards, and never reports completing that
   operation. Claims are what workers announce with ``context.claimed``.
+* ``SKIP``: no committed outbox row is skipped for good. A relay (dispatcher)
+  that reports it found nothing to do, while it was the only worker alive,
+  leaves no committed outbox row pending that it could have claimed: one with
+  no unexpired lease, whose ordering key no unexpired lease holds. Unlike
+  ``LIVE`` (judged once, over acknowledged operations, after recovery) it names
+  the relay that passed the row over, counts rows whose acceptor never replied,
+  and is judged at every idle relay, recovery's included.
 
 Each has a vacuity rule (:meth:`History.vacuous`): ``TERM`` has nothing to check
 until some operation is complete; ``EXCL`` until a claim is taken while another
 live worker holds a claim on the same operation; ``ORDER`` until one key has two
 relayed operations and a ticket among them; ``FENCE`` until some claim was
-superseded.
+superseded; ``SKIP`` until a relay alone reports idle with a committed outbox row
+pending.
 """
 
 from __future__ import annotations
@@ -41,6 +49,8 @@ HISTORY_INVARIANTS: dict[str, str] = {
     "ORDER": "the operations of one ordering key get their tickets in acceptance order",
     "FENCE": "a dispatcher whose claim was superseded never changes the caller store "
              "afterwards, nor reports completing the operation",
+    "SKIP": "no committed outbox row is skipped for good: a relay alone never reports idle "
+            "while a committed row is pending that no unexpired lease holds",
 }
 
 
@@ -66,6 +76,7 @@ class History:
     direct: set[str] = field(default_factory=set)  # operations delivered by a service step
     ordered: bool = False  # ORDER had something to check at some step
     contested: int = 0  # claims taken while another live worker held one on the operation
+    idle_with_pending: int = 0  # SKIP had something to check: a lone idle relay, rows pending
     _exclusion: list[str] = field(default_factory=list)
 
     def claim(self, claim: Claim, *, alive: set[int]) -> None:
@@ -102,14 +113,19 @@ class History:
             return not self.contested
         if name == "FENCE":
             return not any(self.superseded(c.worker) for c in self.claims)
+        if name == "SKIP":
+            return not self.idle_with_pending
         return False
 
     def check(
         self, before: Snapshot, after: Snapshot, *, alone: int | None,
         exited: list[tuple[int, ProcessRecord]], acknowledged: dict[str, str] | None = None,
+        now: float | None = None, solitary: bool = False,
     ) -> list[Violation]:
         """Check one step. ``alone`` is the worker that was the only one running during the
-        step (so a change of the stores is its doing), ``exited`` the workers that ended."""
+        step (so a change of the stores is its doing), ``exited`` the workers that ended;
+        ``solitary`` says no other worker was alive at all (not even held or paused), so
+        every claim on the stores was announced; ``now`` is the virtual clock."""
         found = [Violation("TERM", m) for m in self._terminal(after)]
         found += [Violation("EXCL", m) for m in self._exclusion]
         self._exclusion = []
@@ -135,7 +151,38 @@ class History:
                         f"superseded by token {theirs.token}"
                     )
         found += [Violation("FENCE", m) for m in dict.fromkeys(fence)]
+        if solitary and now is not None:
+            found += [Violation("SKIP", m) for m in self._skipped(before, after, alone,
+                                                                  exited, now)]
         self._remember(after)
+        return found
+
+    def _skipped(self, before: Snapshot, after: Snapshot, alone: int | None,
+                 exited: list[tuple[int, ProcessRecord]], now: float) -> list[str]:
+        """Rows a lone relay passed over: pending before and after its idle run, no
+        unexpired lease on them or on their ordering key."""
+        idle = [worker for worker, record in exited
+                if worker == alone and record.exit_code == 0
+                and (record.response or {}).get("idle") is True]
+        still = {row.operation_id for row in after.pending_outbox()}
+        pending = [row.operation_id for row in before.pending_outbox()
+                   if row.operation_id in still]
+        if not idle or not pending:
+            return []
+        self.idle_with_pending += 1
+        payloads = {row.id: row.payload for row in after.operations}
+        leased = {c.operation_id for c in self.claims
+                  if c.lease_until is None or c.lease_until > now}
+        held_keys = {canonical_key(self._key(payloads[op])) for op in leased
+                     if op in payloads and op in pending and self.ordering_key is not None}
+        found = []
+        for operation_id in pending:
+            key = (canonical_key(self._key(payloads[operation_id]))
+                   if operation_id in payloads and self.ordering_key is not None else None)
+            if operation_id in leased or (key is not None and key in held_keys):
+                continue
+            found.append(f"a relay (worker {idle[0]}) reported idle at tick {now:g} while "
+                         f"committed outbox row {operation_id} was pending and unleased")
         return found
 
     def _key(self, payload: str) -> Any:

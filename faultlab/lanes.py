@@ -545,8 +545,11 @@ class LaneExecutor:
             for lane in self.lanes.values()
         )
         alone = moved.worker if moved is not None and not others_moving else None
-        violations += self.history.check(before, after, alone=alone, exited=exited,
-                                         acknowledged=self.model.acknowledged)
+        solitary = moved is not None and not any(
+            lane is not moved and lane.alive for lane in self.lanes.values())
+        violations += self.history.check(
+            before, after, alone=alone, exited=exited, acknowledged=self.model.acknowledged,
+            now=self.clock.ticks if self.clock is not None else None, solitary=solitary)
         self.snapshot = after
         sigkills += sum(1 for _, record in exited if record.killed and step.action != "kill")
         observation = LaneObservation(

@@ -75,7 +75,7 @@ def test_bad_concurrency_is_refused_and_creates_nothing(tmp_path: Path, args: li
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [cls.name for cls in CONCURRENCY_MUTANT_CLASSES])
+@pytest.mark.parametrize("name", [cls.name for cls in CONCURRENCY_MUTANT_CLASSES if cls.judged])
 def test_explore_concurrency_catches_each_mutant_at_its_minimum(tmp_path: Path, name: str) -> None:
     from faultlab.concurrent_explore import explore_concurrent
 
@@ -131,7 +131,7 @@ def test_enumerate_concurrency_reference_clean_within_two_choices(tmp_path: Path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [cls.name for cls in CONCURRENCY_MUTANT_CLASSES])
+@pytest.mark.parametrize("name", [cls.name for cls in CONCURRENCY_MUTANT_CLASSES if cls.judged])
 def test_enumerate_concurrency_catches_each_mutant(name: str) -> None:
     from faultlab.concurrent_enumeration import enumerate_concurrent
 

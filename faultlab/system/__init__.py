@@ -56,7 +56,14 @@ def _concurrency_builtins() -> dict[str, Callable[[], System]]:
 
 
 def concurrency_mutant_names() -> list[str]:
-    """The mutants only a concurrent trace can catch (``explore --concurrency 2``)."""
+    """The mutants only a concurrent trace can catch (``explore --concurrency 2``) that
+    ``mutants`` judges; :func:`concurrency_mutant_all_names` adds the ones it cannot yet."""
+    return [name for name, make in _concurrency_builtins().items()
+            if getattr(make, "judged", True)]
+
+
+def concurrency_mutant_all_names() -> list[str]:
+    """Every concurrency mutant, judged by ``mutants`` or not (each loadable by name)."""
     return list(_concurrency_builtins())
 
 

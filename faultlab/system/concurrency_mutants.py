@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from faultlab import stores
 from faultlab.canonical import canonical_json
 from faultlab.concurrent_trace import LaneStep
 from faultlab.system.contract import CrashPoint, System, WorkerContext
 from faultlab.system.reference import (
     CALLER,
+    CALLER_SCHEMA,
     CLAIM_SKIP_LOCKED_SQL,
     DOWNSTREAM,
+    DOWNSTREAM_SCHEMA,
     LEASE_TICKS,
     REFERENCE_POINTS,
     ClaimLost,
@@ -42,6 +46,10 @@ class ConcurrencyMutant(ReferenceOutbox):
     minimal_steps: int = 0
     minimal_trace: tuple[LaneStep, ...] = ()
     reported: str = ""
+    #: False while ``mutants`` cannot yet judge it (explore with the zoo's seed and budget
+    #: and enumerate with its fixed workload do not reach its trigger); it stays loadable by
+    #: name, and its minimal trace is tested like every other's.
+    judged: bool = True
 
 
 class NoFencing(ConcurrencyMutant):
@@ -273,8 +281,142 @@ class RacyDedup(ConcurrencyMutant):
         return {"operation_id": operation_id, "result": result, "replayed": False}
 
 
+class LeaseTimeFence(ConcurrencyMutant):
+    name = "lease-time-fence"
+    description = (
+        "completion is fenced by the entry's lease still running, not by this dispatcher's "
+        "token: a dispatcher whose lease lapsed completes under its rescuer's fresh lease"
+    )
+    reported = "graphile-worker #169 (fixed lock expiry shorter than the work); pikkujs/pikku #1742"
+    caught_by = ("FENCE",)
+    judged = False  # enumerate finds it (4 choices); explore --seed 0 --examples 100 not yet
+    # Lane 1 claims (lease until 10) and holds; the clock passes its lease; lane 2 claims
+    # (lease until 20). The recovery finishes lane 1 first: the row's lease (lane 2's) still
+    # runs, so lane 1's check passes and it completes although superseded.
+    minimal_steps = 4
+    minimal_trace = (
+        LaneStep("run", 1, "accept", OP, PAYLOAD),
+        LaneStep("start", 1, "dispatch"),
+        LaneStep("tick", ticks=LEASE_TICKS),
+        LaneStep("start", 2, "dispatch"),
+    )
+
+    def complete(self, context: WorkerContext, operation_id: str, result: str) -> None:
+        connection = context.connect(CALLER)
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            updated = connection.execute(
+                "UPDATE operations SET state = 'complete', result = ? WHERE id = ? "
+                "AND state = 'pending' AND EXISTS (SELECT 1 FROM outbox "
+                "WHERE operation_id = id AND lease_until > ?)",
+                (result, operation_id, context.now()),
+            ).rowcount
+            if not updated:
+                connection.execute("ROLLBACK")
+                raise ClaimLost(operation_id)
+            context.crash_point("during_completion")
+            connection.execute(
+                "UPDATE outbox SET state = 'complete' WHERE operation_id = ?", (operation_id,)
+            )
+            connection.execute("COMMIT")
+        finally:
+            connection.close()
+
+
+CURSOR_SCHEMA = """
+CREATE TABLE outbox_sequence (value INTEGER NOT NULL);
+INSERT INTO outbox_sequence VALUES (0);
+CREATE TABLE outbox_position (
+    operation_id TEXT PRIMARY KEY REFERENCES outbox(operation_id), position INTEGER NOT NULL);
+CREATE TABLE relay_cursor (position INTEGER NOT NULL);
+INSERT INTO relay_cursor VALUES (0)
+"""
+
+
+class RelayCursor(ConcurrencyMutant):
+    name = "relay-cursor"
+    description = (
+        "the relay keeps a high-water mark on the outbox position and claims only rows "
+        "above it; positions are taken before the acceptance commits (a sequence), so a "
+        "row whose position was taken before a later row's commit is skipped for good"
+    )
+    reported = "kamu-data/kamu-cli #1398; Debezium PR #7531 (events lost under a cursor)"
+    crash_points = (
+        *REFERENCE_POINTS,
+        CrashPoint(
+            "accept_after_position", "accept",
+            "after taking the outbox position, before the acceptance transaction: the "
+            "position is spent, nothing else written; accepting again succeeds",
+        ),
+    )
+    caught_by = ("SKIP", "LIVE")
+    judged = False  # explore and enumerate run accepts to their end: no held acceptor yet
+    # Lane 1 takes position 1 and holds; lane 2 accepts op-2 (position 2) and relays it
+    # (cursor 2); the recovery commits op-1 at position 1, below the cursor: every relay
+    # then reports idle with op-1 pending.
+    minimal_steps = 3
+    minimal_trace = (
+        LaneStep("start", 1, "accept", OP, PAYLOAD),
+        LaneStep("run", 2, "accept", "op-2", PAYLOAD),
+        LaneStep("run", 2, "dispatch"),
+    )
+    position: int = 0
+
+    def initialise(self, directory: Path) -> None:
+        stores.initialise(directory / CALLER, f"{CALLER_SCHEMA};\n{CURSOR_SCHEMA}")
+        stores.initialise(directory / DOWNSTREAM, DOWNSTREAM_SCHEMA)
+
+    def accept(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        connection = context.connect(CALLER)
+        try:  # like nextval(): its own transaction, never rolled back with the acceptance
+            connection.execute("BEGIN IMMEDIATE")
+            (self.position,) = connection.execute(
+                "UPDATE outbox_sequence SET value = value + 1 RETURNING value").fetchone()
+            connection.execute("COMMIT")
+        finally:
+            connection.close()
+        context.crash_point("accept_after_position")
+        return super().accept(context, operation_id, payload)
+
+    def insert_operation(
+        self, context: WorkerContext, connection: sqlite3.Connection, operation_id: str,
+        payload: str,
+    ) -> None:
+        super().insert_operation(context, connection, operation_id, payload)
+        connection.execute("INSERT INTO outbox_position (operation_id, position) VALUES (?, ?)",
+                           (operation_id, self.position))
+
+    def next_pending(self, connection: sqlite3.Connection) -> tuple[str, str] | None:
+        now, until = self.window
+        rows = connection.execute(
+            "UPDATE outbox SET attempt = attempt + 1, lease_until = ? WHERE rowid = ("
+            "SELECT o.rowid FROM outbox o JOIN outbox_position p USING (operation_id) "
+            "WHERE o.state = 'pending' AND o.lease_until <= ? "
+            "AND p.position > (SELECT position FROM relay_cursor) "
+            "ORDER BY p.position LIMIT 1) "
+            "RETURNING operation_id, attempt, "
+            "(SELECT payload FROM operations WHERE id = operation_id)", (until, now),
+        ).fetchall()
+        if not rows:
+            return None
+        operation_id, attempt, payload = rows[0]
+        self.claim = (operation_id, int(attempt))
+        return operation_id, payload
+
+    def complete(self, context: WorkerContext, operation_id: str, result: str) -> None:
+        super().complete(context, operation_id, result)
+        connection = context.connect(CALLER)
+        try:  # the high-water mark: everything up to here has been relayed
+            connection.execute(
+                "UPDATE relay_cursor SET position = max(position, (SELECT position FROM "
+                "outbox_position WHERE operation_id = ?))", (operation_id,))
+        finally:
+            connection.close()
+
+
 CONCURRENCY_MUTANT_CLASSES: tuple[type[ConcurrencyMutant], ...] = (
-    NoFencing, EagerRescue, FinishAndFail, StaleRescue, SkipLocked, RacyDedup,
+    NoFencing, EagerRescue, FinishAndFail, StaleRescue, SkipLocked, RacyDedup, LeaseTimeFence,
+    RelayCursor,
 )
 CONCURRENCY_MUTANTS: dict[str, Callable[[], System]] = {
     cls.name: cls for cls in CONCURRENCY_MUTANT_CLASSES
