@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -28,13 +29,17 @@ from faultlab import __version__
 from faultlab.concurrent_trace import STARTS, ConcurrentTrace, LaneStep
 from faultlab.errors import UsageError
 from faultlab.explore import HYPOTHESIS_VERSION, _no_local_constants
-from faultlab.invariants import Violation
+from faultlab.history import HISTORY_INVARIANTS
+from faultlab.invariants import INVARIANTS, Violation
 from faultlab.lanes import ConcurrentExecution, LaneExecutor, LaneObservation, execute_concurrent
 from faultlab.machine import PAYLOADS, InvariantFailure, machine_settings
 from faultlab.records import DEFAULT_DEADLINE, SpawnMode
 from faultlab.system import load_system
 from faultlab.system.contract import System
 from faultlab.trace import Verdict
+
+#: The invariants a concurrent trace judges, in the order the coverage table shows them.
+COVERED: tuple[str, ...] = (*(i.name for i in INVARIANTS), *HISTORY_INVARIANTS)
 
 #: Clock advances the machine draws: a little, and a typical lease or more.
 TICKS = (1, 5, 10)
@@ -57,6 +62,8 @@ class ConcurrentRecorder:
     started: float = field(default_factory=time.monotonic)
     first_failure_examples: int | None = None
     first_failure_seconds: float | None = None
+    #: Per invariant, the examples in which it had something to check (non-vacuous).
+    checked: Counter[str] = field(default_factory=Counter)
     _last_progress: float = 0.0
 
     @property
@@ -74,8 +81,9 @@ class ConcurrentRecorder:
             self.progress(self)
 
     def finish(self, steps: list[LaneStep], verdict: Verdict, violations: list[Violation],
-               processes: int) -> None:
+               processes: int, checked: set[str] | None = None) -> None:
         self.examples += 1
+        self.checked.update(checked or ())
         self.processes += processes
         if not verdict.clean and self.first_failure_examples is None:
             self.first_failure_examples = self.examples
@@ -215,12 +223,14 @@ class ConcurrentMachine(RuleBasedStateMachine):
         finally:
             steps = [o.step for o in self.executor.observations if o.phase == "step"]
             processes = self.executor.processes
+            checked = self.executor.checked | {
+                name for name in HISTORY_INVARIANTS if not self.executor.history.vacuous(name)}
             self.executor.close()
             verdict, violations = Verdict(), []
             if self.failure is not None:
                 violations = self.failure.violations
                 verdict = Verdict.of(self.failure.step, violations)
-            self.recorder.finish(steps, verdict, violations, processes)
+            self.recorder.finish(steps, verdict, violations, processes, checked)
         if found is not None:
             raise found
 
@@ -272,6 +282,7 @@ class ConcurrentExploration:
             "examples_until_found": r.first_failure_examples,
             "seconds": round(self.seconds, 3),
             "steps_per_second": round(r.steps / self.seconds, 1) if self.seconds else 0.0,
+            "checked": {name: r.checked[name] for name in COVERED},
         }
 
 

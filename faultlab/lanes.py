@@ -43,7 +43,15 @@ from faultlab.clock import VirtualClock
 from faultlab.concurrent_trace import STARTS, LaneStep
 from faultlab.errors import EXIT_USAGE, ExecutionError, UsageError
 from faultlab.history import Claim, History
-from faultlab.invariants import STEP_INVARIANTS, Check, Model, Violation, check_live
+from faultlab.invariants import (
+    BY_NAME,
+    STEP_INVARIANTS,
+    Check,
+    Model,
+    Violation,
+    check_live,
+    check_quiet,
+)
 from faultlab.nemesis.announce import ANNOUNCE_FD_VARIABLE, RESUME_FD_VARIABLE
 from faultlab.nemesis.announce import CONTINUE as ANNOUNCE_CONTINUE
 from faultlab.nemesis.schedule import CONTINUE, SCHEDULE_ENV
@@ -72,7 +80,8 @@ BLOCK_BOUND = 1.0
 SETTLE_HORIZON = 1000
 #: Per-step checks that judge one worker's whole run against the snapshot before it
 #: started; with other lanes changing the stores meanwhile they do not apply.
-SEQUENTIAL_ONLY = ("QUIET",)
+SEQUENTIAL_ONLY = ("QUIET",)  # judged apart, by :meth:`LaneExecutor._quiet`
+QUIET = BY_NAME["QUIET"]
 MAX_OUTPUT = 1 << 20  # bytes of a lane's stdout or stderr kept, as for sequential workers
 
 
@@ -95,6 +104,10 @@ class Lane:
     chunks: dict[str, list[bytes]] = field(default_factory=dict)
     pending_line: bytes = b""
     record: ProcessRecord | None = None
+    #: The stores when the worker started, and whether it stayed the only worker alive
+    #: from start to exit (then a dispatch's QUIET can be judged as in a sequential trace).
+    start_snapshot: Snapshot = field(default_factory=Snapshot)
+    solitary: bool = True
 
     @property
     def alive(self) -> bool:
@@ -204,6 +217,8 @@ class LaneExecutor:
         self.clock: VirtualClock | None = None
         self.model = Model()
         self.history = History(ordering_key=system.ordering_key)
+        #: The per-step invariants (and LIVE) that had something to check in this trace.
+        self.checked: set[str] = set()
         self.snapshot = Snapshot()
         self.lanes: dict[int, Lane] = {}
         self.observations: list[LaneObservation] = []
@@ -275,8 +290,12 @@ class LaneExecutor:
         self.workers += 1
         self.processes += 1
         fds = {announce_r: "announce", out_r: "stdout", err_r: "stderr"}
+        others = [other for other in self.lanes.values() if other.alive]
+        for other in others:
+            other.solitary = False
         lane = Lane(number, self.workers, spec, pid, decide_w, fds, started, go=go,
-                    chunks={"stdout": [], "stderr": []})
+                    chunks={"stdout": [], "stderr": []}, start_snapshot=self.snapshot,
+                    solitary=not others)
         for fd in fds:
             os.set_blocking(fd, False)
             self._selector.register(fd, selectors.EVENT_READ, lane)
@@ -538,8 +557,11 @@ class LaneExecutor:
             )
             for invariant in STEP_INVARIANTS:
                 if invariant.check is not None and invariant.name not in SEQUENTIAL_ONLY:
+                    if not invariant.vacuous(check):
+                        self.checked.add(invariant.name)
                     violations += [Violation(invariant.name, message)
                                    for message in invariant.check(check)]
+        violations += self._quiet(exited, after)
         others_moving = any(
             lane is not moved and lane.alive and not lane.paused and lane.status != "held"
             for lane in self.lanes.values()
@@ -558,6 +580,24 @@ class LaneExecutor:
         )
         self.observations.append(observation)
         return observation
+
+    def _quiet(self, exited: list[tuple[int, ProcessRecord]], after: Snapshot) -> list[Violation]:
+        """QUIET for a dispatcher that was the only worker alive from its start to its exit:
+        judged against the stores as it found them, as a sequential trace judges it."""
+        found: list[Violation] = []
+        for worker, record in exited:
+            lane = next(lane for lane in self.lanes.values() if lane.worker == worker)
+            if lane.spec.role != "dispatch" or not lane.solitary:
+                continue
+            check = Check(
+                model=self.model, before=lane.start_snapshot, after=after, action="dispatch",
+                operation_id=None, payload=None, record=record,
+                deduplication=self.deduplication,
+            )
+            if not QUIET.vacuous(check):
+                self.checked.add(QUIET.name)
+            found += [Violation(QUIET.name, message) for message in check_quiet(check)]
+        return found
 
     def lane_states(self) -> tuple[str, ...]:
         return tuple(
@@ -607,6 +647,7 @@ class LaneExecutor:
             if observations[-1].snapshot == observations[-1].before:
                 break
         stuck = recovered if self.snapshot.pending_outbox() else None
+        self.checked.add("LIVE")
         return observations, check_live(self.snapshot, still_pending_after=stuck)
 
 

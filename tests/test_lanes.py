@@ -266,3 +266,31 @@ def test_skip_names_the_row_a_relay_cursor_passes_over(reference: System) -> Non
         assert not final and not any(o.violations for o in ex.observations)
         assert ex.history.vacuous("SKIP")  # recovery's relays found work until none was left
         assert {op.state for op in ex.snapshot.operations} == {"complete"}
+
+
+def test_quiet_judges_a_solitary_dispatcher_in_a_concurrent_trace(reference: System) -> None:
+    """idle-resend (a sequential mutant caught by QUIET) is caught in lanes when its idle
+    dispatcher runs alone; the reference on the same trace is clean; and with another lane
+    alive meanwhile QUIET is not judged (the control for the solitary rule)."""
+    trace = [LaneStep("run", 1, "accept", OP, P), LaneStep("run", 1, "dispatch"),
+             LaneStep("run", 2, "dispatch")]
+    caught = execute_concurrent(load_system("idle-resend"), trace, concurrency=2)
+    assert caught.verdict.invariants == ("QUIET",) and caught.verdict.step == 3
+    assert execute_concurrent(reference, trace, concurrency=2).verdict.clean
+    with LaneExecutor(load_system("idle-resend"), concurrency=2) as ex:
+        for step in trace[:2]:
+            ex.run(step)
+        held = ex.run(LaneStep("start", 1, "dispatch"))  # another worker alive throughout
+        assert held.lanes[0].startswith("dispatch @")
+        assert not ex.run(LaneStep("run", 2, "dispatch")).violations
+        assert "QUIET" not in ex.checked
+
+
+def test_concurrent_explore_prints_invariant_coverage(tmp_path: Path) -> None:
+    from faultlab.concurrent_explore import explore_concurrent
+
+    result = explore_concurrent(load_system("reference"), concurrency=2, examples=10,
+                                seed_value=0)
+    checked = result.stats()["checked"]
+    assert list(checked)[-5:] == ["TERM", "EXCL", "ORDER", "FENCE", "SKIP"]
+    assert checked["LIVE"] == result.recorder.examples and checked["ONE"] > 0

@@ -62,6 +62,9 @@ def cmd_explore_concurrent(args: argparse.Namespace) -> int:
         ["steps/s", stats["steps_per_second"]],
     ]
     print(report.table(rows, ["explore", "value"], args.format))
+    print()
+    print(report.table([[name, count] for name, count in stats["checked"].items()],
+                       ["invariant", "examples that checked it non-vacuously"], args.format))
     for note in result.notes:
         print(f"note: {note}")
     if result.trace is None:
