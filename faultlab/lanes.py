@@ -67,6 +67,7 @@ from faultlab.stores import Snapshot, scratch_directory
 from faultlab.system.command import CommandSystem
 from faultlab.system.contract import System
 from faultlab.trace import Verdict
+from faultlab.wall_clock import WallClock
 
 # Imported here, not in the forked child: a child that imported a module from disk would
 # run whatever the file holds at that moment, not what this run loaded.
@@ -215,6 +216,7 @@ class LaneExecutor:
         self.block_bound = block_bound
         self.directory = Path()
         self.clock: VirtualClock | None = None
+        self.wall: WallClock | None = None  # libfaketime's file, for virtual_wall_clock
         self.model = Model()
         self.history = History(ordering_key=system.ordering_key)
         #: The per-step invariants (and LIVE) that had something to check in this trace.
@@ -234,6 +236,8 @@ class LaneExecutor:
         try:
             self.system.initialise(self.directory)
             self.clock = VirtualClock(self.directory)
+            if getattr(self.system, "virtual_wall_clock", False):
+                self.wall = WallClock(self.directory)
             self.snapshot = self.system.snapshot(self.directory)
         except BaseException:
             self.close()
@@ -266,12 +270,13 @@ class LaneExecutor:
         announce_r, announce_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        environment = {SCHEDULE_ENV: f"{decide_r},{announce_w}", **self.clock.environment()}
+        environment = {SCHEDULE_ENV: f"{decide_r},{announce_w}", **self.clock.environment(),
+                       **(self.wall.environment() if self.wall is not None else {})}
         started = time.monotonic()
         go = CONTINUE
         if isinstance(self.system, CommandSystem):
             pid, go = self._spawn_program(spec, (decide_r, announce_w), out_w, err_w)
-        elif self.spawn == "fork":
+        elif self.spawn == "fork" and self.wall is None:  # a preload needs an exec
             pid = os.fork()
             if pid == 0:  # child: never returns
                 for fd in (decide_w, announce_r, out_r, err_r):
@@ -314,6 +319,8 @@ class LaneExecutor:
         argv = system.argv(spec.role, values, deduplication=spec.deduplication)
         env = system.environment(values, deduplication=spec.deduplication)
         env.update(self.clock.environment())
+        if self.wall is not None:
+            env.update(self.wall.environment())
         arming = system.config.crash
         announces = arming is not None and arming.mode == "announce"
         if announces:
@@ -475,6 +482,8 @@ class LaneExecutor:
             if self.clock is None:
                 raise ExecutionError("the lane executor is not open")
             self.clock.advance(step.ticks or 0)
+            if self.wall is not None:
+                self.wall.set(self.clock.ticks)
         elif step.action in STARTS:
             moved = self._start(step)
             self._wait(moved, self.block_bound)

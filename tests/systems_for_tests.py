@@ -7,12 +7,13 @@ fails (or a deadline fires) for a reason the test controls.
 from __future__ import annotations
 
 import os
+import sqlite3
 import time
 from typing import Any
 
 from faultlab.nemesis.crash import kill_self
 from faultlab.system.contract import WorkerContext
-from faultlab.system.reference import ReferenceOutbox
+from faultlab.system.reference import CLAIM_SQL, ReferenceOutbox
 
 
 class HangingOutbox(ReferenceOutbox):
@@ -150,3 +151,40 @@ def __getattr__(name: str) -> Any:
     if name == "LingeringPg":
         return _lingering_pg()
     raise AttributeError(name)
+
+class WallClockRetryOutbox(ReferenceOutbox):
+    """A relay as a third-party outbox library writes it: it reads ``time.time()``, never
+    faultlab's clock, and a claim hides the entry for ``BACKOFF`` seconds (the retry
+    delay), so the entry of a dispatcher that died is retried 5 s later. It announces no
+    claims (a library would not). ``virtual_wall_clock`` runs it under libfaketime."""
+
+    name = "wall-clock-retry"
+    virtual_wall_clock = True
+    BACKOFF = 5.0
+
+    def next_pending(self, connection: sqlite3.Connection) -> tuple[str, str] | None:
+        now = time.time()
+        rows = connection.execute(CLAIM_SQL, (now + self.BACKOFF, now)).fetchall()
+        self.claim = None  # unannounced and unfenced, as the library does it
+        return None if not rows else (rows[0][0], rows[0][2])
+
+    def dispatch(self, context: WorkerContext) -> dict[str, Any]:
+        return {**super().dispatch(context), "wall_time": time.time()}
+
+
+class WallClockDroppedOutbox(WallClockRetryOutbox):
+    """The same library, but a claimed entry's retry lies beyond any horizon: work whose
+    dispatcher dies is dropped for good, and LIVE must still say so."""
+
+    name = "wall-clock-dropped"
+    BACKOFF = 10.0 ** 7
+
+
+class RealClockRetryOutbox(WallClockRetryOutbox):
+    """The same library on the real wall clock: the retry is still ahead when the final
+    recovery runs (the control: without the virtual wall clock, LIVE is reported). Its
+    back-off is 60 s rather than 5 s only so that a slow, shared machine cannot reach it."""
+
+    name = "real-clock-retry"
+    virtual_wall_clock = False
+    BACKOFF = 60.0

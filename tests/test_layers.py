@@ -15,7 +15,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "faultlab"
 LAYERS: list[tuple[str, set[str]]] = [
     ("ground", {"faultlab", "faultlab.errors", "faultlab.canonical", "faultlab.stores",
                 "faultlab.records", "faultlab.defaults", "faultlab.messages", "faultlab.clock",
-                "faultlab.pgstores", "faultlab.interrupt", "faultlab.inputs", "faultlab.output"}),
+                "faultlab.pgstores", "faultlab.interrupt", "faultlab.inputs", "faultlab.output",
+                "faultlab.wall_clock"}),
     ("process", {"faultlab.process"}),
     ("nemesis", {"faultlab.nemesis", "faultlab.nemesis.crash", "faultlab.nemesis.announce",
                  "faultlab.nemesis.schedule", "faultlab.pgcrash"}),

@@ -158,6 +158,10 @@ class System(ABC):
     #: where the stores live: "sqlite" (files in the run directory) or "postgres"
     #: (databases cloned per trace; see faultlab.pgstores)
     store_kind: str = "sqlite"
+    #: True: in a concurrent trace, workers run under libfaketime, so ``time.time()``,
+    #: ``datetime.now()`` and ``clock_gettime`` read faultlab's virtual clock (tick t is
+    #: 2026-01-01T00:00:00Z + t s; see :mod:`faultlab.wall_clock`).
+    virtual_wall_clock: bool = False
     ref: str = ""
 
     @abstractmethod

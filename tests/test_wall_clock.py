@@ -1,0 +1,86 @@
+"""Virtual time for code that reads the wall clock: workers under libfaketime.
+
+The issue's scenario, as a new user meets it: a relay built the way outbox
+libraries are (it reads ``time.time()``) retries the entry of a dispatcher that
+died after a 5 s back-off. On the real clock the final recovery runs at once and
+reports ``LIVE`` although the retry would complete the work 5 s later; on the
+virtual wall clock the recovery's clock advance reaches the retry. Work whose
+retry lies beyond the horizon is still reported lost.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from faultlab import wall_clock
+from faultlab.concurrent_trace import LaneStep
+from faultlab.errors import UsageError
+from faultlab.lanes import SETTLE_HORIZON, LaneExecutor, execute_concurrent
+from faultlab.stores import scratch_directory
+from faultlab.system import load_system
+from tests.conftest import require_service
+
+P = {"title": "backlog"}
+#: Accept, a dispatcher claims (the entry is hidden for the back-off) and is SIGKILLed.
+TRACE = [LaneStep("run", 1, "accept", "op-1", P), LaneStep("start", 1, "dispatch"),
+         LaneStep("kill", 1)]
+
+
+@pytest.fixture
+def faketime() -> None:
+    if wall_clock.library() is None:
+        require_service("libfaketime", "libfaketime is not installed (pip install "
+                        "'faultlab[faketime]' or apt-get install libfaketime)")
+
+
+def test_workers_read_faultlabs_clock_through_time_time(faketime: None) -> None:
+    with LaneExecutor(load_system("systems_for_tests:WallClockRetryOutbox"),
+                      concurrency=2) as ex:
+        ex.run(LaneStep("tick", ticks=7))
+        (_, record), = ex.run(LaneStep("run", 2, "dispatch")).exited
+        assert record.exit_code == 0 and record.response is not None
+        assert record.response["wall_time"] == wall_clock.EPOCH + 7
+        assert record.response["idle"] is True
+
+
+def test_a_retry_after_a_back_off_is_not_reported_lost(faketime: None) -> None:
+    system = load_system("systems_for_tests:WallClockRetryOutbox")
+    result = execute_concurrent(system, TRACE, concurrency=2)
+    assert result.verdict.clean, result.final
+    killed = result.observations[2].exited[0][1]
+    assert killed.killed
+    recovery = [o for o in result.observations if o.phase == "settle" and o.exited]
+    last = recovery[-1].exited[0][1].response or {}
+    assert last["wall_time"] == wall_clock.EPOCH + SETTLE_HORIZON
+    snapshot = result.observations[-1].snapshot
+    assert [op.state for op in snapshot.operations] == ["complete"]
+    assert len(snapshot.tickets) == 1
+
+
+def test_work_dropped_for_good_is_still_reported(faketime: None) -> None:
+    result = execute_concurrent(load_system("systems_for_tests:WallClockDroppedOutbox"),
+                                TRACE, concurrency=2)
+    assert result.verdict.invariants == ("LIVE",)
+
+
+def test_control_on_the_real_clock_the_retry_is_reported_lost() -> None:
+    """Without the virtual wall clock the same library is reported LIVE: the retry is
+    5 real seconds away when recovery runs (what the virtual wall clock fixes)."""
+    result = execute_concurrent(load_system("systems_for_tests:RealClockRetryOutbox"),
+                                TRACE, concurrency=2)
+    assert result.verdict.invariants == ("LIVE",)
+
+
+def test_no_library_is_one_line_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(wall_clock.LIBRARY_ENV, str(tmp_path / "missing.so"))
+    scratch = Path(scratch_directory() or tempfile.gettempdir())
+    before = set(scratch.glob("faultlab-lanes-*"))
+    with pytest.raises(UsageError, match="libfaketime is not installed") as raised:
+        with LaneExecutor(load_system("systems_for_tests:WallClockRetryOutbox"),
+                          concurrency=2):
+            pass
+    assert "\n" not in str(raised.value)
+    assert set(scratch.glob("faultlab-lanes-*")) == before  # nothing left behind
