@@ -10,6 +10,7 @@ retry lies beyond the horizon is still reported lost.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -84,3 +85,37 @@ def test_no_library_is_one_line_error(monkeypatch: pytest.MonkeyPatch, tmp_path:
             pass
     assert "\n" not in str(raised.value)
     assert set(scratch.glob("faultlab-lanes-*")) == before  # nothing left behind
+
+
+def _command_system(tmp_path: Path, wall: object) -> Path:
+    """The standalone example's system file, its dispatcher replaced by a program that
+    reports the wall time it reads, with ``virtual_wall_clock`` set to ``wall``."""
+    example = Path(__file__).resolve().parent.parent / "examples" / "standalone_outbox"
+    document = json.loads((example / "system.json").read_text())
+    document["commands"] = {
+        role: [part.replace("{system_dir}", str(example)) for part in argv]
+        for role, argv in document["commands"].items()
+    }
+    document["commands"]["dispatch"] = [
+        "{python}", "-c",
+        "import json, time; print(json.dumps(dict(idle=True, wall_time=time.time())))",
+    ]
+    document["virtual_wall_clock"] = wall
+    path = tmp_path / "system.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_a_command_line_system_switches_it_on_in_its_file(faketime: None,
+                                                          tmp_path: Path) -> None:
+    system = load_system(str(_command_system(tmp_path, True)))
+    with LaneExecutor(system, concurrency=1) as ex:
+        ex.run(LaneStep("tick", ticks=12))
+        (_, record), = ex.run(LaneStep("run", 1, "dispatch")).exited
+        assert record.exit_code == 0, record.stderr
+        assert (record.response or {})["wall_time"] == wall_clock.EPOCH + 12
+
+
+def test_a_bad_virtual_wall_clock_value_is_one_line_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="virtual_wall_clock must be true or false"):
+        load_system(str(_command_system(tmp_path, "yes")))

@@ -110,6 +110,7 @@ class CommandSystem(System):
 
     def __init__(self, description: Description) -> None:
         self.config = description
+        self.virtual_wall_clock = description.virtual_wall_clock
         self.name = description.name
         self.description = description.description
         self.crash_points = description.crash_points

@@ -53,6 +53,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TOP_KEYS = (
     "name", "description", "comment", "commands", "crash", "crash_points", "stores", "snapshot",
     "no_deduplication", "environment", "response_fields", "payload_schema", "operation_ids",
+    "virtual_wall_clock",
 )
 
 
@@ -120,6 +121,8 @@ class Description:
     #: stores that are PostgreSQL databases (faultlab clones one per trace; commands get
     #: its libpq connection string as ``{dsn:STORE}``); the others are SQLite files
     postgres: tuple[str, ...] = field(default=())
+    #: Run the programs under libfaketime in concurrent traces (:mod:`faultlab.wall_clock`).
+    virtual_wall_clock: bool = False
 
     @property
     def system_dir(self) -> Path:
@@ -307,8 +310,11 @@ def read_description(path: Path) -> Description:
             re.compile(pattern)
         except re.error as error:
             reader.fail(f"operation_ids is not a regular expression: {error}")
+    wall = top.get("virtual_wall_clock", False)
+    if not isinstance(wall, bool):
+        reader.fail("virtual_wall_clock must be true or false")
     return Description(path, name, description, commands, arming, points, stores, queries,
-                       switch, environment, fields, payload_schema, pattern, postgres)
+                       switch, environment, fields, payload_schema, pattern, postgres, wall)
 
 
 def _postgres_stores(value: Any) -> tuple[str, ...]:
