@@ -54,7 +54,7 @@ from faultlab.invariants import (
 )
 from faultlab.nemesis.announce import ANNOUNCE_FD_VARIABLE, RESUME_FD_VARIABLE
 from faultlab.nemesis.announce import CONTINUE as ANNOUNCE_CONTINUE
-from faultlab.nemesis.schedule import CONTINUE, SCHEDULE_ENV
+from faultlab.nemesis.schedule import CONTINUE, SCHEDULE_ENV, STATEMENTS_ENV
 from faultlab.process import child_environment
 from faultlab.records import (
     DEFAULT_DEADLINE,
@@ -205,9 +205,15 @@ class LaneExecutor:
     def __init__(
         self, system: System, *, concurrency: int, deduplication: bool = True,
         spawn: SpawnMode = "fork", deadline: float = DEFAULT_DEADLINE,
-        block_bound: float = BLOCK_BOUND,
+        block_bound: float = BLOCK_BOUND, statement_points: bool = False,
     ) -> None:
         system.require_deduplication_switch(deduplication)
+        if statement_points and not system.supports_statement_points:
+            raise UsageError(f"{system.name}: statement scheduling points (sql:K, commit:K) "
+                             "need faultlab's own worker processes (a Python system)")
+        #: Python workers also hold at sql:K and commit:K (before the K-th statement,
+        #: after the K-th COMMIT), not only at their named points.
+        self.statement_points = statement_points
         self.system = system
         self.concurrency = concurrency
         self.deduplication = deduplication
@@ -272,6 +278,8 @@ class LaneExecutor:
         err_r, err_w = os.pipe()
         environment = {SCHEDULE_ENV: f"{decide_r},{announce_w}", **self.clock.environment(),
                        **(self.wall.environment() if self.wall is not None else {})}
+        if self.statement_points:
+            environment[STATEMENTS_ENV] = "1"
         started = time.monotonic()
         go = CONTINUE
         if isinstance(self.system, CommandSystem):

@@ -82,6 +82,8 @@ def run_worker(spec: WorkerSpec) -> int:
     schedule.arm_from_environment()
     if spec.crash is not None and crash.is_statement_point(spec.crash):
         crash.arm_statement_point(spec.crash)
+    elif schedule.statement_holds_requested():
+        crash.observe_statements(schedule.StatementHolds())
     context = Context(spec, system)
     try:
         if spec.role == "accept":

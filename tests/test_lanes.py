@@ -294,3 +294,42 @@ def test_concurrent_explore_prints_invariant_coverage(tmp_path: Path) -> None:
     checked = result.stats()["checked"]
     assert list(checked)[-5:] == ["TERM", "EXCL", "ORDER", "FENCE", "SKIP"]
     assert checked["LIVE"] == result.recorder.examples and checked["ONE"] > 0
+
+
+def _points_until_exit(ex: LaneExecutor, lane: int) -> list[str]:
+    shown = []
+    while True:
+        state = ex.run(LaneStep("release", lane)).lanes[lane - 1]
+        if not state.startswith("accept @"):
+            return shown
+        shown.append(state.removeprefix("accept @"))
+
+
+def test_statement_scheduling_points(reference: System) -> None:
+    """With statement points a Python worker also holds before each SQL statement (sql:K)
+    and after each COMMIT (commit:K), so a kill lands between any two statements: killed
+    before its COMMIT an acceptance leaves nothing, killed after it both rows."""
+    with LaneExecutor(reference, concurrency=1, statement_points=True) as ex:
+        first = ex.run(LaneStep("start", 1, "accept", OP, P)).lanes[0]
+        points = [first.removeprefix("accept @"), *_points_until_exit(ex, 1)]
+    assert points[0] == "sql:1" and "during_accept" in points and "commit:1" in points
+    commit = points.index("commit:1")
+    before_commit = points[commit - 1]
+    assert before_commit.startswith("sql:")
+    for point, rows in ((before_commit, 0), ("commit:1", 1)):
+        with LaneExecutor(reference, concurrency=1, statement_points=True) as ex:
+            ex.run(LaneStep("start", 1, "accept", OP, P))
+            while ex.lanes[1].point != point:
+                ex.run(LaneStep("release", 1))
+            killed = ex.run(LaneStep("kill", 1))
+            assert killed.exited[0][1].killed
+            assert len(killed.snapshot.operations) == len(killed.snapshot.outbox) == rows
+    with LaneExecutor(reference, concurrency=1) as ex:  # the control: named points only
+        assert ex.run(LaneStep("start", 1, "accept", OP, P)).lanes == ("accept @during_accept",)
+
+
+def test_statement_points_refused_for_a_command_line_system() -> None:
+    system = load_system(str(Path(__file__).resolve().parent.parent / "examples"
+                             / "standalone_outbox" / "system.json"))
+    with pytest.raises(UsageError, match="statement scheduling points"):
+        LaneExecutor(system, concurrency=2, statement_points=True)

@@ -23,7 +23,7 @@ import signal
 import sqlite3
 import time
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 _STATEMENT_POINT = re.compile(r"^(sql|commit):([1-9][0-9]*)$")
 
@@ -71,7 +71,13 @@ class StatementCounter:
             kill_self()
 
 
-_counter: StatementCounter | None = None
+class StatementObserver(Protocol):
+    def before_statement(self, sql: str) -> None: ...
+
+    def after_statement(self) -> None: ...
+
+
+_counter: StatementObserver | None = None
 _unpatched_connect = sqlite3.connect
 
 
@@ -109,11 +115,18 @@ def disarm() -> None:
 
 def arm_statement_point(name: str) -> None:
     """Arm ``sql:K`` or ``commit:K`` for every connection this process opens from now on."""
-    global _counter
     parsed = statement_point(name)
     if parsed is None:
         raise ValueError(f"not a statement crash point: {name}")
-    _counter = StatementCounter(*parsed)
+    observe_statements(StatementCounter(*parsed))
+
+
+def observe_statements(observer: StatementObserver) -> None:
+    """Call ``observer`` before every SQL statement and after every statement or COMMIT of
+    every connection this process opens from now on (a statement crash point, or the
+    statement scheduling points of :mod:`faultlab.nemesis.schedule`)."""
+    global _counter
+    _counter = observer
     original = sqlite3.connect
 
     def traced_connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:

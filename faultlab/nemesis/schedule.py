@@ -21,6 +21,9 @@ from __future__ import annotations
 import os
 
 SCHEDULE_ENV = "FAULTLAB_SCHEDULE"
+#: Set (to 1) by faultlab when a scheduled Python worker also holds at ``sql:K`` (before
+#: its K-th SQL statement) and ``commit:K`` (after its K-th COMMIT).
+STATEMENTS_ENV = "FAULTLAB_SCHEDULE_STATEMENTS"
 CONTINUE = b"c"
 
 _channel: tuple[int, int] | None = None
@@ -79,3 +82,32 @@ def claimed(operation_id: str, token: int, lease_until: float | None = None) -> 
         operation_id = operation_id.replace(" ", "_").replace("\n", "_")
     until = "-" if lease_until is None else repr(float(lease_until))
     _announce(f"claim {operation_id} {int(token)} {until}")
+
+
+class StatementHolds:
+    """Statement scheduling points: hold at ``sql:K`` before the K-th SQL statement this
+    process runs and at ``commit:K`` after its K-th COMMIT, as the statement crash points
+    of :mod:`faultlab.nemesis.crash` count them (the same K names the same place)."""
+
+    def __init__(self) -> None:
+        self.statements = 0
+        self.commits = 0
+        self.committing = False
+
+    def before_statement(self, sql: str) -> None:
+        self.statements += 1
+        hold(f"sql:{self.statements}")
+        if sql.lstrip().upper().startswith(("COMMIT", "END")):
+            self.commits += 1
+            self.committing = True
+
+    def after_statement(self) -> None:
+        if self.committing:
+            self.committing = False
+            hold(f"commit:{self.commits}")
+
+
+def statement_holds_requested() -> bool:
+    """Whether faultlab asked for statement points (the variable is removed either way, so
+    a service this worker starts never inherits it)."""
+    return bool(os.environ.pop(STATEMENTS_ENV, "")) and active()
