@@ -671,7 +671,7 @@ class LaneExecutor:
 def execute_concurrent(
     system: System, steps: list[LaneStep], *, concurrency: int, deduplication: bool = True,
     settle: bool = True, spawn: SpawnMode = "fork", deadline: float = DEFAULT_DEADLINE,
-    lenient: bool = False,
+    lenient: bool = False, statement_points: bool = False,
 ) -> ConcurrentExecution:
     """Run a fixed concurrent trace on fresh stores; settle afterwards when asked and clean.
 
@@ -680,7 +680,8 @@ def execute_concurrent(
     steps that ran.
     """
     with LaneExecutor(system, concurrency=concurrency, deduplication=deduplication,
-                      spawn=spawn, deadline=deadline) as executor:
+                      spawn=spawn, deadline=deadline,
+                      statement_points=statement_points) as executor:
         for lane_step in steps:
             if lenient:
                 try:
