@@ -137,6 +137,6 @@ def observe_statements(observer: StatementObserver) -> None:
     sqlite3.connect = traced_connect  # type: ignore[assignment]
 
 
-def armed_counter() -> StatementCounter | None:
+def armed_counter() -> StatementObserver | None:
     """The statement point armed in this process, if any (PostgreSQL connections use it too)."""
     return _counter
