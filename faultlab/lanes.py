@@ -38,6 +38,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import NoReturn
 
+from faultlab import interrupt
 from faultlab.canonical import canonical_json
 from faultlab.clock import VirtualClock
 from faultlab.concurrent_trace import STARTS, LaneStep
@@ -55,7 +56,7 @@ from faultlab.invariants import (
 from faultlab.nemesis.announce import ANNOUNCE_FD_VARIABLE, RESUME_FD_VARIABLE
 from faultlab.nemesis.announce import CONTINUE as ANNOUNCE_CONTINUE
 from faultlab.nemesis.schedule import CONTINUE, SCHEDULE_ENV, STATEMENTS_ENV
-from faultlab.process import child_environment
+from faultlab.process import child_environment, reap_group
 from faultlab.records import (
     DEFAULT_DEADLINE,
     ProcessRecord,
@@ -238,7 +239,10 @@ class LaneExecutor:
     # -- lifetime ------------------------------------------------------------------------
 
     def __enter__(self) -> LaneExecutor:
-        self.directory = Path(tempfile.mkdtemp(prefix="faultlab-lanes-", dir=scratch_directory()))
+        with interrupt.deferred():  # the directory is created and known, or neither
+            # the pid in the name tells whose run directory it is, as for sequential traces
+            self.directory = Path(tempfile.mkdtemp(prefix=f"faultlab-lanes-{os.getpid()}-",
+                                                   dir=scratch_directory()))
         try:
             self.system.initialise(self.directory)
             self.clock = VirtualClock(self.directory)
@@ -262,6 +266,7 @@ class LaneExecutor:
                 if lane.paused:
                     self._signal(lane, signal.SIGCONT)
                 self._wait_exit(lane)
+            reap_group(lane.pid, wait=0.2)  # a service child reparented to this process
         self._selector.close()
         if self.directory != Path():
             shutil.rmtree(self.directory, ignore_errors=True)

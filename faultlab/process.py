@@ -64,7 +64,7 @@ def _collect(pid: int, fds: dict[int, str], deadline: float, group: bool) -> tup
         end_child(pid, group)
         raise
     if timed_out and group:
-        _reap_group(pid)  # what the killed worker started (its service) goes too
+        reap_group(pid)  # what the killed worker started (its service) goes too
     return outputs, status, timed_out
 
 
@@ -87,7 +87,7 @@ def end_child(pid: int, group: bool) -> None:
         except ChildProcessError:
             pass
         if group:
-            _reap_group(pid)
+            reap_group(pid)
 
 
 def _group_members(pgid: int) -> list[tuple[int, int]]:
@@ -110,7 +110,7 @@ def _group_members(pgid: int) -> list[tuple[int, int]]:
     return members
 
 
-def _reap_group(pgid: int, wait: float = 1.0) -> None:
+def reap_group(pgid: int, wait: float = 1.0) -> None:
     """After a killed worker's leader is reaped: reap the rest of its group (a service the
     dispatcher started) where it was reparented to this process (a child subreaper), and
     give the others a moment to be reaped by theirs. Never signals anything."""

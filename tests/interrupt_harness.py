@@ -59,7 +59,8 @@ def handles_sigterm(pid: int) -> bool:
 
 def run_directories(pid: int) -> list[str]:
     places = ["/dev/shm", tempfile.gettempdir()]
-    return sorted(p for place in places for p in glob.glob(f"{place}/faultlab-{pid}-*"))
+    patterns = (f"faultlab-{pid}-*", f"faultlab-lanes-{pid}-*")
+    return sorted(p for place in places for name in patterns for p in glob.glob(f"{place}/{name}"))
 
 
 def main() -> None:

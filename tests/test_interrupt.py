@@ -154,6 +154,16 @@ def test_every_command_stops_cleanly(tmp_path: Path, command: list[str], delay: 
         assert not (tmp_path / "corpus").exists()
 
 
+@pytest.mark.parametrize("sig", ["INT", pytest.param("TERM", marks=pytest.mark.slow)])
+def test_a_concurrent_exploration_stops_cleanly(tmp_path: Path, sig: str) -> None:
+    """Lanes are killed and reaped, a dispatcher's orphaned service too, and the lanes' run
+    directory (named by pid, like every run directory) is removed."""
+    corpus = tmp_path / "corpus"
+    result = interrupted_run(["explore", "--concurrency", "2", "--examples", "500",
+                              "--corpus", str(corpus)], sig, "rundir", delay=1.0)
+    assert_stopped_cleanly(result, sig, corpus)
+
+
 # --- in this process: the fork server's channel and the output commit point -------------
 
 

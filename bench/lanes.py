@@ -1,6 +1,6 @@
 """Concurrent steps per second beside sequential ones, on the reference, in one run.
 
-    python bench/concurrent.py [--examples N] [--seed S]
+    python bench/lanes.py [--examples N] [--seed S]
 
 Runs ``explore`` on the reference twice with the same seed and budget: once
 sequentially (``--concurrency 1``, one worker per step, through the fork
