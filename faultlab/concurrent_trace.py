@@ -28,7 +28,15 @@ from faultlab.canonical import canonical_json
 from faultlab.errors import UsageError
 from faultlab.inputs import check_operation_id, read_json_file
 from faultlab.invariants import Violation
-from faultlab.trace import TRACE_FORMAT, Trace, Verdict
+from faultlab.trace import (
+    TRACE_FORMAT,
+    Trace,
+    Verdict,
+    document,
+    reading,
+    recorded_fields,
+    steps_of,
+)
 
 TRACE_VERSION_CONCURRENT = 2
 LANE_ACTIONS = ("run", "start", "release", "finish", "kill", "pause", "resume", "tick")
@@ -127,47 +135,20 @@ class ConcurrentTrace:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "format": TRACE_FORMAT,
-            "version": TRACE_VERSION_CONCURRENT,
-            "system": self.system,
-            "deduplication": self.deduplication,
-            "concurrency": self.concurrency,
-            "settle": self.settle,
-            "steps": [step.to_json() for step in self.steps],
-        }
-        if self.expected is not None:
-            data["expected"] = self.expected.to_json()
-        if self.violations:
-            data["violations"] = [v.to_json() for v in self.violations]
-        if self.meta:
-            data["meta"] = self.meta
-        return data
+        return document(TRACE_VERSION_CONCURRENT, self, [step.to_json() for step in self.steps],
+                        {"concurrency": self.concurrency})
 
     @classmethod
     def from_json(cls, data: Any, *, source: str = "trace") -> ConcurrentTrace:
-        try:
+        with reading(source):
             concurrency = data["concurrency"]
             if not isinstance(concurrency, int) or isinstance(concurrency, bool) \
                     or not 1 <= concurrency <= 8:
                 raise UsageError(f"concurrency must be an integer from 1 to 8: {concurrency!r}")
-            steps = [LaneStep.from_json(step) for step in data["steps"]]
+            steps = [LaneStep.from_json(step) for step in steps_of(data)]
             for step in steps:
                 step.validate(concurrency)
-            system = data["system"]
-            if not isinstance(system, str) or not isinstance(data["deduplication"], bool):
-                raise TypeError("system must be a string and deduplication a boolean")
-            expected = Verdict.from_json(data["expected"]) if "expected" in data else None
-            return cls(
-                system=system, deduplication=data["deduplication"], concurrency=concurrency,
-                steps=steps, settle=bool(data.get("settle", True)), expected=expected,
-                violations=[Violation.from_json(v) for v in data.get("violations", ())],
-                meta=dict(data.get("meta", {})),
-            )
-        except UsageError as error:
-            raise UsageError(f"{source}: {error}") from None
-        except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as error:
-            raise UsageError(f"{source}: corrupt trace: {error}") from None
+            return cls(concurrency=concurrency, steps=steps, **recorded_fields(data))
 
 
 def load(path: Path) -> Trace | ConcurrentTrace:

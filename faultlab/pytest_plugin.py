@@ -144,31 +144,15 @@ class TraceItem(pytest.Item):
     """Replay one trace on fresh stores; pass when the verdict matches the recording."""
 
     def runtest(self) -> None:
-        from faultlab import report
-        from faultlab.executor import execute, validate_step
-        from faultlab.trace import Trace, Verdict
+        from faultlab.concurrent_trace import load
+        from faultlab.replaying import plan, replay
 
-        trace = Trace.load(self.path)
-        system = _system_for(trace.system, self.path)
-        if not trace.deduplication and not system.supports_no_deduplication:
-            raise UsageError(f"system {system.ref!r} cannot switch deduplication off")
-        for step in trace.steps:
-            validate_step(system, step)
-        execution = execute(
-            system, trace.steps, _spawner(self.config), deduplication=trace.deduplication,
-            settle=trace.settle, deadline=self.config.getoption("faultlab_deadline"),
-        )
-        expected = trace.expected if trace.expected is not None else Verdict()
-        if execution.verdict != expected:
-            lines = [
-                f"{self.path.name}: {system.ref}"
-                f"{'' if trace.deduplication else ' (deduplication off)'}",
-                report.execution_table(execution, "simple"),
-                *report.violation_lines(execution),
-                f"verdict: {execution.verdict.describe()}; expected {expected.describe()}: "
-                "DIFFERS",
-            ]
-            raise TraceMismatch("\n".join(lines))
+        trace = load(self.path)
+        planned = plan(self.path, trace, _system_for(trace.system, self.path))
+        outcome = replay(planned, _spawner(self.config),
+                         deadline=self.config.getoption("faultlab_deadline"))
+        if not outcome.matches:
+            raise TraceMismatch("\n".join(outcome.lines()))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
                      style: Any = None) -> str | Any:

@@ -10,10 +10,11 @@ replays whatever generated it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from faultlab import inputs
 from faultlab.canonical import canonical_json
@@ -150,21 +151,7 @@ class Trace:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "format": TRACE_FORMAT,
-            "version": TRACE_VERSION,
-            "system": self.system,
-            "deduplication": self.deduplication,
-            "settle": self.settle,
-            "steps": [step.to_json() for step in self.steps],
-        }
-        if self.expected is not None:
-            data["expected"] = self.expected.to_json()
-        if self.violations:
-            data["violations"] = [v.to_json() for v in self.violations]
-        if self.meta:
-            data["meta"] = self.meta
-        return data
+        return document(TRACE_VERSION, self, [step.to_json() for step in self.steps])
 
     @classmethod
     def from_json(cls, data: Any, *, source: str = "trace") -> Trace:
@@ -176,41 +163,87 @@ class Trace:
                 f"{source}: unsupported trace version {json.dumps(version)[:40]} "
                 f"(this faultlab reads versions {TRACE_VERSION} and 2)"
             )
-        try:
-            if not isinstance(data.get("steps"), list) or len(data["steps"]) > MAX_STEPS:
-                raise TypeError(f"steps must be a list of at most {MAX_STEPS} steps")
-            steps = [Step.from_json(step) for step in data["steps"]]
-            system = data["system"]
-            if not isinstance(system, str) or not system or not isinstance(
-                data["deduplication"], bool
-            ):
-                raise TypeError("system must be a string and deduplication a boolean")
-            if not isinstance(data.get("settle", True), bool):
-                raise TypeError("settle must be a boolean")
-            if not isinstance(data.get("meta", {}), dict) or not isinstance(
-                data.get("violations", []), list
-            ):
-                raise TypeError("meta must be an object and violations a list")
-            expected = Verdict.from_json(data["expected"]) if "expected" in data else None
-            return cls(
-                system=system,
-                deduplication=data["deduplication"],
-                steps=steps,
-                settle=data.get("settle", True),
-                expected=expected,
-                violations=[Violation.from_json(v) for v in data.get("violations", ())],
-                meta=dict(data.get("meta", {})),
-            )
-        except UsageError as error:
-            raise UsageError(f"{source}: {error}") from None
-        except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as error:
-            raise UsageError(f"{source}: corrupt trace: {error}") from None
+        with reading(source):
+            return cls(steps=[Step.from_json(step) for step in steps_of(data)],
+                       **recorded_fields(data))
 
     @classmethod
     def load(cls, path: Path) -> Trace:
         """Read a trace file, refusing anything hostile in one line (:mod:`faultlab.inputs`)."""
         data = inputs.read_json_file(path, "faultlab trace")
         return cls.from_json(data, source=str(path))
+
+
+class Recorded(Protocol):
+    """What every trace version records beside its steps."""
+
+    system: str
+    deduplication: bool
+    settle: bool
+    expected: Verdict | None
+    violations: list[Violation]
+    meta: dict[str, Any]
+
+
+def document(version: int, trace: Recorded, steps: list[dict[str, Any]],
+             extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A trace file's JSON, the same for every version; ``extra`` follows deduplication."""
+    data: dict[str, Any] = {
+        "format": TRACE_FORMAT,
+        "version": version,
+        "system": trace.system,
+        "deduplication": trace.deduplication,
+        **(extra or {}),
+        "settle": trace.settle,
+        "steps": steps,
+    }
+    if trace.expected is not None:
+        data["expected"] = trace.expected.to_json()
+    if trace.violations:
+        data["violations"] = [v.to_json() for v in trace.violations]
+    if trace.meta:
+        data["meta"] = trace.meta
+    return data
+
+
+def steps_of(data: dict[str, Any]) -> list[Any]:
+    """A trace document's steps, bounded (each version parses its own kind of step)."""
+    steps = data.get("steps")
+    if not isinstance(steps, list) or len(steps) > MAX_STEPS:
+        raise TypeError(f"steps must be a list of at most {MAX_STEPS} steps")
+    return steps
+
+
+def recorded_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """The fields every trace version records beside its steps, checked strictly."""
+    system = data["system"]
+    if not isinstance(system, str) or not system or not isinstance(data["deduplication"], bool):
+        raise TypeError("system must be a string and deduplication a boolean")
+    if not isinstance(data.get("settle", True), bool):
+        raise TypeError("settle must be a boolean")
+    if not isinstance(data.get("meta", {}), dict) or not isinstance(
+        data.get("violations", []), list
+    ):
+        raise TypeError("meta must be an object and violations a list")
+    return {
+        "system": system,
+        "deduplication": data["deduplication"],
+        "settle": data.get("settle", True),
+        "expected": Verdict.from_json(data["expected"]) if "expected" in data else None,
+        "violations": [Violation.from_json(v) for v in data.get("violations", ())],
+        "meta": dict(data.get("meta", {})),
+    }
+
+
+@contextmanager
+def reading(source: str) -> Iterator[None]:
+    """Turn whatever a corrupt trace document raises into one line naming the file."""
+    try:
+        yield
+    except UsageError as error:
+        raise UsageError(f"{source}: {error}") from None
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as error:
+        raise UsageError(f"{source}: corrupt trace: {error}") from None
 
 
 def write_json_atomically(path: Path, data: Any) -> None:

@@ -34,7 +34,8 @@ LAYERS: list[tuple[str, set[str]]] = [
                 "faultlab.concurrent_explore", "faultlab.concurrent_enumeration"}),
     ("front", {"faultlab.scenarios", "faultlab.zoo", "faultlab.corpus", "faultlab.report",
                "faultlab.redis_corpus", "faultlab.__main__", "faultlab.html_report",
-               "faultlab.pytest_plugin", "faultlab.lane_report", "faultlab.concurrent_zoo"}),
+               "faultlab.pytest_plugin", "faultlab.lane_report", "faultlab.replaying",
+               "faultlab.concurrent_zoo"}),
 ]
 
 

@@ -12,7 +12,6 @@ from faultlab.concurrent_explore import ConcurrentRecorder
 from faultlab.concurrent_trace import ConcurrentTrace
 from faultlab.errors import EXIT_FOUND, EXIT_OK, UsageError
 from faultlab.streams import Shard
-from faultlab.trace import Trace, Verdict
 
 
 def _progress(recorder: ConcurrentRecorder) -> None:
@@ -79,69 +78,6 @@ def cmd_explore_concurrent(args: argparse.Namespace) -> int:
             print(line)
     print(f"replay with: python -m faultlab replay {path}")
     return EXIT_FOUND
-
-
-def cmd_replay_concurrent(args: argparse.Namespace, traces: list[Trace | ConcurrentTrace]) -> int:
-    """Replay a mix of version 1 and version 2 traces, each with its own executor."""
-    from faultlab import report
-    from faultlab.executor import execute, validate_step
-    from faultlab.lane_report import concurrent_table, concurrent_violation_lines
-    from faultlab.lanes import execute_concurrent
-    from faultlab.process import spawner
-
-    against = load_system(args.against) if args.against else None
-    plans = []
-    for path, trace in zip(args.traces, traces, strict=True):
-        system = against if against is not None else load_system(trace.system)
-        try:
-            system.require_deduplication_switch(trace.deduplication)
-        except UsageError as error:
-            raise UsageError(f"{path}: {error}") from None
-        if isinstance(trace, Trace):
-            for step in trace.steps:
-                try:
-                    validate_step(system, step)
-                except UsageError as error:
-                    raise UsageError(f"{path}: {error}") from None
-        plans.append((Path(path), trace, system))
-    mismatches = 0
-    with spawner(args.spawn) as runner:
-        for path, trace, system in plans:
-            print(f"{path}: {system.ref}{'' if trace.deduplication else ' (deduplication off)'}")
-            verdict: Verdict
-            if isinstance(trace, ConcurrentTrace):
-                concurrent = execute_concurrent(
-                    system, trace.steps, concurrency=trace.concurrency,
-                    deduplication=trace.deduplication, settle=trace.settle, spawn=args.spawn,
-                    deadline=args.deadline,
-                )
-                verdict = concurrent.verdict
-                print(concurrent_table(concurrent, trace.concurrency, args.format))
-                lines = concurrent_violation_lines(concurrent)
-            else:
-                sequential = execute(system, trace.steps, runner,
-                                     deduplication=trace.deduplication, settle=trace.settle,
-                                     deadline=args.deadline)
-                verdict = sequential.verdict
-                print(report.execution_table(sequential, args.format))
-                lines = report.violation_lines(sequential)
-            for line in lines:
-                print(line)
-            if against is not None:
-                expected_text = "clean (replayed --against " + system.ref + ")"
-                matches = verdict.clean
-            else:
-                expected = trace.expected
-                expected_text = expected.describe() if expected else "clean (nothing recorded)"
-                matches = verdict == (expected if expected is not None else Verdict())
-            status = "matches" if matches else "DIFFERS"
-            print(f"verdict: {verdict.describe()}; expected {expected_text}: {status}\n")
-            mismatches += not matches
-    if mismatches:
-        print(f"{mismatches} of {len(plans)} traces differ from what was expected")
-        return EXIT_FOUND
-    print(f"{len(plans)} traces replayed; every outcome matches")
-    return EXIT_OK
 
 
 def cmd_enumerate_concurrent(args: argparse.Namespace) -> int:

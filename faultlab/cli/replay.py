@@ -44,72 +44,41 @@ def register(commands: Commands) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from faultlab import report
-    from faultlab.executor import execute, validate_step
+    from faultlab.concurrent_trace import ConcurrentTrace, load
     from faultlab.process import spawner
-    from faultlab.trace import Trace
+    from faultlab.replaying import plan, replay
 
     check_format(args.format)
     if args.html is not None:
         check_output_path(args.html, "--html")
-    from faultlab.concurrent_trace import ConcurrentTrace, load
-
     loaded = [load(path) for path in args.traces]
-    if any(isinstance(trace, ConcurrentTrace) for trace in loaded):
-        if args.html is not None:
-            raise UsageError("--html does not apply to concurrent (version 2) traces yet")
-        from faultlab.cli.concurrent import cmd_replay_concurrent
-
-        return cmd_replay_concurrent(args, loaded)
-    traces = [trace for trace in loaded if isinstance(trace, Trace)]
+    if args.html is not None and any(isinstance(t, ConcurrentTrace) for t in loaded):
+        raise UsageError("--html does not apply to concurrent (version 2) traces yet")
     against = load_system(args.against) if args.against else None
-    plans = []
-    for path, trace in zip(args.traces, traces, strict=True):
-        system = against if against is not None else load_system(trace.system)
-        try:
-            system.require_deduplication_switch(trace.deduplication)
-        except UsageError as error:
-            raise UsageError(f"{path}: {error}") from None
-        for step in trace.steps:
-            try:
-                validate_step(system, step)
-            except UsageError as error:
-                raise UsageError(f"{path}: {error}") from None
-        plans.append((path, trace, system))
+    plans = [
+        plan(path, trace, against if against is not None else load_system(trace.system),
+             against=against is not None)
+        for path, trace in zip(args.traces, loaded, strict=True)
+    ]
     mismatches = 0
-    pages = []
+    replayed = []
     with spawner(args.spawn) as runner:
-        for path, trace, system in plans:
-            execution = execute(
-                system, trace.steps, runner, deduplication=trace.deduplication,
-                settle=trace.settle, deadline=args.deadline,
-            )
-            verdict = execution.verdict
-            print(f"{path}: {system.ref}{'' if trace.deduplication else ' (deduplication off)'}")
-            print(report.execution_table(execution, args.format))
-            for line in report.violation_lines(execution):
-                print(line)
-            if against is not None:
-                expected_text = "clean (replayed --against " + system.ref + ")"
-                matches = verdict.clean
-            else:
-                expected = trace.expected
-                expected_text = expected.describe() if expected else "clean (nothing recorded)"
-                matches = verdict == (expected if expected is not None else verdict.__class__())
-            status = "matches" if matches else "DIFFERS"
-            print(f"verdict: {verdict.describe()}; expected {expected_text}: {status}\n")
-            mismatches += not matches
-            pages.append((path, trace, system, execution, expected_text, status))
+        for planned in plans:
+            outcome = replay(planned, runner, deadline=args.deadline, fmt=args.format)
+            print("\n".join(outcome.lines()) + "\n")
+            mismatches += not outcome.matches
+            replayed.append(outcome)
     if args.html is not None:
         from faultlab import html_report
 
         html_report.write(args.html, [
             html_report.TraceReport(
-                title=str(path), execution=execution, system=system.ref,
-                deduplication=trace.deduplication, verdict=execution.verdict.describe(),
-                expected=f"{expected_text}: {status}",
+                title=str(outcome.plan.path), execution=outcome.execution,
+                system=outcome.plan.system.ref, deduplication=outcome.plan.trace.deduplication,
+                verdict=outcome.verdict.describe(),
+                expected=f"{outcome.expected_text}: {outcome.status}",
             )
-            for path, trace, system, execution, expected_text, status in pages
+            for outcome in replayed if outcome.execution is not None
         ], title="faultlab replay")
         print(f"wrote {args.html}")
     if mismatches:
