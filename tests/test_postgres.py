@@ -48,8 +48,32 @@ def _admin() -> Any:
         require_service("postgres", str(error).strip().splitlines()[-1])
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _not_anothers(name: str) -> bool:
+    """A faultlab database belongs to the run of the pid in its name. Databases of a live
+    process that is neither this one nor one it started (another run on the same shared
+    server, a developer's explore) are that run's business, not this test's."""
+    try:
+        pid = int(name.split("_")[1])
+    except (IndexError, ValueError):
+        return True
+    me = os.getpid()
+    walk: int | None = pid
+    while walk is not None and walk > 1:
+        if walk == me:
+            return True
+        walk = _parent(walk)
+    return not Path(f"/proc/{pid}").exists()  # its run is gone: left behind
+
+
 def _faultlab_databases(admin: Any) -> set[str]:
-    return set(pgstores.list_databases(admin))
+    return {name for name in pgstores.list_databases(admin) if _not_anothers(name)}
 
 
 @pytest.fixture()
