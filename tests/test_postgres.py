@@ -268,11 +268,11 @@ def test_statement_crash_points_work_on_postgres(
 
 def test_a_killed_dispatcher_s_row_lock_is_gone_before_the_next_step(
         server: Any, fork_spawner: Spawner, reference_pg: Any) -> None:
-    """before_dispatch kills a client holding the claim's FOR UPDATE lock; SKIP LOCKED would
+    """during_claim kills a client holding the claim's FOR UPDATE lock; SKIP LOCKED would
     skip the row if its backend were still there, and the recovery would answer idle."""
     with Executor(reference_pg, fork_spawner) as executor:
         executor.run(Step("accept", "op-1", PAYLOAD))
-        crashed = executor.run(Step("dispatch", crash="before_dispatch"))
+        crashed = executor.run(Step("dispatch", crash="during_claim"))
         assert crashed.record.exit_code == -9
         recovered = executor.run(Step("dispatch"))
         assert recovered.record.response is not None

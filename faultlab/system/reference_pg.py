@@ -5,11 +5,16 @@ The behaviour of :mod:`faultlab.system.reference`, with the caller
 separate PostgreSQL databases cloned per trace (:mod:`faultlab.pgstores`). What
 changes is what production outboxes on PostgreSQL do:
 
-* the dispatcher *claims* the oldest pending entry with ``SELECT ... FOR UPDATE
-  SKIP LOCKED`` and holds that row lock, in one caller transaction, across the
-  downstream call and the completion updates; a crash anywhere in it (``before_dispatch``,
-  ``after_downstream_commit``, ``during_completion``) kills a client that holds row
-  locks, which the server releases only when it has ended the client's backend;
+* the dispatcher *claims* the oldest claimable pending entry (lease lapsed, no earlier
+  pending entry of its key) with ``SELECT ... FOR UPDATE SKIP LOCKED`` in a short claim
+  transaction that takes a new fencing token (``attempt + 1``) and a lease
+  (``lease_until``, :data:`~faultlab.system.reference.LEASE_TICKS` on the virtual clock,
+  0 on the real one) and commits; it calls downstream holding no lock, then completes
+  only if the row still carries its token (``SELECT ... FOR UPDATE`` first), answering
+  ``superseded`` otherwise, as :mod:`faultlab.system.reference` does. A crash inside the
+  claim transaction (``during_claim``) or the completion (``during_completion``) kills a
+  client that holds row locks, which the server releases only when it has ended the
+  client's backend;
 * the receiver serialises calls for one operation id with a transaction-scoped
   advisory lock, so concurrent services cannot both miss the receipt;
 * three *ambiguous commits*: COMMIT sent, the worker killed before reading the reply
@@ -25,9 +30,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from faultlab import clock
 from faultlab.canonical import canonical_json
+from faultlab.concurrent_trace import LaneStep
 from faultlab.stores import Snapshot
 from faultlab.system.contract import CrashPoint, Refusal, System, WorkerContext
+from faultlab.system.reference import LEASE_TICKS, ORDERING_KEY, ClaimLost
 
 CALLER = "caller"
 DOWNSTREAM = "downstream"
@@ -37,7 +45,8 @@ CREATE TABLE operations (
     id TEXT PRIMARY KEY, payload TEXT NOT NULL, state TEXT NOT NULL, result TEXT);
 CREATE TABLE outbox (
     seq BIGSERIAL UNIQUE, operation_id TEXT PRIMARY KEY REFERENCES operations(id),
-    state TEXT NOT NULL)
+    state TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0,
+    lease_until DOUBLE PRECISION NOT NULL DEFAULT 0)
 """
 DOWNSTREAM_SCHEMA = """
 CREATE TABLE tickets (
@@ -46,6 +55,21 @@ CREATE TABLE receipts (
     operation_id TEXT PRIMARY KEY, payload TEXT NOT NULL, result TEXT NOT NULL)
 """
 SCHEMAS = {CALLER: CALLER_SCHEMA, DOWNSTREAM: DOWNSTREAM_SCHEMA}
+
+#: Lock the oldest pending entry whose lease lapsed and that no earlier pending entry of
+#: the same key precedes, skipping rows another claim transaction holds (only the outbox
+#: row is locked: ``FOR UPDATE OF o``). In a sequential trace this is the oldest pending
+#: entry. The key comparison is :data:`~faultlab.system.reference.CLAIM_SQL`'s.
+CLAIM_SQL = (
+    "SELECT o.operation_id, o.attempt, op.payload FROM outbox o "
+    "JOIN operations op ON op.id = o.operation_id "
+    "WHERE o.state = 'pending' AND o.lease_until <= %s AND NOT EXISTS ("
+    "SELECT 1 FROM outbox e JOIN operations eo ON eo.id = e.operation_id "
+    "WHERE e.state = 'pending' AND e.seq < o.seq "
+    f"AND (eo.payload::jsonb ->> '{ORDERING_KEY}') "
+    f"IS NOT DISTINCT FROM (op.payload::jsonb ->> '{ORDERING_KEY}')) "
+    "ORDER BY o.seq LIMIT 1 FOR UPDATE OF o SKIP LOCKED"
+)
 
 EXIT_CONFLICT = 3
 EXIT_DOWNSTREAM_FAILURE = 4
@@ -62,9 +86,15 @@ POINTS: tuple[CrashPoint, ...] = (
         "both rows or neither; nothing was acknowledged; accepting again is idempotent",
     ),
     CrashPoint(
+        "during_claim", "dispatch",
+        "inside the claim transaction, holding the row lock (FOR UPDATE SKIP LOCKED) with "
+        "the new token and lease written, not committed: the lock and the claim go with the "
+        "backend; no ticket; a fresh dispatcher claims it, ticket 1",
+    ),
+    CrashPoint(
         "before_dispatch", "dispatch",
-        "holding the claim's row lock (FOR UPDATE SKIP LOCKED), before any downstream call: "
-        "the lock goes with the backend; no ticket; a fresh dispatcher claims it, ticket 1",
+        "claim committed (token and lease), no lock held, before any downstream call: no "
+        "ticket; once the lease lapses a fresh dispatcher claims it again, ticket 1",
     ),
     CrashPoint(
         "after_downstream_commit", "dispatch",
@@ -73,8 +103,9 @@ POINTS: tuple[CrashPoint, ...] = (
     ),
     CrashPoint(
         "during_completion", "dispatch",
-        "between the operation and outbox completion updates, holding both rows' locks: both "
-        "stay pending; recovery replays the receipt and completes both",
+        "between the operation and outbox completion updates, holding both rows' locks (the "
+        "fencing check locked the outbox row): both stay pending; recovery replays the "
+        "receipt and completes both",
     ),
     CrashPoint(
         "completion_commit_sent", "dispatch",
@@ -140,10 +171,11 @@ class ReferencePg(PostgresSystem):
     """Transactional outbox + stable operation id + deduplicating receiver, on PostgreSQL."""
 
     name = "reference-pg"
-    description = ("the reference outbox on PostgreSQL: two databases, claims with FOR UPDATE "
-                   "SKIP LOCKED, ambiguous-commit crash points")
+    description = ("the reference outbox on PostgreSQL: two databases, leased and fenced "
+                   "claims with FOR UPDATE SKIP LOCKED, ambiguous-commit crash points")
     crash_points = POINTS
     schemas = SCHEMAS
+    ordering_key = ORDERING_KEY
     snapshot_queries = {
         CALLER: {
             "operations": "SELECT id, payload, state, result FROM operations",
@@ -196,21 +228,36 @@ class ReferencePg(PostgresSystem):
             "INSERT INTO outbox (operation_id, state) VALUES (%s, 'pending')", (operation_id,)
         )
 
-    def claim(self, connection: Any) -> tuple[str, str] | None:
-        """Lock the oldest pending entry no other dispatcher holds (the transaction stays open)."""
-        row = connection.execute(
-            "SELECT o.operation_id, op.payload FROM outbox o "
-            "JOIN operations op ON op.id = o.operation_id "
-            "WHERE o.state = 'pending' ORDER BY o.seq LIMIT 1 FOR UPDATE SKIP LOCKED"
-        ).fetchone()
-        return None if row is None else (row[0], row[1])
+    #: This dispatcher's claim (operation id, fencing token), set by :meth:`claim`; None
+    #: when a subclass reads the next entry without claiming it.
+    held: tuple[str, int] | None = None
+
+    def claim(self, context: WorkerContext, connection: Any) -> tuple[str, str] | None:
+        """Claim the next entry in a short transaction: lock it (SKIP LOCKED), write a new
+        token and lease, commit. Returns (operation id, payload), or None when idle."""
+        now = context.now()
+        until = now + (LEASE_TICKS if clock.is_virtual() else 0)
+        row = connection.execute(CLAIM_SQL, (now,)).fetchone()
+        if row is None:
+            connection.rollback()
+            return None
+        operation_id, attempt = str(row[0]), int(row[1]) + 1
+        connection.execute(
+            "UPDATE outbox SET attempt = %s, lease_until = %s WHERE operation_id = %s",
+            (attempt, until, operation_id),
+        )
+        context.crash_point("during_claim")
+        connection.commit()
+        self.held = (operation_id, attempt)
+        context.claimed(operation_id, attempt, lease_until=until)
+        return operation_id, str(row[2])
 
     def dispatch(self, context: WorkerContext) -> dict[str, Any]:
+        self.held = None
         connection = context.connect_postgres(CALLER)
         try:
-            pending = self.claim(connection)
+            pending = self.claim(context, connection)
             if pending is None:
-                connection.rollback()
                 return {"idle": True}
             operation_id, payload = pending
             context.crash_point("before_dispatch")
@@ -218,13 +265,19 @@ class ReferencePg(PostgresSystem):
             service_summary = {"pid": service.pid, "exit_code": service.exit_code}
             response = service.response or {}
             if service.exit_code != 0 or "result" not in response:
-                connection.rollback()  # the claim ends; the entry stays pending
+                # the entry stays pending; the next dispatcher claims it once the lease lapses
                 raise Refusal(
                     "downstream_failure", EXIT_DOWNSTREAM_FAILURE, operation_id=operation_id,
                     service=service_summary, downstream=response or None,
                 )
             context.crash_point("after_downstream_commit")
-            self.complete(context, connection, operation_id, canonical_json(response["result"]))
+            try:
+                self.complete(context, connection, operation_id,
+                              canonical_json(response["result"]))
+            except ClaimLost:
+                return {"operation_id": operation_id, "superseded": True,
+                        "attempt": self.held[1] if self.held else None,
+                        "service": service_summary}
         finally:
             connection.close()
         return {
@@ -232,12 +285,27 @@ class ReferencePg(PostgresSystem):
             "replayed": bool(response.get("replayed")), "service": service_summary,
         }
 
+    def check_claim(self, connection: Any, operation_id: str) -> None:
+        """Fencing: lock the outbox row and require this dispatcher's token on it, still
+        pending; otherwise roll back and raise :class:`ClaimLost` (another claimed it)."""
+        if self.held is None:
+            return  # a subclass that reads without claiming completes unfenced
+        row = connection.execute(
+            "SELECT attempt, state FROM outbox WHERE operation_id = %s FOR UPDATE",
+            (operation_id,),
+        ).fetchone()
+        if row is None or int(row[0]) != self.held[1] or row[1] != "pending":
+            connection.rollback()
+            raise ClaimLost(operation_id)
+
     def complete(
         self, context: WorkerContext, connection: Any, operation_id: str, result: str
     ) -> None:
-        """Mark operation and outbox row complete in the claim's transaction, and commit it."""
+        """Mark operation and outbox row complete in one transaction, only while this
+        dispatcher still holds its claim (fencing), and commit it."""
         from faultlab.pgcrash import commit_or_crash
 
+        self.check_claim(connection, operation_id)
         connection.execute(
             "UPDATE operations SET state = 'complete', result = %s WHERE id = %s",
             (result, operation_id),
@@ -343,6 +411,7 @@ class SplitCompletePg(ReferencePg):
     def complete(
         self, context: WorkerContext, connection: Any, operation_id: str, result: str
     ) -> None:
+        self.check_claim(connection, operation_id)
         connection.execute(
             "UPDATE operations SET state = 'complete', result = %s WHERE id = %s",
             (result, operation_id),
@@ -405,6 +474,48 @@ class NoSkipLockedClaimPg(ReferencePg):
         }
 
 
+class NoFencingPg(ReferencePg):
+    """Completes without checking it still holds the claim: a dispatcher whose lease lapsed
+    (and whose entry another dispatcher claimed with a higher token) completes anyway.
+
+    The PostgreSQL form of :class:`faultlab.system.concurrency_mutants.NoFencing`; only a
+    concurrent trace shows it (``explore --concurrency 2``).
+    """
+
+    name = "no-fencing-pg"
+    description = ("reference-pg whose completion is not conditional on still holding the "
+                   "claim (no fencing token check)")
+    caught_by = ("FENCE",)
+    concurrency = 2
+    # Lane 1 claims (token 1: held inside the claim, then released past its commit) and
+    # holds before the downstream call; its lease lapses; lane 2 claims (token 2) and
+    # completes; the final recovery finishes lane 1: superseded, it completes anyway.
+    minimal_trace: tuple[LaneStep, ...] = (
+        LaneStep("run", 1, "accept", "op-1", {"title": "backlog", "priority": "normal"}),
+        LaneStep("start", 1, "dispatch"),
+        LaneStep("release", 1),
+        LaneStep("tick", ticks=LEASE_TICKS),
+        LaneStep("run", 2, "dispatch"),
+    )
+    minimal_steps = len(minimal_trace)
+
+    def complete(
+        self, context: WorkerContext, connection: Any, operation_id: str, result: str
+    ) -> None:
+        from faultlab.pgcrash import commit_or_crash
+
+        connection.execute(
+            "UPDATE operations SET state = 'complete', result = %s WHERE id = %s",
+            (result, operation_id),
+        )
+        context.crash_point("during_completion")
+        connection.execute(
+            "UPDATE outbox SET state = 'complete' WHERE operation_id = %s", (operation_id,)
+        )
+        commit_or_crash(context, connection, "completion_commit_sent")
+
+
 POSTGRES_SYSTEMS: dict[str, type[ReferencePg]] = {
-    cls.name: cls for cls in (ReferencePg, NoDedupPg, SplitCompletePg, NoSkipLockedClaimPg)
+    cls.name: cls
+    for cls in (ReferencePg, NoDedupPg, SplitCompletePg, NoSkipLockedClaimPg, NoFencingPg)
 }
