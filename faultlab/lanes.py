@@ -269,6 +269,9 @@ class LaneExecutor:
             reap_group(lane.pid, wait=0.2)  # a service child reparented to this process
         self._selector.close()
         if self.directory != Path():
+            # PostgreSQL databases (and their snapshot connection) never outlive a trace: a
+            # long concurrent run would otherwise exhaust the server's connections
+            self.system.release(self.directory)
             shutil.rmtree(self.directory, ignore_errors=True)
             self.directory = Path()
 

@@ -21,12 +21,16 @@ import pytest
 from conftest import ROOT, require_service
 
 from faultlab import pgstores
+from faultlab.concurrent_explore import executed
+from faultlab.concurrent_trace import LaneStep
 from faultlab.errors import ExecutionError, UsageError
 from faultlab.executor import Executor, execute
+from faultlab.lanes import LaneExecutor, execute_concurrent
 from faultlab.process import Spawner, child_environment
 from faultlab.scenarios import SCENARIOS
 from faultlab.stores import StoreError
 from faultlab.system import load_system
+from faultlab.system.reference import LEASE_TICKS
 from faultlab.trace import Step
 
 try:
@@ -405,3 +409,67 @@ def test_concurrent_exploration_of_reference_pg_is_clean_and_leaves_nothing(
                           "--corpus", str(tmp_path / "corpus"))
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert "clean" in completed.stdout
+
+
+def _outbox_claims(directory: Path) -> list[tuple[str, int, float]]:
+    connection = pgstores.connect(directory, "caller", role="snapshot")
+    try:
+        return [(str(r[0]), int(r[1]), float(r[2])) for r in connection.execute(
+            "SELECT operation_id, attempt, lease_until FROM outbox ORDER BY seq").fetchall()]
+    finally:
+        connection.close()
+
+
+def test_reference_pg_claims_skip_locked_with_a_lease_and_fences_the_superseded(
+        server: Any, reference_pg: Any) -> None:
+    """Lane 1 holds inside its claim transaction (row locked): lane 2 skips the row, idle.
+    Lane 1 commits its claim (token 1, lease 10 ticks) and holds before the downstream call;
+    before the lease lapses lane 2 is idle, after it lane 2 claims (token 2) and completes;
+    lane 1's completion is refused: superseded, one ticket, FENCE holds."""
+    with LaneExecutor(reference_pg, concurrency=2) as ex:
+        ex.run(LaneStep("run", 1, "accept", "op-1", PAYLOAD))
+        held = ex.run(LaneStep("start", 1, "dispatch"))
+        assert held.lanes == ("dispatch @during_claim", "-")
+        skipped = ex.run(LaneStep("run", 2, "dispatch"))
+        assert [r.response for _, r in skipped.exited] == [{"idle": True}]  # SKIP LOCKED
+        assert _outbox_claims(ex.directory) == [("op-1", 0, 0.0)]  # the claim is uncommitted
+        claimed = ex.run(LaneStep("release", 1))
+        assert claimed.lanes[0] == "dispatch @before_dispatch"
+        assert _outbox_claims(ex.directory) == [("op-1", 1, float(LEASE_TICKS))]
+        ex.run(LaneStep("tick", ticks=LEASE_TICKS - 1))
+        early = ex.run(LaneStep("run", 2, "dispatch"))
+        assert [r.response for _, r in early.exited] == [{"idle": True}]  # lease still held
+        ex.run(LaneStep("tick", ticks=1))
+        rescued = ex.run(LaneStep("run", 2, "dispatch"))
+        assert [r.response["result"] for _, r in rescued.exited] == [{"ticket_id": 1}]
+        last = ex.run(LaneStep("finish", 1))
+        ((_, record),) = last.exited
+        assert record.exit_code == 0 and record.response is not None
+        assert record.response["superseded"] is True and record.response["attempt"] == 1
+        assert last.violations == ()
+        assert last.snapshot.counts()["tickets"] == 1
+        assert [(c.lane, c.token) for c in ex.history.claims] == [(1, 1), (2, 2)]
+        assert [(c.lease_until, c.at) for c in ex.history.claims] == [(10, 0), (20, 10)]
+        names = set(pgstores.stores_info(ex.directory).databases.values())
+        assert names <= _faultlab_databases(server)
+    # the trace's databases go when its lane executor closes, not only when the run ends
+    assert not names & _faultlab_databases(server)
+
+
+def test_no_fencing_pg_is_caught_at_its_minimal_trace_and_reference_pg_is_not(
+        server: Any) -> None:
+    """The PostgreSQL form of no-fencing: its known minimal trace fails FENCE in the final
+    recovery (every step executed); the same trace is clean on reference-pg, where the
+    superseded lane answers superseded."""
+    mutant = load_system("no-fencing-pg")
+    trace = list(mutant.minimal_trace)
+    caught = execute_concurrent(mutant, trace, concurrency=mutant.concurrency)
+    assert len(executed(caught)) == mutant.minimal_steps == len(trace) == 5
+    assert caught.verdict.invariants == ("FENCE",)
+    # the receiver deduplicates, so one ticket: only the history (FENCE) shows the defect
+    assert caught.observations[-1].snapshot.counts()["tickets"] == 1
+    clean = execute_concurrent(load_system("reference-pg"), trace, concurrency=2)
+    assert clean.verdict.clean, clean.verdict
+    superseded = [r.response for o in clean.observations for _, r in o.exited
+                  if r.response is not None and r.response.get("superseded")]
+    assert [(a["operation_id"], a["attempt"]) for a in superseded] == [("op-1", 1)]
