@@ -496,7 +496,8 @@ def connect(directory: Path, store: str, *, role: str = "worker",
     try:
         connection: psycopg.Connection[Any] = factory.connect(
             conninfo_for(info.conninfo, dbname=database,
-                         application_name=f"{info.application}-{role}-{os.getpid()}"),
+                         application_name=f"{info.application}-{role}-{os.getpid()}",
+                         options=_with_client_check(info.conninfo)),
         )
     except pg.OperationalError as error:
         first = (str(error).strip().splitlines() or ["no message"])[-1].strip()
@@ -515,6 +516,23 @@ def connect(directory: Path, store: str, *, role: str = "worker",
         connection.close()
         raise StoreError(f"database {database}: marked by another faultlab run; refusing")
     return connection
+
+
+#: Milliseconds between the server's checks that a client is still connected while it runs
+#: a statement. A worker SIGKILLed while its statement waits for a row lock another live
+#: worker holds would otherwise keep its backend (and the locks its transaction took)
+#: until that lock is released: the server notices a closed socket only when it next
+#: talks to the client. With the check the backend ends within this interval.
+CLIENT_CHECK_MS = 50
+
+
+def _with_client_check(base: str) -> str:
+    """libpq ``options`` for a store connection: the caller's own (from ``base`` or
+    ``PGOPTIONS``, which the keyword would override) plus the client connection check."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    own = str(conninfo_to_dict(base).get("options") or os.environ.get("PGOPTIONS") or "")
+    return f"{own} -c client_connection_check_interval={CLIENT_CHECK_MS}".strip()
 
 
 def query(directory: Path, store: str, queries: dict[str, str]) -> dict[str, list[tuple[Any, ...]]]:

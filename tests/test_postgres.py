@@ -473,3 +473,30 @@ def test_no_fencing_pg_is_caught_at_its_minimal_trace_and_reference_pg_is_not(
     superseded = [r.response for o in clean.observations for _, r in o.exited
                   if r.response is not None and r.response.get("superseded")]
     assert [(a["operation_id"], a["attempt"]) for a in superseded] == [("op-1", 1)]
+
+
+@pytest.mark.parametrize("check_ms", [50, 0])
+def test_a_lane_killed_while_waiting_for_a_row_lock_loses_its_backend(
+        server: Any, reference_pg: Any, monkeypatch: pytest.MonkeyPatch, check_ms: int) -> None:
+    """Lane 2's accept waits on lane 1's uncommitted insert of the same id; SIGKILLed there,
+    its backend would wait on until lane 1 ends (the server hears the closed socket only
+    when it next talks to the client). The client connection check ends it at once; the
+    control without the check (0) shows the lingering backend reported."""
+    monkeypatch.setattr(pgstores, "CLIENT_CHECK_MS", check_ms)
+    monkeypatch.setattr(pgstores, "BACKEND_EXIT_BOUND", 2.0)
+    with LaneExecutor(reference_pg, concurrency=2) as ex:
+        ex.run(LaneStep("start", 1, "accept", "op-1", PAYLOAD))
+        blocked = ex.run(LaneStep("run", 2, "accept", "op-1", PAYLOAD))
+        assert blocked.lanes == ("accept @during_accept", "accept blocked")
+        started = time.monotonic()
+        if check_ms == 0:
+            with pytest.raises(ExecutionError, match=r"still active with .* locks"):
+                ex.run(LaneStep("kill", 2))
+            return
+        killed = ex.run(LaneStep("kill", 2))
+        assert time.monotonic() - started < 1.5
+        assert [r.exit_code for _, r in killed.exited] == [-9]
+        assert killed.violations == ()
+        finished = ex.run(LaneStep("finish", 1))
+        assert [r.exit_code for _, r in finished.exited] == [0]
+        assert [op.id for op in finished.snapshot.operations] == ["op-1"]
