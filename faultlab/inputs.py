@@ -93,7 +93,8 @@ def parse_json(text: str, where: str) -> Any:
         value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float,
                            parse_int=_bounded_int)
     except RecursionError:
-        raise UsageError(f"{where} (nested too deeply to read)") from None
+        # the same words whichever limit is met first (the parser's depends on the Python)
+        raise UsageError(f"{where}: nested more than {MAX_DEPTH} levels deep") from None
     except ValueError as error:
         raise UsageError(f"{where} (invalid JSON: {error})") from None
     check_value(value, where)

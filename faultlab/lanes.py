@@ -546,8 +546,9 @@ class LaneExecutor:
         )
         if step.role == "service" and step.operation_id is not None:
             self.history.direct.add(step.operation_id)
-        lane = self._spawn(number, spec)
-        self.lanes[number] = lane
+        with interrupt.deferred():  # a started lane is known (killed and reaped at close)
+            lane = self._spawn(number, spec)
+            self.lanes[number] = lane
         return lane
 
     def _finish(self, lane: Lane) -> None:

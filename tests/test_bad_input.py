@@ -84,7 +84,7 @@ def test_a_trace_nested_five_thousand_levels_deep(
     path.write_text('{"format": "faultlab-trace", "version": 1, "system": "reference", '
                     '"deduplication": true, "steps": [{"action": "accept", '
                     '"operation_id": "op-1", "payload": ' + "[" * 5000 + "]" * 5000 + "}]}")
-    refused(capsys, ["replay", str(path)], "nested too deeply", watch=(tmp_path,))
+    refused(capsys, ["replay", str(path)], "nested more than 64 levels", watch=(tmp_path,))
 
 
 def test_a_payload_nested_deeper_than_faultlab_accepts(
@@ -233,7 +233,8 @@ def test_a_fifo_as_a_trace_does_not_block(tmp_path: Path,
 def test_a_hostile_system_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "system.json"
     path.write_text('{"name": ' + "[" * 3000 + "]" * 3000 + "}")
-    refused(capsys, ["systems", "--system", str(path)], "nested too deeply", watch=(tmp_path,))
+    refused(capsys, ["systems", "--system", str(path)], "nested more than 64 levels",
+            watch=(tmp_path,))
     path.write_text('{"name": "\\ud800"}')
     refused(capsys, ["systems", "--system", str(path)], "lone surrogate", watch=(tmp_path,))
 
