@@ -33,6 +33,14 @@ from faultlab.errors import ExecutionError, UsageError
 
 MARKER_KEY = "faultlab:corpus"
 MARKER = "faultlab-corpus 1"
+#: The marker, or mark an empty database as a corpus; nil when it holds other keys.
+_CLAIM = """
+local marker = redis.call('GET', KEYS[1])
+if marker then return marker end
+if redis.call('DBSIZE') ~= 0 then return nil end
+redis.call('SET', KEYS[1], ARGV[1])
+return ARGV[1]
+"""
 FINDINGS = "faultlab:findings"
 FINDING_PREFIX = "faultlab:finding:"
 SHARD_PREFIX = "faultlab:shard:"
@@ -93,11 +101,13 @@ class RedisCorpus:
             if marker is None:
                 if not create:
                     raise UsageError(f"{self.address}: not a faultlab corpus (no {MARKER_KEY})")
-                if self.client.dbsize() != 0:
+                # one atomic step: shards started together must not see each other's first
+                # keys as someone else's data (check, then set, raced in CI)
+                marker = self.client.eval(  # type: ignore[no-untyped-call,unused-ignore]
+                    _CLAIM, 1, MARKER_KEY, MARKER)
+                if marker is None:
                     raise UsageError(f"{self.address}: the database holds keys and no "
                                      f"{MARKER_KEY} marker; refusing to write to it")
-                self.client.set(MARKER_KEY, MARKER, nx=True)
-                marker = self.client.get(MARKER_KEY)
             if marker != MARKER:
                 raise UsageError(f"{self.address}: {MARKER_KEY} is {marker!r}, not {MARKER!r}")
         except self._errors as error:
