@@ -220,10 +220,7 @@ class Execution:
 
     @property
     def verdict(self) -> Verdict:
-        for observation in self.observations:
-            if observation.violations:
-                return Verdict.of(observation.index, observation.violations)
-        return Verdict.of(None, self.final_violations)
+        return Verdict.first(self.observations, self.final_violations)
 
     @property
     def violations(self) -> list[Violation]:

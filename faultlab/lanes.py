@@ -149,10 +149,7 @@ class ConcurrentExecution:
 
     @property
     def verdict(self) -> Verdict:
-        for observation in self.observations:
-            if observation.violations:
-                return Verdict.of(observation.index, observation.violations)
-        return Verdict.of(None, self.final_violations)
+        return Verdict.first(self.observations, self.final_violations)
 
     @property
     def violations(self) -> list[Violation]:

@@ -83,6 +83,16 @@ class Step:
         return f"{self.action}({', '.join(parts)})"
 
 
+class Checked(Protocol):
+    """An executed step as a verdict sees it (sequential or concurrent)."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def violations(self) -> tuple[Violation, ...]: ...
+
+
 @dataclass(frozen=True)
 class Verdict:
     """Which invariants failed first, and where: at a step, or in the final recovery check.
@@ -97,6 +107,14 @@ class Verdict:
     @classmethod
     def of(cls, step: int | None, violations: Iterable[Violation]) -> Verdict:
         return cls(step, tuple(dict.fromkeys(v.invariant for v in violations)))
+
+    @classmethod
+    def first(cls, observations: Iterable[Checked], final: Iterable[Violation]) -> Verdict:
+        """The first step that failed, else the final check: how every execution is judged."""
+        for observation in observations:
+            if observation.violations:
+                return cls.of(observation.index, observation.violations)
+        return cls.of(None, final)
 
     @property
     def clean(self) -> bool:
