@@ -5,8 +5,8 @@ concurrent trace owns its time: an integer number of ticks, stored as decimal
 text in one file in the run directory. Faultlab writes it (atomically, by
 rename); workers read it. The environment variable ``FAULTLAB_CLOCK`` names the
 file, so a command-line system reads the virtual time with any language's file
-API. When the variable is unset (every sequential trace), :func:`now` is the
-real clock, ``time.time()``.
+API. When the variable is unset (a sequential trace, unless the system asks for
+``virtual_wall_clock``), :func:`now` is the real clock, ``time.time()``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from pathlib import Path
 #: The environment variable naming the clock file (absent: the real clock).
 CLOCK_ENV = "FAULTLAB_CLOCK"
 CLOCK_FILE = "faultlab-clock"
+#: How far the final recovery advances the virtual clock before judging liveness: every
+#: lease, visibility timeout or retry delay shorter than this has lapsed by then.
+SETTLE_HORIZON = 1000
 
 
 def is_virtual() -> bool:
@@ -48,10 +51,14 @@ def write(path: Path, ticks: int) -> None:
 class VirtualClock:
     """The clock of one trace: starts at 0 in the run directory, advanced by ``tick``."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, existing: bool = False) -> None:
+        """A new clock at 0, or (``existing``) the clock a copied run directory holds."""
         self.path = directory / CLOCK_FILE
-        self.ticks = 0
-        write(self.path, 0)
+        if existing:
+            self.ticks = read(self.path)
+        else:
+            self.ticks = 0
+            write(self.path, 0)
 
     def advance(self, ticks: int) -> int:
         if ticks < 0:

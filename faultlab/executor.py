@@ -4,6 +4,13 @@
 worker process (through the system's :meth:`~faultlab.system.contract.System.run_step`),
 then both stores are read back and every invariant is checked. Nothing else in
 faultlab spawns a worker or reads a store.
+
+A system with ``virtual_wall_clock`` runs every sequential trace on a virtual
+clock too: its workers are exec'd under libfaketime with the trace's clock file
+(:mod:`faultlab.wall_clock`), time stands still during the trace's steps, and the
+final recovery advances it by :data:`~faultlab.clock.SETTLE_HORIZON` before it
+dispatches, so a retry the system scheduled (a back-off after a crashed worker)
+comes due instead of being reported lost.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Any
 
 from faultlab import inputs, interrupt
 from faultlab.canonical import canonical_json
+from faultlab.clock import SETTLE_HORIZON, VirtualClock
 from faultlab.errors import EXIT_USAGE, ExecutionError, UsageError
 from faultlab.invariants import Check, Model, Violation, check_live, check_step
 from faultlab.messages import printable
@@ -28,6 +36,7 @@ from faultlab.records import DEFAULT_DEADLINE, ProcessRecord, WorkerSpec
 from faultlab.stores import Snapshot, scratch_directory
 from faultlab.system.contract import System, check_crash_point
 from faultlab.trace import ACTIONS, Step, Verdict
+from faultlab.wall_clock import WallClock
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,23 @@ class Executor:
         self.model = Model()
         self.snapshot = Snapshot()
         self.observations: list[Observation] = []
+        #: The trace's virtual clock and libfaketime's file, for virtual_wall_clock systems.
+        self.clock: VirtualClock | None = None
+        self.wall: WallClock | None = None
+
+    def _start_clock(self, *, existing: bool) -> None:
+        if getattr(self.system, "virtual_wall_clock", False):
+            self.clock = VirtualClock(self.directory, existing=existing)
+            self.wall = WallClock(self.directory, self.clock.ticks)
+
+    def _advance_clock(self, ticks: int) -> None:
+        if self.clock is not None and self.wall is not None:
+            self.wall.set(self.clock.advance(ticks))
+
+    def _environment(self) -> tuple[tuple[str, str], ...]:
+        if self.clock is None or self.wall is None:
+            return ()
+        return tuple(sorted({**self.clock.environment(), **self.wall.environment()}.items()))
 
     @classmethod
     def resume(
@@ -115,6 +141,7 @@ class Executor:
         executor.directory = directory
         executor.model = copy.deepcopy(model)
         executor.snapshot = snapshot
+        executor._start_clock(existing=True)  # the clock file was copied with the stores
         return executor
 
     def __enter__(self) -> Executor:
@@ -128,6 +155,7 @@ class Executor:
                     self.directory = self._requested_directory
                     self.directory.mkdir(parents=True)
             self.system.initialise(self.directory)
+            self._start_clock(existing=False)
             self.snapshot = self.system.snapshot(self.directory)
         except BaseException:
             self.close()
@@ -166,6 +194,7 @@ class Executor:
             deduplication=self.deduplication,
             spawn=self.spawner.mode,
             deadline=self.deadline,
+            environment=self._environment(),
         )
         record = self.system.run_step(spec, self.spawner)
         where = f"step {len(self.observations) + 1} {step.describe()}: worker pid {record.pid}"
@@ -196,8 +225,10 @@ class Executor:
         """Recover to quiescence, then check LIVE.
 
         Dispatch while outbox work is pending; stop early when a dispatch changes
-        neither store (recovery is stuck: another attempt would do the same).
+        neither store (recovery is stuck: another attempt would do the same). On a
+        virtual clock, time first advances by the horizon (see the module docstring).
         """
+        self._advance_clock(SETTLE_HORIZON)
         bound = 2 * len(self.snapshot.pending_outbox()) + 2
         observations: list[Observation] = []
         while self.snapshot.pending_outbox() and len(observations) < bound:

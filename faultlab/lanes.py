@@ -6,7 +6,8 @@ process, or a fresh interpreter in exec mode) with a control pipe
 and announces it, and faultlab decides which lane moves next. Between points
 the processes run for real against the same SQLite files, with SQLite's own
 locks and busy timeouts. Only one lane is released at a time; a released lane
-that neither reaches a point nor ends within :data:`BLOCK_BOUND` seconds is
+that neither reaches a point nor ends within :data:`BLOCK_BOUND` seconds, and
+whose processes are not working (:func:`_still_working`), is
 *blocked* (waiting on a lock another lane holds at its point) and the step
 ends there, so the schedule can release the lane that holds the lock: a run
 never deadlocks. ``kill`` is a SIGKILL of the lane's process group from outside,
@@ -40,7 +41,7 @@ from typing import NoReturn
 
 from faultlab import interrupt
 from faultlab.canonical import canonical_json
-from faultlab.clock import VirtualClock
+from faultlab.clock import SETTLE_HORIZON, VirtualClock
 from faultlab.concurrent_trace import STARTS, LaneStep
 from faultlab.errors import EXIT_USAGE, ExecutionError, UsageError
 from faultlab.history import Claim, History
@@ -56,7 +57,7 @@ from faultlab.invariants import (
 from faultlab.nemesis.announce import ANNOUNCE_FD_VARIABLE, RESUME_FD_VARIABLE
 from faultlab.nemesis.announce import CONTINUE as ANNOUNCE_CONTINUE
 from faultlab.nemesis.schedule import CONTINUE, SCHEDULE_ENV, STATEMENTS_ENV
-from faultlab.process import child_environment, reap_group
+from faultlab.process import child_environment, group_activity, reap_group
 from faultlab.records import (
     DEFAULT_DEADLINE,
     ProcessRecord,
@@ -77,9 +78,12 @@ from faultlab.worker import run_worker
 #: Seconds a released lane may run without reaching a point or ending before it counts as
 #: blocked on another lane's lock. Generous: a loaded machine must not misjudge a slow lane.
 BLOCK_BOUND = 1.0
-#: How far the final recovery advances the virtual clock before judging liveness: every
-#: lease, visibility timeout or retry delay shorter than this has lapsed by then.
-SETTLE_HORIZON = 1000
+#: Past the bound, a lane whose processes still work gets another slice of this many
+#: seconds, and is blocked once a slice passes with none of them runnable or busy.
+WORK_SLICE = 0.25
+#: CPU ticks (1/100 s) in one slice above which a lane counts as working: a worker in
+#: SQLite's busy wait sleeps and uses next to none.
+WORKING_TICKS = 2
 #: Per-step checks that judge one worker's whole run against the snapshot before it
 #: started; with other lanes changing the stores meanwhile they do not apply.
 SEQUENTIAL_ONLY = ("QUIET",)  # judged apart, by :meth:`LaneExecutor._quiet`
@@ -422,11 +426,19 @@ class LaneExecutor:
                                  f"(exit 2): {last}")
 
     def _wait(self, lane: Lane, bound: float) -> None:
-        """Let a running lane go until it holds or ends; past ``bound`` it is blocked."""
-        end = time.monotonic() + bound
+        """Let a running lane go until it holds or ends; past ``bound`` it is blocked,
+        unless its processes are still working (see :func:`_still_working`): then it gets
+        another slice, up to the deadline."""
+        began = time.monotonic()
+        end = began + bound
+        cpu = group_activity(lane.pid)[1]
         while lane.status in ("running", "blocked"):
             remaining = end - time.monotonic()
             if remaining <= 0:
+                working, cpu = _still_working(lane.pid, cpu)
+                if working and time.monotonic() - began < self.deadline:
+                    end = time.monotonic() + WORK_SLICE
+                    continue
                 lane.status = "blocked"
                 return
             self._pump(remaining)
@@ -672,6 +684,13 @@ class LaneExecutor:
         stuck = recovered if self.snapshot.pending_outbox() else None
         self.checked.add("LIVE")
         return observations, check_live(self.snapshot, still_pending_after=stuck)
+
+
+def _still_working(pgid: int, cpu_before: int) -> tuple[bool, int]:
+    """Whether a lane's process group is still starting or computing, not waiting on a
+    lock: one of its processes is runnable, or it used CPU since ``cpu_before``."""
+    runnable, cpu = group_activity(pgid)
+    return runnable or cpu - cpu_before >= WORKING_TICKS, cpu
 
 
 def execute_concurrent(

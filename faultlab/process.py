@@ -110,6 +110,33 @@ def _group_members(pgid: int) -> list[tuple[int, int]]:
     return members
 
 
+def group_activity(pgid: int) -> tuple[bool, int]:
+    """Whether any process of group ``pgid`` is on a CPU or waiting for one (state R, or D:
+    in the kernel on its behalf), and the group's CPU time so far in clock ticks.
+
+    A worker waiting on another's SQLite lock sleeps (state S) and burns next to no CPU;
+    one still starting (an exec'd interpreter on a loaded machine) is runnable or burns
+    CPU. Telling the two apart keeps a slow start from being judged blocked.
+    """
+    runnable, ticks = False, 0
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return False, 0
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stream:
+                fields = stream.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            runnable = runnable or fields[0] in (b"R", b"D")
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return runnable, ticks
+
+
 def reap_group(pgid: int, wait: float = 1.0) -> None:
     """After a killed worker's leader is reaped: reap the rest of its group (a service the
     dispatcher started) where it was reparented to this process (a child subreaper), and
@@ -382,7 +409,8 @@ def child_environment() -> dict[str, str]:
 
 def exec_worker(spec: WorkerSpec, *, new_group: bool) -> ProcessRecord:
     """Run the worker in a fresh interpreter: ``python -m faultlab worker ...``."""
-    return run_command(spec.argv(), deadline=spec.deadline, env=child_environment(),
+    return run_command(spec.argv(), deadline=spec.deadline,
+                       env={**child_environment(), **dict(spec.environment)},
                        new_group=new_group)
 
 
@@ -671,7 +699,7 @@ class Spawner:
         if spec.spawn != self.mode:
             spec = replace(spec, spawn=self.mode)
         self.processes += 1
-        if self.mode == "exec":
+        if self.mode == "exec" or spec.environment:
             return exec_worker(spec, new_group=True)
         if self._server is None:
             self._server = ForkServer()

@@ -36,6 +36,9 @@ class WorkerSpec:
     deduplication: bool = True
     spawn: SpawnMode = "fork"
     deadline: float = DEFAULT_DEADLINE
+    #: Extra environment for the worker (the virtual clock's and libfaketime's variables).
+    #: A worker with any always starts by exec: a preload reaches only an exec'd process.
+    environment: tuple[tuple[str, str], ...] = ()
 
     def argv(self) -> list[str]:
         """The ``python -m faultlab worker`` command line for this spec (exec mode)."""

@@ -68,10 +68,10 @@ def stamp(ticks: int) -> str:
 class WallClock:
     """The timestamp file of one trace, kept equal to its virtual clock."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, ticks: int = 0) -> None:
         self.library = require_library()
         self.path = directory / TIMESTAMP_FILE
-        self.set(0)
+        self.set(ticks)
 
     def set(self, ticks: int) -> None:
         """Write beside the file and rename, so no reader sees half a timestamp."""

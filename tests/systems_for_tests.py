@@ -188,3 +188,17 @@ class RealClockRetryOutbox(WallClockRetryOutbox):
     name = "real-clock-retry"
     virtual_wall_clock = False
     BACKOFF = 60.0
+
+
+class SlowStartOutbox(ReferenceOutbox):
+    """A dispatcher that computes for ``FAULTLAB_TEST_SPIN`` seconds (default 1.6) before
+    its first point, as an exec'd interpreter starting on a loaded machine does: longer
+    than the lane executor's block bound, but working, not waiting on a lock."""
+
+    name = "slow-start"
+
+    def dispatch(self, context: WorkerContext) -> dict[str, Any]:
+        end = time.monotonic() + float(os.environ.get("FAULTLAB_TEST_SPIN", "1.6"))
+        while time.monotonic() < end:
+            pass
+        return super().dispatch(context)

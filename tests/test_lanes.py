@@ -61,6 +61,21 @@ def test_superseded_dispatcher_is_fenced_on_the_reference(reference: System) -> 
     assert all(_gone(pid) for pid in pids)
 
 
+def test_a_lane_still_starting_is_not_judged_blocked() -> None:
+    """A worker that computes past the block bound before its first point (an exec'd
+    interpreter starting on a loaded machine) is working, not waiting on a lock: the step
+    waits for it and it holds at its point. Seen on a loaded machine as false 'blocked'
+    lanes, then a 'lane is busy' refusal, before lanes were judged by their CPU use."""
+    system = load_system("systems_for_tests:SlowStartOutbox")
+    with LaneExecutor(system, concurrency=2) as ex:
+        ex.run(LaneStep("run", 1, "accept", "op-1", P))
+        started = ex.run(LaneStep("start", 2, "dispatch"))
+        assert started.lanes == ("exit 0", "dispatch @before_dispatch")
+        done = ex.run(LaneStep("finish", 2))
+        assert done.lanes == ("exit 0", "exit 0")
+        assert len(done.snapshot.tickets) == 1
+
+
 def test_a_lane_blocked_on_a_lock_is_scheduled_around(reference: System) -> None:
     """Lane 1 holds inside its accept transaction; lane 2's accept blocks on the lock and
     the step ends with it blocked; releasing lane 1 lets lane 2 on. Never a deadlock."""

@@ -17,11 +17,15 @@ from pathlib import Path
 import pytest
 
 from faultlab import wall_clock
+from faultlab.clock import SETTLE_HORIZON
 from faultlab.concurrent_trace import LaneStep
 from faultlab.errors import UsageError
-from faultlab.lanes import SETTLE_HORIZON, LaneExecutor, execute_concurrent
+from faultlab.executor import Execution, execute
+from faultlab.lanes import LaneExecutor, execute_concurrent
+from faultlab.process import spawner
 from faultlab.stores import scratch_directory
 from faultlab.system import load_system
+from faultlab.trace import Step
 from tests.conftest import require_service
 
 P = {"title": "backlog"}
@@ -119,3 +123,36 @@ def test_a_command_line_system_switches_it_on_in_its_file(faketime: None,
 def test_a_bad_virtual_wall_clock_value_is_one_line_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="virtual_wall_clock must be true or false"):
         load_system(str(_command_system(tmp_path, "yes")))
+
+
+#: The same story as a sequential trace: the dispatcher dies after the downstream
+#: committed, and the entry it claimed is hidden for the back-off.
+SEQUENTIAL = [Step("accept", "op-1", P), Step("dispatch", crash="after_downstream_commit")]
+
+
+def _sequential(name: str) -> Execution:
+    with spawner("fork") as runner:
+        return execute(load_system(f"systems_for_tests:{name}"), SEQUENTIAL, runner,
+                       settle=True)
+
+
+def test_sequential_traces_run_on_the_virtual_wall_clock_too(faketime: None) -> None:
+    """The issue's new user ran a sequential exploration: the recovery's horizon reaches
+    the retry there too, and the workers were exec'd under libfaketime (wall time 0
+    during the trace, the horizon during recovery)."""
+    result = _sequential("WallClockRetryOutbox")
+    assert result.verdict.clean, result.violations
+    crashed, *recovery = result.observations[1:]
+    assert crashed.record.killed
+    assert [o.phase for o in recovery] == ["settle"] * len(recovery) and recovery
+    assert (recovery[-1].record.response or {})["wall_time"] == wall_clock.EPOCH + SETTLE_HORIZON
+    assert [op.state for op in recovery[-1].snapshot.operations] == ["complete"]
+    assert len(recovery[-1].snapshot.tickets) == 1
+
+
+def test_sequential_work_dropped_for_good_is_still_reported(faketime: None) -> None:
+    assert _sequential("WallClockDroppedOutbox").verdict.invariants == ("LIVE",)
+
+
+def test_sequential_control_on_the_real_clock_is_reported() -> None:
+    assert _sequential("RealClockRetryOutbox").verdict.invariants == ("LIVE",)

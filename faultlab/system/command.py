@@ -183,6 +183,7 @@ class CommandSystem(System):
         argv = self.argv(spec.role, values, crash_point=spec.crash,
                          deduplication=spec.deduplication)
         env = self.environment(values, crash_point=spec.crash, deduplication=spec.deduplication)
+        env.update(spec.environment)
         if self.config.crash is None or self.config.crash.mode != "announce":
             record = runner.run_program(argv, deadline=spec.deadline, env=env,
                                         cwd=str(directory))

@@ -101,7 +101,8 @@ class WorkerContext(Protocol):
         """SIGKILL this process if the step armed ``name``; otherwise return at once."""
 
     def now(self) -> float:
-        """The current time: faultlab's virtual clock in a concurrent trace, else the real one."""
+        """The current time: faultlab's virtual clock in a concurrent trace (and in every
+        trace of a ``virtual_wall_clock`` system), else the real one."""
 
     def claimed(self, operation_id: str, token: int, lease_until: float | None = None) -> None:
         """Tell faultlab this worker holds the claim on an operation with a fencing token,
@@ -158,9 +159,9 @@ class System(ABC):
     #: where the stores live: "sqlite" (files in the run directory) or "postgres"
     #: (databases cloned per trace; see faultlab.pgstores)
     store_kind: str = "sqlite"
-    #: True: in a concurrent trace, workers run under libfaketime, so ``time.time()``,
-    #: ``datetime.now()`` and ``clock_gettime`` read faultlab's virtual clock (tick t is
-    #: 2026-01-01T00:00:00Z + t s; see :mod:`faultlab.wall_clock`).
+    #: True: in every trace, sequential or concurrent, workers run under libfaketime, so
+    #: ``time.time()``, ``datetime.now()`` and ``clock_gettime`` read faultlab's virtual
+    #: clock (tick t is 2026-01-01T00:00:00Z + t s; see :mod:`faultlab.wall_clock`).
     virtual_wall_clock: bool = False
     ref: str = ""
 

@@ -121,7 +121,7 @@ class Description:
     #: stores that are PostgreSQL databases (faultlab clones one per trace; commands get
     #: its libpq connection string as ``{dsn:STORE}``); the others are SQLite files
     postgres: tuple[str, ...] = field(default=())
-    #: Run the programs under libfaketime in concurrent traces (:mod:`faultlab.wall_clock`).
+    #: Run the programs under libfaketime, in every trace (:mod:`faultlab.wall_clock`).
     virtual_wall_clock: bool = False
 
     @property
