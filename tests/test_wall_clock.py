@@ -156,3 +156,14 @@ def test_sequential_work_dropped_for_good_is_still_reported(faketime: None) -> N
 
 def test_sequential_control_on_the_real_clock_is_reported() -> None:
     assert _sequential("RealClockRetryOutbox").verdict.invariants == ("LIVE",)
+
+
+def test_a_command_line_system_reads_it_in_sequential_traces(faketime: None,
+                                                             tmp_path: Path) -> None:
+    """Tick 0 through a sequential trace's steps, the horizon in its recovery."""
+    system = load_system(str(_command_system(tmp_path, True)))
+    with spawner("fork") as runner:
+        result = execute(system, [Step("dispatch")], runner)
+    record = result.observations[0].record
+    assert record.exit_code == 0, record.stderr
+    assert (record.response or {})["wall_time"] == wall_clock.EPOCH
