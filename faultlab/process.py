@@ -90,13 +90,13 @@ def end_child(pid: int, group: bool) -> None:
             reap_group(pid)
 
 
-def _group_members(pgid: int) -> list[tuple[int, int]]:
-    """(pid, parent pid) of every process in group ``pgid`` (Linux /proc; else none)."""
-    members = []
+def _group_stats(pgid: int) -> Iterator[tuple[int, list[bytes]]]:
+    """(pid, the fields of /proc/PID/stat after the command name) of every process in
+    group ``pgid`` (Linux /proc; elsewhere none)."""
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return []
+        return
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -106,8 +106,12 @@ def _group_members(pgid: int) -> list[tuple[int, int]]:
         except OSError:
             continue
         if int(fields[2]) == pgid:
-            members.append((int(entry), int(fields[1])))
-    return members
+            yield int(entry), fields
+
+
+def _group_members(pgid: int) -> list[tuple[int, int]]:
+    """(pid, parent pid) of every process in group ``pgid``."""
+    return [(pid, int(fields[1])) for pid, fields in _group_stats(pgid)]
 
 
 def group_activity(pgid: int) -> tuple[bool, int]:
@@ -119,21 +123,9 @@ def group_activity(pgid: int) -> tuple[bool, int]:
     CPU. Telling the two apart keeps a slow start from being judged blocked.
     """
     runnable, ticks = False, 0
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return False, 0
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stream:
-                fields = stream.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            runnable = runnable or fields[0] in (b"R", b"D")
-            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    for _, fields in _group_stats(pgid):
+        runnable = runnable or fields[0] in (b"R", b"D")
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
     return runnable, ticks
 
 
