@@ -25,14 +25,20 @@ from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
-from faultlab import __version__
+from faultlab import __version__, interrupt
 from faultlab.concurrent_trace import STARTS, ConcurrentTrace, LaneStep
 from faultlab.errors import UsageError
 from faultlab.explore import HYPOTHESIS_VERSION, _no_local_constants
 from faultlab.history import HISTORY_INVARIANTS
-from faultlab.invariants import INVARIANTS, Violation
-from faultlab.lanes import ConcurrentExecution, LaneExecutor, LaneObservation, execute_concurrent
-from faultlab.machine import PAYLOADS, InvariantFailure, machine_settings
+from faultlab.invariants import INVARIANTS, STEP_INVARIANTS, Violation
+from faultlab.lanes import (
+    SEQUENTIAL_ONLY,
+    ConcurrentExecution,
+    LaneExecutor,
+    LaneObservation,
+    execute_concurrent,
+)
+from faultlab.machine import PAYLOADS, InvariantFailure, StopExploration, machine_settings
 from faultlab.records import DEFAULT_DEADLINE, SpawnMode
 from faultlab.system import load_system
 from faultlab.system.contract import System
@@ -40,6 +46,9 @@ from faultlab.trace import Verdict
 
 #: The invariants a concurrent trace judges, in the order the coverage table shows them.
 COVERED: tuple[str, ...] = (*(i.name for i in INVARIANTS), *HISTORY_INVARIANTS)
+
+#: The per-step invariants the lane executor judges after every step (QUIET apart).
+PER_STEP: tuple[str, ...] = tuple(i.name for i in STEP_INVARIANTS if i.name not in SEQUENTIAL_ONLY)
 
 #: Clock advances the machine draws: a little, and a typical lease or more.
 TICKS = (1, 5, 10)
@@ -64,6 +73,11 @@ class ConcurrentRecorder:
     first_failure_seconds: float | None = None
     #: Per invariant, the examples in which it had something to check (non-vacuous).
     checked: Counter[str] = field(default_factory=Counter)
+    #: Asked before every step; True stops the exploration (as :class:`machine.Recorder`).
+    stop: Callable[[], bool] | None = None
+    #: Invariant checks run: each per-step invariant per worker that ended at the step (at
+    #: least once a step), and each history invariant once a step.
+    checks: int = 0
     _last_progress: float = 0.0
 
     @property
@@ -73,6 +87,7 @@ class ConcurrentRecorder:
     def observe(self, observation: LaneObservation) -> None:
         self.steps += 1
         self.sigkills += observation.sigkills
+        self.checks += len(PER_STEP) * max(1, len(observation.exited)) + len(HISTORY_INVARIANTS)
         self.blocked += sum(state.endswith("blocked") for state in observation.lanes)
         self.actions[observation.step.action] = self.actions.get(observation.step.action, 0) + 1
         now = time.monotonic()
@@ -99,6 +114,7 @@ class ConcurrentMachine(RuleBasedStateMachine):
     deduplication: ClassVar[bool] = True
     spawn: ClassVar[SpawnMode] = "fork"
     deadline: ClassVar[float] = DEFAULT_DEADLINE
+    statement_points: ClassVar[bool] = False
     recorder: ClassVar[ConcurrentRecorder]
 
     def __init__(self) -> None:
@@ -107,14 +123,19 @@ class ConcurrentMachine(RuleBasedStateMachine):
         self.executor = LaneExecutor(
             load_system(cls.system_ref), concurrency=cls.concurrency,
             deduplication=cls.deduplication, spawn=cls.spawn, deadline=cls.deadline,
+            statement_points=cls.statement_points,
         )
         self.executor.__enter__()
         self.payloads: dict[str, dict[str, Any]] = {}
         self.failure: InvariantFailure | None = None
+        self.stopped = False
 
     # -- helpers -----------------------------------------------------------------------
 
     def execute(self, step: LaneStep) -> None:
+        if self.recorder.stop is not None and self.recorder.stop():
+            self.stopped = True
+            raise StopExploration  # a time budget spent, or another job found something
         observation = self.executor.run(step)
         self.recorder.observe(observation)
         if observation.violations:
@@ -210,7 +231,7 @@ class ConcurrentMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         found: InvariantFailure | None = None
         try:
-            if self.failure is None:
+            if self.failure is None and not self.stopped:
                 observations, final = self.executor.settle()
                 for observation in observations:
                     self.recorder.observe(observation)
@@ -230,7 +251,8 @@ class ConcurrentMachine(RuleBasedStateMachine):
             if self.failure is not None:
                 violations = self.failure.violations
                 verdict = Verdict.of(self.failure.step, violations)
-            self.recorder.finish(steps, verdict, violations, processes, checked)
+            if not self.stopped:  # an unfinished example is neither counted nor reported
+                self.recorder.finish(steps, verdict, violations, processes, checked)
         if found is not None:
             raise found
 
@@ -238,7 +260,7 @@ class ConcurrentMachine(RuleBasedStateMachine):
 def concurrent_machine(
     system_ref: str, *, concurrency: int, deduplication: bool = True, spawn: SpawnMode = "fork",
     deadline: float = DEFAULT_DEADLINE, examples: int = 100, steps: int = 10,
-    recorder: ConcurrentRecorder | None = None,
+    recorder: ConcurrentRecorder | None = None, statement_points: bool = False,
 ) -> type[ConcurrentMachine]:
     system = load_system(system_ref)
     system.require_deduplication_switch(deduplication)
@@ -252,6 +274,7 @@ def concurrent_machine(
     Machine.deduplication = deduplication
     Machine.spawn = spawn
     Machine.deadline = deadline
+    Machine.statement_points = statement_points
     Machine.recorder = recorder if recorder is not None else ConcurrentRecorder()
     Machine.TestCase.settings = machine_settings(examples, steps)
     return Machine
@@ -268,6 +291,8 @@ class ConcurrentExploration:
     trace: ConcurrentTrace | None = None
     replay: ConcurrentExecution | None = None
     notes: list[str] = field(default_factory=list)
+    #: True when the run was told to stop before its examples were done (no finding).
+    stopped: bool = False
 
     @property
     def shrunk_steps(self) -> int | None:
@@ -332,7 +357,7 @@ def minimise(
             result = execute_concurrent(
                 system, candidate, concurrency=trace.concurrency,
                 deduplication=trace.deduplication, settle=trace.settle, spawn=spawn,
-                deadline=deadline, lenient=True,
+                deadline=deadline, lenient=True, statement_points=trace.statement_points,
             )
         except UsageError:
             return None
@@ -381,10 +406,12 @@ def minimise(
         concurrency=trace.concurrency, steps=steps, settle=trace.settle,
         expected=execution.verdict, violations=list(execution.violations),
         meta={**trace.meta, "hypothesis_steps": len(trace.steps)},
+        statement_points=trace.statement_points,
     )
     return shrunk, execute_concurrent(
         system, steps, concurrency=trace.concurrency, deduplication=trace.deduplication,
         settle=trace.settle, spawn=spawn, deadline=deadline,
+        statement_points=trace.statement_points,
     )
 
 
@@ -393,12 +420,18 @@ def explore_concurrent(
     steps: int = 10, seed_value: int = 0, spawn: SpawnMode = "fork",
     deadline: float = DEFAULT_DEADLINE,
     progress: Callable[[ConcurrentRecorder], None] | None = None,
+    stop: Callable[[], bool] | None = None, on_failure: Callable[[], None] | None = None,
+    statement_points: bool = False,
 ) -> ConcurrentExploration:
-    """Search concurrent traces; minimise the first failure; confirm it by replay."""
-    recorder = ConcurrentRecorder(progress=progress)
+    """Search concurrent traces; minimise the first failure; confirm it by replay.
+
+    ``stop`` and ``on_failure`` work as in :func:`faultlab.explore.explore` (a time
+    budget, ``--jobs``); ``statement_points`` also holds workers at sql:K / commit:K."""
+    recorder = ConcurrentRecorder(progress=progress, stop=stop)
     machine = concurrent_machine(
         system.ref, concurrency=concurrency, deduplication=deduplication, spawn=spawn,
         deadline=deadline, examples=examples, steps=steps, recorder=recorder,
+        statement_points=statement_points,
     )
     base = machine_settings(examples, steps)
     phases = tuple(p for p in base.phases if p not in (Phase.shrink, Phase.explain))
@@ -412,10 +445,18 @@ def explore_concurrent(
             )
     except (InvariantFailure, Flaky) as error:
         failure = error
+    except StopExploration:
+        result = ConcurrentExploration(system.ref, deduplication, concurrency, seed_value,
+                                       recorder, time.monotonic() - started, stopped=True)
+        interrupt.check()
+        return result
+    interrupt.check()  # an interrupted search reports nothing
     result = ConcurrentExploration(system.ref, deduplication, concurrency, seed_value, recorder,
                                    time.monotonic() - started)
     if failure is None:
         return result
+    if on_failure is not None:
+        on_failure()
     trace = ConcurrentTrace(
         system=system.ref, deduplication=deduplication, concurrency=concurrency,
         steps=list(recorder.last_steps), settle=True, expected=recorder.last_verdict,
@@ -426,9 +467,11 @@ def explore_concurrent(
             "faultlab": __version__,
             "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         },
+        statement_points=statement_points,
     )
     replay = execute_concurrent(system, trace.steps, concurrency=concurrency,
-                                deduplication=deduplication, spawn=spawn, deadline=deadline)
+                                deduplication=deduplication, spawn=spawn, deadline=deadline,
+                                statement_points=statement_points)
     if replay.verdict != trace.expected:
         result.notes.append(
             f"replay showed {replay.verdict.describe()}, recorded "

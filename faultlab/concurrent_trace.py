@@ -13,6 +13,11 @@ is one scheduling choice, so the interleaving is data and replays exactly:
 * ``pause`` / ``resume``: SIGSTOP / SIGCONT a live lane (a GC pause, a frozen VM);
 * ``tick``: advance the trace's virtual clock (:mod:`faultlab.clock`).
 
+A trace recorded with ``"statement_points": true`` also holds a Python worker
+before each SQL statement (``sql:K``) and after each COMMIT (``commit:K``), so a
+``release`` moves it one statement; the field is written only when true, so
+every file recorded without it reads and replays as before.
+
 Version 1 files are read by :class:`faultlab.trace.Trace` as before; :func:`load`
 reads either version.
 """
@@ -133,10 +138,15 @@ class ConcurrentTrace:
     expected: Verdict | None = None
     violations: list[Violation] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    #: Workers also hold at sql:K and commit:K (:class:`faultlab.lanes.LaneExecutor`).
+    statement_points: bool = False
 
     def to_json(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {"concurrency": self.concurrency}
+        if self.statement_points:  # absent when false: older files stay byte for byte
+            extra["statement_points"] = True
         return document(TRACE_VERSION_CONCURRENT, self, [step.to_json() for step in self.steps],
-                        {"concurrency": self.concurrency})
+                        extra)
 
     @classmethod
     def from_json(cls, data: Any, *, source: str = "trace") -> ConcurrentTrace:
@@ -145,16 +155,25 @@ class ConcurrentTrace:
             if not isinstance(concurrency, int) or isinstance(concurrency, bool) \
                     or not 1 <= concurrency <= 8:
                 raise UsageError(f"concurrency must be an integer from 1 to 8: {concurrency!r}")
+            statement_points = data.get("statement_points", False)
+            if not isinstance(statement_points, bool):
+                raise UsageError(f"statement_points must be a boolean: {statement_points!r}")
             steps = [LaneStep.from_json(step) for step in steps_of(data)]
             for step in steps:
                 step.validate(concurrency)
-            return cls(concurrency=concurrency, steps=steps, **recorded_fields(data))
+            return cls(concurrency=concurrency, steps=steps, statement_points=statement_points,
+                       **recorded_fields(data))
+
+
+def from_document(data: Any, *, source: str = "trace") -> Trace | ConcurrentTrace:
+    """A trace document of either version, already parsed (a file, a Redis corpus entry)."""
+    if isinstance(data, dict) and data.get("format") == TRACE_FORMAT \
+            and data.get("version") == TRACE_VERSION_CONCURRENT:
+        return ConcurrentTrace.from_json(data, source=source)
+    return Trace.from_json(data, source=source)
 
 
 def load(path: Path) -> Trace | ConcurrentTrace:
     """Read a trace file of either version (version 1 exactly as :meth:`Trace.load`)."""
     data = read_json_file(path, "faultlab trace")  # untrusted: bounded, strict, Unicode
-    if isinstance(data, dict) and data.get("format") == TRACE_FORMAT \
-            and data.get("version") == TRACE_VERSION_CONCURRENT:
-        return ConcurrentTrace.from_json(data, source=str(path))
-    return Trace.from_json(data, source=str(path))
+    return from_document(data, source=str(path))

@@ -25,8 +25,10 @@ def check_corpus_directory(path: Path) -> None:
 def finding_name(trace: Trace | ConcurrentTrace, system_name: str | None = None) -> str:
     """``<system>-<INVARIANT>-<hash>.json``; the hash makes equal findings one file."""
     steps = json.dumps([s.to_json() for s in trace.steps], sort_keys=True)
+    # the same steps held at every statement are another trace (absent: names as before)
+    held = "|statement_points" if getattr(trace, "statement_points", False) else ""
     digest = hashlib.sha256(
-        f"{trace.system}|{trace.deduplication}|{steps}".encode()
+        f"{trace.system}|{trace.deduplication}|{steps}{held}".encode()
     ).hexdigest()[:10]
     expected = trace.expected
     invariant = expected.invariants[0] if expected and expected.invariants else "clean"

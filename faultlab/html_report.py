@@ -11,6 +11,10 @@ A replay table says what happened in numbers; this page shows it. For each trace
   operations and outbox, the downstream tickets and receipts), with rows the
   step added or changed highlighted and rows it removed struck through.
 
+A concurrent (version 2) trace gets the same page with one timeline row per lane,
+each cell the lane's state after the step (held at a point, blocked, paused, how
+its worker ended), as the replay table of :mod:`faultlab.lane_report` shows it.
+
 The page is built from the executed observations alone (no process runs here).
 Everything is inline (CSS, a little JavaScript, no fonts or images), so it opens
 offline and fetches nothing.
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from faultlab.executor import Execution, Observation
+from faultlab.lanes import ConcurrentExecution, LaneObservation
 from faultlab.stores import TABLES, Snapshot
 
 STORES = (("caller", ("operations", "outbox")), ("downstream", ("tickets", "receipts")))
@@ -43,7 +48,7 @@ class TraceReport:
     """One executed trace and how to title it."""
 
     title: str
-    execution: Execution
+    execution: Execution | ConcurrentExecution
     system: str
     deduplication: bool = True
     verdict: str = ""
@@ -189,6 +194,12 @@ def _timeline(anchor: str, observations: Sequence[Observation], final: bool,
         if final:
             cells.append("<td></td>")
         rows.append(f'<tr class="lane" data-pid="{lane}">' + "".join(cells) + "</tr>")
+    rows.append(_invariants_row(observations, final, final_names))
+    return f'<table class="timeline">{"".join(rows)}</table>'
+
+
+def _invariants_row(observations: Sequence[Observation | LaneObservation], final: bool,
+                    final_names: str) -> str:
     marks = ['<th class="lane-name">invariants</th>']
     for observation in observations:
         names = sorted({v.invariant for v in observation.violations})
@@ -197,8 +208,74 @@ def _timeline(anchor: str, observations: Sequence[Observation], final: bool,
     if final:
         marks.append(f'<td class="violated">{escape(final_names)}</td>' if final_names
                      else '<td class="ok">ok</td>')
-    rows.append('<tr class="invariants">' + "".join(marks) + "</tr>")
+    return '<tr class="invariants">' + "".join(marks) + "</tr>"
+
+
+def _lane_timeline(anchor: str, observations: Sequence[LaneObservation], final: bool,
+                   final_names: str) -> str:
+    """A concurrent trace: a row per lane, a column per scheduling choice."""
+    header = ['<th class="lane-name">lane</th>']
+    for observation in observations:
+        settle = " (settle)" if observation.phase != "step" else ""
+        header.append(f'<th><a href="#{anchor}-step-{observation.index}">step '
+                      f"{observation.index}</a><br><small>"
+                      f"{escape(observation.step.describe())}{escape(settle)}</small></th>")
+    if final:
+        header.append("<th>final check</th>")
+    rows = ["<tr>" + "".join(header) + "</tr>"]
+    lanes = max((len(o.lanes) for o in observations), default=0)
+    for number in range(1, lanes + 1):
+        cells = [f'<th class="lane-name">L{number}</th>']
+        for observation in observations:
+            state = observation.lanes[number - 1]
+            killed = observation.step.action == "kill" and observation.step.lane == number
+            if state == "-":
+                cells.append("<td></td>")
+                continue
+            shown = '<span class="kill">SIGKILL</span>' if killed else escape(state)
+            cells.append(f'<td><a class="run{" crashed" if killed else ""}" '
+                         f'href="#{anchor}-step-{observation.index}">{shown}</a></td>')
+        if final:
+            cells.append("<td></td>")
+        rows.append(f'<tr class="lane" data-lane="{number}">' + "".join(cells) + "</tr>")
+    rows.append(_invariants_row(observations, final, final_names))
     return f'<table class="timeline">{"".join(rows)}</table>'
+
+
+def _stores(before: Snapshot, after: Snapshot) -> str:
+    stores = []
+    for store, tables in STORES:
+        inner = "".join(_table(t, before, after) for t in tables)
+        stores.append(f'<div class="store"><h4>{store} store</h4>{inner}</div>')
+    return f'<div class="stores">{"".join(stores)}</div>'
+
+
+def _violations(observation: Observation | LaneObservation) -> str:
+    items = "".join(f"<li><b>{escape(v.invariant)}</b>: {escape(v.message)}</li>"
+                    for v in observation.violations)
+    return (f'<div class="violations"><b>invariant violated at this step</b>'
+            f"<ul>{items}</ul></div>") if items else ""
+
+
+def _lane_step_section(anchor: str, observation: LaneObservation) -> str:
+    """A scheduling choice: the lanes after it, the workers that ended, both stores."""
+    killed = observation.step.action == "kill"
+    classes = "step" + (" violated" if observation.violations else "")
+    classes += " crashed" if killed else ""
+    settle = " (settle: recovery)" if observation.phase != "step" else ""
+    lanes = ", ".join(f"L{n} {state}" for n, state in enumerate(observation.lanes, start=1))
+    ended = "; ".join(
+        f"pid {record.pid} {'SIGKILL' if record.killed else f'exit {record.exit_code}'}, "
+        f"response <code>{escape(json.dumps(record.response, sort_keys=True))}</code>"
+        for _, record in observation.exited) or "no worker ended"
+    return (
+        f'<section class="{classes}" id="{anchor}-step-{observation.index}" '
+        f'data-step="{observation.index}">'
+        f"<h3>step {observation.index}: {escape(observation.step.describe())}{escape(settle)}</h3>"
+        f'<p class="record">lanes after it: {escape(lanes)}; {ended}</p>'
+        f"{_violations(observation)}{_stores(observation.before, observation.snapshot)}"
+        "</section>"
+    )
 
 
 def _step_section(anchor: str, observation: Observation) -> str:
@@ -207,14 +284,6 @@ def _step_section(anchor: str, observation: Observation) -> str:
     classes += " crashed" if observation.crashed else ""
     settle = " (settle: recovery)" if observation.phase != "step" else ""
     ending = "SIGKILL" if record.killed else f"exit {record.exit_code}"
-    violations = "".join(f"<li><b>{escape(v.invariant)}</b>: {escape(v.message)}</li>"
-                         for v in observation.violations)
-    violated = (f'<div class="violations"><b>invariant violated at this step</b>'
-                f"<ul>{violations}</ul></div>") if violations else ""
-    stores = []
-    for store, tables in STORES:
-        inner = "".join(_table(t, observation.before, observation.snapshot) for t in tables)
-        stores.append(f'<div class="store"><h4>{store} store</h4>{inner}</div>')
     response = json.dumps(record.response, sort_keys=True) if record.response is not None \
         else "(no response)"
     return (
@@ -222,8 +291,8 @@ def _step_section(anchor: str, observation: Observation) -> str:
         f'data-step="{observation.index}">'
         f"<h3>step {observation.index}: {escape(observation.step.describe())}{escape(settle)}</h3>"
         f'<p class="record">pid {record.pid}, {escape(ending)}, {record.elapsed * 1000:.1f} ms; '
-        f"response <code>{escape(response)}</code></p>{violated}"
-        f'<div class="stores">{"".join(stores)}</div></section>'
+        f"response <code>{escape(response)}</code></p>{_violations(observation)}"
+        f"{_stores(observation.before, observation.snapshot)}</section>"
     )
 
 
@@ -232,7 +301,17 @@ def _trace_section(number: int, report: TraceReport) -> str:
     execution = report.execution
     final_names = ", ".join(sorted({v.invariant for v in execution.final_violations}))
     final = bool(execution.final_violations)
-    steps = "".join(_step_section(anchor, o) for o in execution.observations)
+    if isinstance(execution, ConcurrentExecution):
+        steps = "".join(_lane_step_section(anchor, o) for o in execution.observations)
+        timeline = _lane_timeline(anchor, execution.observations, final, final_names)
+        legend = ("one row per lane; a cell is the lane's state after the step (held at a "
+                  'point, blocked, paused, its exit); <span class="kill">SIGKILL</span> marks '
+                  "a kill; ")
+    else:
+        steps = "".join(_step_section(anchor, o) for o in execution.observations)
+        timeline = _timeline(anchor, execution.observations, final, final_names)
+        legend = ('one lane per process; a cell is where that process ran; '
+                  '<span class="kill">SIGKILL</span> marks the armed crash point firing; ')
     final_section = ""
     if final:
         items = "".join(f"<li><b>{escape(v.invariant)}</b>: {escape(v.message)}</li>"
@@ -250,9 +329,7 @@ def _trace_section(number: int, report: TraceReport) -> str:
     return (
         f'<article class="trace" id="{anchor}"><h2>{escape(report.title)}</h2>'
         f'<p class="facts">{"; ".join(facts)}</p>'
-        f"<h3>timeline</h3>{_timeline(anchor, execution.observations, final, final_names)}"
-        f'<p class="legend">one lane per process; a cell is where that process ran; '
-        f'<span class="kill">SIGKILL</span> marks the armed crash point firing; '
+        f'<h3>timeline</h3>{timeline}<p class="legend">{legend}'
         f'<span class="added-key">added</span> and <span class="changed-key">changed</span> rows '
         f'are what the step wrote, <span class="removed-key">struck</span> rows what it '
         f"removed</p>{steps}{final_section}</article>"

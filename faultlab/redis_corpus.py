@@ -150,10 +150,11 @@ def export(corpus: RedisCorpus, directory: Path) -> tuple[list[Path], list[Path]
     """Write every finding as an ordinary trace file named by its content; a file of that
     name already there is left alone (the same name is the same trace). Returns the files
     written and the ones left alone."""
-    from faultlab.trace import Trace, write_json_atomically
+    from faultlab.concurrent_trace import from_document
+    from faultlab.trace import write_json_atomically
 
-    findings = corpus.findings()
-    traces = {name: Trace.from_json(data, source=name) for name, data in findings.items()}
+    findings = corpus.findings()  # either trace version: concurrent explores save here too
+    traces = {name: from_document(data, source=name) for name, data in findings.items()}
     directory.mkdir(parents=True, exist_ok=True)
     written, present = [], []
     for name, trace in traces.items():

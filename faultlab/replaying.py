@@ -17,7 +17,7 @@ from faultlab.concurrent_trace import ConcurrentTrace
 from faultlab.errors import UsageError
 from faultlab.executor import Execution, execute, validate_step
 from faultlab.lane_report import concurrent_table, concurrent_violation_lines
-from faultlab.lanes import execute_concurrent
+from faultlab.lanes import ConcurrentExecution, execute_concurrent
 from faultlab.process import Spawner
 from faultlab.system.contract import System
 from faultlab.trace import Trace, Verdict
@@ -56,7 +56,7 @@ class Replayed:
     matches: bool
     table: str
     violation_lines: list[str]
-    execution: Execution | None  # the sequential execution (a page is drawn from it)
+    execution: Execution | ConcurrentExecution | None  # what ran (a page is drawn from it)
 
     @property
     def status(self) -> str:
@@ -75,14 +75,14 @@ class Replayed:
 def replay(planned: Plan, runner: Spawner, *, deadline: float, fmt: str = "simple") -> Replayed:
     """Execute one planned trace on fresh stores and judge it."""
     trace, system = planned.trace, planned.system
-    execution: Execution | None = None
+    execution: Execution | ConcurrentExecution | None = None
     if isinstance(trace, ConcurrentTrace):
         concurrent = execute_concurrent(
             system, trace.steps, concurrency=trace.concurrency,
             deduplication=trace.deduplication, settle=trace.settle, spawn=runner.mode,
-            deadline=deadline,
+            deadline=deadline, statement_points=trace.statement_points,
         )
-        verdict = concurrent.verdict
+        execution, verdict = concurrent, concurrent.verdict
         table = concurrent_table(concurrent, trace.concurrency, fmt)
         violations = concurrent_violation_lines(concurrent)
     else:

@@ -17,6 +17,11 @@ and otherwise a 63-bit hash of ``(--seed, g)``. Different ``g`` give different s
 so shards and jobs never repeat each other's examples, and the same command gives
 the same streams. A finding records its round's seed: ``explore --seed <that>
 --examples <the round's examples>`` replays the round on its own.
+
+A round is one sequential exploration (:func:`faultlab.explore.explore`) or, with
+``concurrency`` of 2 or more, one concurrent exploration
+(:func:`faultlab.concurrent_explore.explore_concurrent`); everything else here, the
+seeds, the time budget, the jobs and the first finding stopping the others, is the same.
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ import os
 import queue
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from faultlab import interrupt
+from faultlab.concurrent_explore import ConcurrentExploration, ConcurrentRecorder, explore_concurrent
 from faultlab.explore import Exploration, explore
 from faultlab.machine import Recorder
 from faultlab.process import Spawner
@@ -55,6 +61,10 @@ class Plan:
     duration: float | None = None
     jobs: int = 1
     shard: Shard = Shard()
+    #: Lanes: 1 explores sequential traces, 2 or more concurrent ones.
+    concurrency: int = 1
+    #: Concurrent traces also hold workers at sql:K / commit:K.
+    statement_points: bool = False
 
     @property
     def streams(self) -> int:
@@ -81,13 +91,17 @@ class Totals:
     sigkills: int = 0
     checks: int = 0
     rounds: int = 0
+    #: Concurrent traces: lane-steps that ended blocked on another lane's lock.
+    blocked: int = 0
 
-    def add(self, recorder: Recorder) -> None:
+    def add(self, recorder: Recorder | ConcurrentRecorder) -> None:
         self.examples += recorder.examples
         self.steps += recorder.steps
         self.processes += recorder.processes
         self.sigkills += recorder.sigkills
         self.checks += recorder.checks
+        if isinstance(recorder, ConcurrentRecorder):
+            self.blocked += recorder.blocked
 
 
 @dataclass
@@ -99,6 +113,8 @@ class StreamResult:
     armed: dict[str, int] = field(default_factory=dict)
     fired: dict[str, int] = field(default_factory=dict)
     checked: dict[str, int] = field(default_factory=dict)
+    #: Concurrent traces: scheduling choices by action (run, start, release, ...).
+    actions: dict[str, int] = field(default_factory=dict)
     trace: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     examples_until_found: int | None = None
@@ -110,7 +126,7 @@ def run_stream(
     stop: Callable[[], bool] = lambda: False,
     on_failure: Callable[[], None] | None = None,
     progress: Callable[[Totals], None] | None = None,
-) -> tuple[StreamResult, Exploration | None]:
+) -> tuple[StreamResult, Exploration | ConcurrentExploration | None]:
     """Run one stream's rounds in this process; returns its result and the finding's
     exploration (with its replay), if one was found."""
     started = time.monotonic()
@@ -122,7 +138,7 @@ def run_stream(
     def expired() -> bool:
         return stop() or (ends is not None and time.monotonic() >= ends)
 
-    def live(recorder: Recorder) -> None:
+    def live(recorder: Recorder | ConcurrentRecorder) -> None:
         if progress is not None:
             snapshot = Totals(**vars(totals))
             snapshot.add(recorder)
@@ -134,21 +150,21 @@ def run_stream(
         if examples == 0 or expired():
             break
         seed = round_seed(plan.seed, round_index * streams + stream)
-        found = explore(
-            system, spawner, deduplication=plan.deduplication, examples=examples,
-            steps=plan.steps, seed_value=seed, deadline=plan.deadline, progress=live,
-            statement_crashes=plan.statement_crashes, hypothesis_shrink=plan.hypothesis_shrink,
-            stop=expired, on_failure=on_failure,
-        )
+        found = explore_round(system, spawner, plan, examples=examples, seed=seed,
+                              progress=live, stop=expired, on_failure=on_failure)
         recorder = found.recorder
         if found.trace is not None and recorder.first_failure_examples is not None:
             result.examples_until_found = totals.examples + recorder.first_failure_examples
             result.seconds_until_found = round(time.monotonic() - started, 3)
         totals.add(recorder)
         totals.rounds += 1
-        for name, counter in (("armed", recorder.coverage.armed),
-                              ("fired", recorder.coverage.fired),
-                              ("checked", recorder.coverage.checked)):
+        counters: tuple[tuple[str, Mapping[str, int]], ...]
+        if isinstance(recorder, ConcurrentRecorder):
+            counters = (("checked", recorder.checked), ("actions", recorder.actions))
+        else:
+            counters = (("armed", recorder.coverage.armed), ("fired", recorder.coverage.fired),
+                        ("checked", recorder.coverage.checked))
+        for name, counter in counters:
             merged: dict[str, int] = getattr(result, name)
             for key, count in counter.items():
                 merged[key] = merged.get(key, 0) + count
@@ -164,6 +180,28 @@ def run_stream(
             break
         round_index += 1
     return result, None
+
+
+def explore_round(
+    system: System, spawner: Spawner, plan: Plan, *, examples: int, seed: int,
+    progress: Callable[[Any], None] | None = None, stop: Callable[[], bool] | None = None,
+    on_failure: Callable[[], None] | None = None,
+) -> Exploration | ConcurrentExploration:
+    """One round: the only place a stream chooses between sequential and concurrent traces
+    (concurrent lanes start their own processes; the spawner is for sequential steps)."""
+    if plan.concurrency > 1:
+        return explore_concurrent(
+            system, concurrency=plan.concurrency, deduplication=plan.deduplication,
+            examples=examples, steps=plan.steps, seed_value=seed, spawn=plan.spawn,
+            deadline=plan.deadline, progress=progress, stop=stop, on_failure=on_failure,
+            statement_points=plan.statement_points,
+        )
+    return explore(
+        system, spawner, deduplication=plan.deduplication, examples=examples,
+        steps=plan.steps, seed_value=seed, deadline=plan.deadline, progress=progress,
+        statement_crashes=plan.statement_crashes, hypothesis_shrink=plan.hypothesis_shrink,
+        stop=stop, on_failure=on_failure,
+    )
 
 
 # --- jobs -----------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""``explore --concurrency N`` (N >= 2) and ``replay`` of version 2 traces."""
+"""``enumerate --concurrency N`` (N >= 2). (``explore --concurrency N`` is ``explore`` itself:
+its rounds are concurrent explorations, :mod:`faultlab.search`.)"""
 
 from __future__ import annotations
 
@@ -8,76 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from faultlab.cli.common import check_format, load_system
-from faultlab.concurrent_explore import ConcurrentRecorder
 from faultlab.concurrent_trace import ConcurrentTrace
 from faultlab.errors import EXIT_FOUND, EXIT_OK, UsageError
-from faultlab.streams import Shard
-
-
-def _progress(recorder: ConcurrentRecorder) -> None:
-    seconds = max(recorder.seconds, 1e-9)
-    print(
-        f"explore: {recorder.examples} examples, {recorder.steps} concurrent steps, "
-        f"{recorder.sigkills} SIGKILLs, {recorder.steps / seconds:.0f} steps/s",
-        file=sys.stderr, flush=True,
-    )
-
-
-def cmd_explore_concurrent(args: argparse.Namespace) -> int:
-    from faultlab import corpus, report
-    from faultlab.concurrent_explore import explore_concurrent
-    from faultlab.explore import HYPOTHESIS_VERSION
-    from faultlab.lane_report import concurrent_table, concurrent_violation_lines
-
-    check_format(args.format)
-    directory = _corpus_directory(args)
-    if args.hypothesis_shrink:
-        raise UsageError("--hypothesis-shrink does not apply with --concurrency above 1")
-    for given, option in ((getattr(args, "html", None) is not None, "--html"),
-                          (getattr(args, "duration", None) is not None, "--duration"),
-                          (getattr(args, "jobs", 1) != 1, "--jobs"),
-                          (getattr(args, "shard", None) not in (None, Shard()), "--shard")):
-        if given:
-            raise UsageError(f"{option} does not apply with --concurrency above 1 yet")
-    system = load_system(args.system, args.deduplication)
-    result = explore_concurrent(
-        system, concurrency=args.concurrency, deduplication=args.deduplication,
-        examples=args.examples, steps=args.steps, seed_value=args.seed, spawn=args.spawn,
-        deadline=args.deadline, progress=None if args.quiet else _progress,
-    )
-    stats = result.stats()
-    rows = [
-        ["system", f"{system.ref}{'' if args.deduplication else ' (deduplication off)'}"],
-        ["concurrency", args.concurrency],
-        ["seed", args.seed],
-        ["Hypothesis", HYPOTHESIS_VERSION],
-        ["examples", stats["examples"]],
-        ["concurrent steps", stats["steps"]],
-        ["processes", stats["processes"]],
-        ["SIGKILLs", stats["sigkills"]],
-        ["lane-steps blocked on a lock", stats["blocked_lane_steps"]],
-        *[[f"step {name}", count] for name, count in stats["actions"].items()],
-        ["wall time (s)", stats["seconds"]],
-        ["steps/s", stats["steps_per_second"]],
-    ]
-    print(report.table(rows, ["explore", "value"], args.format))
-    print()
-    print(report.table([[name, count] for name, count in stats["checked"].items()],
-                       ["invariant", "examples that checked it non-vacuously"], args.format))
-    for note in result.notes:
-        print(f"note: {note}")
-    if result.trace is None:
-        print(f"\nclean: no invariant failed in {stats['examples']} examples")
-        return EXIT_OK
-    path = corpus.save(result.trace, directory, system.name)
-    verdict = result.trace.expected.describe() if result.trace.expected else "?"
-    print(f"\nFOUND: {verdict}, shrunk to {result.shrunk_steps} scheduling steps; saved {path}")
-    if result.replay is not None:
-        print(concurrent_table(result.replay, result.trace.concurrency, args.format))
-        for line in concurrent_violation_lines(result.replay):
-            print(line)
-    print(f"replay with: python -m faultlab replay {path}")
-    return EXIT_FOUND
 
 
 def cmd_enumerate_concurrent(args: argparse.Namespace) -> int:

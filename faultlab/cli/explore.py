@@ -2,7 +2,10 @@
 
 One stream of rounds in this process, or ``--jobs`` streams in processes
 (:mod:`faultlab.search`); a directory corpus or a Redis one
-(:mod:`faultlab.redis_corpus`); the summary, coverage and finding tables.
+(:mod:`faultlab.redis_corpus`); the summary, coverage and finding tables. With
+``--concurrency N`` (N >= 2) each round is a concurrent exploration and a finding
+a version 2 trace; everything else (streams, jobs, shards, the time budget, the
+corpus, the HTML page) is the same code.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from faultlab import defaults
 from faultlab.cli.common import (
@@ -31,11 +34,16 @@ from faultlab.cli.common import (
 from faultlab.corpus import DEFAULT_CORPUS, check_corpus_directory
 from faultlab.coverage import Coverage
 from faultlab.errors import EXIT_FOUND, EXIT_OK, UsageError
+from faultlab.lanes import ConcurrentExecution
 from faultlab.redis_corpus import RedisCorpus, is_redis_url
 from faultlab.search import Plan, StreamResult, Totals, run_jobs, run_stream
 from faultlab.streams import Shard, parse_shard
 from faultlab.system.contract import System
 from faultlab.trace import Trace
+
+if TYPE_CHECKING:
+    from faultlab.concurrent_trace import ConcurrentTrace
+    from faultlab.executor import Execution
 
 
 def _shard(text: str) -> Shard:
@@ -96,6 +104,11 @@ def register(commands: Commands) -> None:
                              "scheduling choice over N lanes (start a worker held at its "
                              "first point, release, finish, kill, pause, resume, tick the "
                              "virtual clock); findings are version 2 traces")
+    parser.add_argument("--statement-points", action="store_true",
+                        help="with --concurrency: a Python system's workers also hold before "
+                             "each SQL statement (sql:K) and after each COMMIT (commit:K), so "
+                             "every release, kill or pause can land between two statements; "
+                             "recorded in the trace, so replay holds them there too")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_html(parser, "for a finding, write its replay as one self-contained HTML page (a "
                      "timeline with a lane per process, both stores after each step); nothing "
@@ -132,7 +145,7 @@ class Sink:
             "sigkills": totals.sigkills, "seconds": round(seconds, 1),
         })
 
-    def save(self, trace: Trace, system: System) -> str:
+    def save(self, trace: Trace | ConcurrentTrace, system: System) -> str:
         from faultlab import corpus
 
         if self.redis is None:
@@ -146,10 +159,11 @@ class Sink:
             self.redis.close()
 
 
-def _progress_line(totals: Totals, seconds: float, jobs: int) -> None:
+def _progress_line(totals: Totals, seconds: float, jobs: int, concurrency: int = 1) -> None:
     seconds = max(seconds, 1e-9)
     prefix = f"explore ({jobs} jobs)" if jobs > 1 else "explore"
-    print(f"{prefix}: {totals.examples} examples, {totals.steps} steps, "
+    steps = "concurrent steps" if concurrency > 1 else "steps"
+    print(f"{prefix}: {totals.examples} examples, {totals.steps} {steps}, "
           f"{totals.sigkills} SIGKILLs, {totals.steps / seconds:.0f} steps/s",
           file=sys.stderr, flush=True)
 
@@ -161,24 +175,30 @@ def _announce_failure() -> None:
 
 
 def cmd_explore(args: argparse.Namespace) -> int:
-    if args.concurrency > 1:
-        from faultlab.cli.concurrent import cmd_explore_concurrent
-
-        return cmd_explore_concurrent(args)
     from faultlab import report
-    from faultlab.executor import execute
+    from faultlab.concurrent_trace import from_document
     from faultlab.explore import HYPOTHESIS_VERSION
     from faultlab.process import spawner
 
     check_format(args.format)
+    concurrent = args.concurrency > 1
+    if concurrent and args.hypothesis_shrink:
+        raise UsageError("--hypothesis-shrink does not apply with --concurrency above 1")
+    if args.statement_points and not concurrent:
+        raise UsageError("--statement-points needs --concurrency 2 or more (sequential traces "
+                         "already crash at sql:K/commit:K)")
     if args.html is not None:
         check_output_path(args.html, "--html")
     system = load_system(args.system, args.deduplication)
+    if args.statement_points and not system.supports_statement_points:
+        raise UsageError(f"--statement-points: {system.name} runs its own programs; statement "
+                         "points need faultlab's own worker processes (a Python system)")
     plan = Plan(
         system=system.ref, deduplication=args.deduplication, seed=args.seed,
         examples=args.examples, steps=args.steps, statement_crashes=args.statement_crashes,
         hypothesis_shrink=args.hypothesis_shrink, spawn=args.spawn, deadline=args.deadline,
         duration=args.duration, jobs=args.jobs, shard=args.shard,
+        concurrency=args.concurrency, statement_points=args.statement_points,
     )
     sink = Sink(args.corpus, str(args.shard), system, args.seed)
     started = time.monotonic()
@@ -189,7 +209,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
         now = time.monotonic()
         if not args.quiet and now - last_line[0] >= 1.0:
             last_line[0] = now
-            _progress_line(totals, seconds, plan.jobs)
+            _progress_line(totals, seconds, plan.jobs, plan.concurrency)
 
     try:
         with spawner(args.spawn) as runner:
@@ -206,36 +226,37 @@ def cmd_explore(args: argparse.Namespace) -> int:
             seconds = time.monotonic() - started
             finders = sorted((r for r in results if r.trace is not None),
                              key=lambda r: r.seconds_until_found or 0.0)
-            trace = Trace.from_json(finders[0].trace) if finders else None
-            if trace is not None and replay is None:
-                replay = execute(system, trace.steps, runner, deduplication=trace.deduplication,
-                                 settle=trace.settle, deadline=args.deadline)
+            trace = from_document(finders[0].trace) if finders else None
+            if trace is not None and replay is None:  # found in a job process: run it here
+                from faultlab import replaying
+
+                replay = replaying.replay(replaying.plan(Path("finding"), trace, system),
+                                          runner, deadline=args.deadline).execution
         totals = Totals()
         for r in results:
             for key, value in vars(r.totals).items():
                 setattr(totals, key, getattr(totals, key) + value)
         sink.publish(totals, seconds, force=True, state="found" if finders else "done",
                      findings=len(finders))
-        coverage = _coverage(results)
-        print(report.table(_summary_rows(system, args, plan, totals, seconds,
+        print(report.table(_summary_rows(system, args, plan, totals, results, seconds,
                                          HYPOTHESIS_VERSION), ["explore", "value"], args.format))
         print()
-        report.print_coverage(coverage, system, args.format)
+        _print_coverage(results, system, plan, args.format)
         for r in results:
             for note in r.notes:
                 print(f"note: {note}")
         if trace is None:
             print(f"\nclean: no invariant failed in {totals.examples} examples")
             return EXIT_OK
-        saved = [sink.save(Trace.from_json(r.trace), system) for r in finders]
+        saved = [sink.save(from_document(r.trace), system) for r in finders]
         verdict = trace.expected.describe() if trace.expected else "?"
+        unit = "scheduling steps" if concurrent else "executed steps"
         shrunk = None if replay is None else _executed(replay)
-        print(f"\nFOUND: {verdict}, shrunk to {shrunk} executed steps; saved {saved[0]}")
+        print(f"\nFOUND: {verdict}, shrunk to {shrunk} {unit}; saved {saved[0]}")
         for extra in saved[1:]:
             print(f"another job found one too; saved {extra}")
         if replay is not None:
-            print(report.execution_table(replay, args.format))
-            for line in report.violation_lines(replay):
+            for line in _finding_table(replay, plan.concurrency, args.format):
                 print(line)
         if args.html is not None and replay is not None:
             from faultlab import html_report
@@ -257,21 +278,59 @@ def cmd_explore(args: argparse.Namespace) -> int:
         sink.close()
 
 
-def _executed(replay: Any) -> int:
+def _finding_table(replay: Execution | ConcurrentExecution, concurrency: int,
+                   fmt: str) -> list[str]:
+    """The finding's replay as ``replay`` prints it: a row per step (a column per lane)."""
+    from faultlab import report
+    from faultlab.lane_report import concurrent_table, concurrent_violation_lines
+
+    if isinstance(replay, ConcurrentExecution):
+        return [concurrent_table(replay, concurrency, fmt), *concurrent_violation_lines(replay)]
+    return [report.execution_table(replay, fmt), *report.violation_lines(replay)]
+
+
+def _executed(replay: Execution | ConcurrentExecution) -> int:
+    """Steps up to the failing check: executed steps (recovery included) of a sequential
+    trace, the trace's own scheduling choices of a concurrent one."""
+    if isinstance(replay, ConcurrentExecution):
+        from faultlab.concurrent_explore import executed
+
+        return len(executed(replay))
     return len(replay.executed_prefix())
 
 
-def _coverage(results: list[StreamResult]) -> Coverage:
+def _print_coverage(results: list[StreamResult], system: System, plan: Plan,
+                    fmt: str) -> None:
+    """Sequential: crash points armed and fired, invariants checked non-vacuously (steps).
+    Concurrent: per invariant, the examples that checked it non-vacuously."""
+    from faultlab import report
+
+    if plan.concurrency > 1:
+        from faultlab.concurrent_explore import COVERED
+
+        checked: Counter[str] = Counter()
+        for r in results:
+            checked.update(r.checked)
+        print(report.table([[name, checked[name]] for name in COVERED],
+                           ["invariant", "examples that checked it non-vacuously"], fmt))
+        return
     coverage = Coverage()
     for r in results:
         coverage.merge(Coverage(Counter(r.armed), Counter(r.fired), Counter(r.checked)))
-    return coverage
+    report.print_coverage(coverage, system, fmt)
 
 
 def _summary_rows(system: System, args: argparse.Namespace, plan: Plan, totals: Totals,
-                  seconds: float, hypothesis: str) -> list[list[Any]]:
+                  results: list[StreamResult], seconds: float,
+                  hypothesis: str) -> list[list[Any]]:
     rows: list[list[Any]] = [
         ["system", f"{system.ref}{'' if args.deduplication else ' (deduplication off)'}"],
+    ]
+    if plan.concurrency > 1:
+        rows.append(["concurrency", plan.concurrency])
+        if plan.statement_points:
+            rows.append(["statement points", "sql:K, commit:K held"])
+    rows += [
         ["seed", args.seed],
         ["Hypothesis", hypothesis],
     ]
@@ -281,10 +340,18 @@ def _summary_rows(system: System, args: argparse.Namespace, plan: Plan, totals: 
         rows.append(["time budget (s)", plan.duration])
     rows += [
         ["examples", totals.examples],
-        ["steps", totals.steps],
+        ["concurrent steps" if plan.concurrency > 1 else "steps", totals.steps],
         ["processes", totals.processes],
         ["SIGKILLs", totals.sigkills],
         ["invariant checks", totals.checks],
+    ]
+    if plan.concurrency > 1:
+        actions: Counter[str] = Counter()
+        for r in results:
+            actions.update(r.actions)
+        rows.append(["lane-steps blocked on a lock", totals.blocked])
+        rows += [[f"step {name}", count] for name, count in sorted(actions.items())]
+    rows += [
         ["wall time (s)", round(seconds, 3)],
         ["steps/s", round(totals.steps / seconds, 1) if seconds else 0.0],
     ]

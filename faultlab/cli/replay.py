@@ -16,7 +16,7 @@ from faultlab.cli.common import (
     check_output_path,
     load_system,
 )
-from faultlab.errors import EXIT_FOUND, EXIT_OK, UsageError
+from faultlab.errors import EXIT_FOUND, EXIT_OK
 from faultlab.messages import plural
 
 
@@ -44,7 +44,7 @@ def register(commands: Commands) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from faultlab.concurrent_trace import ConcurrentTrace, load
+    from faultlab.concurrent_trace import load
     from faultlab.process import spawner
     from faultlab.replaying import plan, replay
 
@@ -52,8 +52,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.html is not None:
         check_output_path(args.html, "--html")
     loaded = [load(path) for path in args.traces]
-    if args.html is not None and any(isinstance(t, ConcurrentTrace) for t in loaded):
-        raise UsageError("--html does not apply to concurrent (version 2) traces yet")
     against = load_system(args.against) if args.against else None
     plans = [
         plan(path, trace, against if against is not None else load_system(trace.system),
