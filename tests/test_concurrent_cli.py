@@ -62,9 +62,9 @@ def test_explore_concurrency_reference_negative_control(tmp_path: Path) -> None:
     (["--concurrency", "0"], "at least 1"),
     (["--concurrency", "9"], "at most 8"),
     (["--concurrency", "2", "--hypothesis-shrink"], "--hypothesis-shrink"),
-    (["--concurrency", "2", "--jobs", "2"], "--jobs does not apply"),
-    (["--concurrency", "2", "--shard", "1/2"], "--shard does not apply"),
-    (["--concurrency", "2", "--duration", "5"], "--duration does not apply"),
+    (["--concurrency", "2", "--jobs", "0"], "--jobs"),
+    (["--concurrency", "2", "--shard", "2/2"], "--shard"),
+    (["--concurrency", "2", "--duration", "-1"], "--duration"),
 ])
 def test_bad_concurrency_is_refused_and_creates_nothing(tmp_path: Path, args: list[str],
                                                          message: str) -> None:

@@ -7,6 +7,7 @@ empty when it starts and deletes only the keys it made.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -130,3 +131,38 @@ def test_a_database_holding_other_keys_is_refused(empty_db: tuple[str, Any],
 def test_an_unreachable_server_is_a_usage_error(tmp_path: Path) -> None:
     done = faultlab("explore", "--examples", "2", "--corpus", "redis://127.0.0.1:1/0")
     assert done.returncode == 2 and "redis://127.0.0.1:1/0" in done.stderr
+
+
+def test_concurrent_shards_share_a_corpus_and_the_export_replays(
+    empty_db: tuple[str, Any], tmp_path: Path,
+) -> None:
+    """``explore --concurrency 2 --shard K/2``: version 2 findings go to the shared corpus by
+    content, and export as trace files that replay with their recorded verdicts."""
+    url, client = empty_db
+    command = [sys.executable, "-m", "faultlab", "explore", "--concurrency", "2",
+               "--no-deduplication", "--examples", "30", "--quiet", "--corpus", url]
+    shards = [subprocess.Popen([*command, "--shard", f"{k}/2"], cwd=ROOT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+              for k in range(2)]
+    outputs = [shard.communicate(timeout=300) for shard in shards]
+    for shard, (out, err) in zip(shards, outputs, strict=True):
+        assert shard.returncode == 1, out + err
+        assert f"saved {url}#" in out and "scheduling steps" in out
+    names = client.smembers("faultlab:findings")
+    assert 1 <= len(names) <= 2
+    counters = {k: client.hgetall(k) for k in client.scan_iter("faultlab:shard:*")}
+    assert set(counters) == {"faultlab:shard:0/2", "faultlab:shard:1/2"}
+    assert all(fields["state"] == "found" for fields in counters.values())
+
+    exported = tmp_path / "exported"
+    done = faultlab("corpus", "export", url, str(exported))
+    assert done.returncode == 0, done.stderr
+    files = sorted(exported.glob("*.json"))
+    assert sorted(f.name for f in files) == sorted(names)
+    for path in files:
+        data = json.loads(path.read_text())
+        assert data["version"] == 2 and data["concurrency"] == 2
+        assert "ONE" in data["expected"]["invariants"]
+    replayed = faultlab("replay", *map(str, files))
+    assert replayed.returncode == 0, replayed.stdout  # every outcome matches its recording
+    assert f"{len(files)} trace" in replayed.stdout and "every outcome matches" in replayed.stdout

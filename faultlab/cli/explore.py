@@ -34,9 +34,7 @@ from faultlab.cli.common import (
 from faultlab.corpus import DEFAULT_CORPUS, check_corpus_directory
 from faultlab.coverage import Coverage
 from faultlab.errors import EXIT_FOUND, EXIT_OK, UsageError
-from faultlab.lanes import ConcurrentExecution
 from faultlab.redis_corpus import RedisCorpus, is_redis_url
-from faultlab.search import Plan, StreamResult, Totals, run_jobs, run_stream
 from faultlab.streams import Shard, parse_shard
 from faultlab.system.contract import System
 from faultlab.trace import Trace
@@ -44,6 +42,8 @@ from faultlab.trace import Trace
 if TYPE_CHECKING:
     from faultlab.concurrent_trace import ConcurrentTrace
     from faultlab.executor import Execution
+    from faultlab.lanes import ConcurrentExecution
+    from faultlab.search import Plan, StreamResult, Totals
 
 
 def _shard(text: str) -> Shard:
@@ -179,6 +179,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
     from faultlab.concurrent_trace import from_document
     from faultlab.explore import HYPOTHESIS_VERSION
     from faultlab.process import spawner
+    from faultlab.search import Plan, Totals, run_jobs, run_stream
 
     check_format(args.format)
     concurrent = args.concurrency > 1
@@ -283,6 +284,7 @@ def _finding_table(replay: Execution | ConcurrentExecution, concurrency: int,
     """The finding's replay as ``replay`` prints it: a row per step (a column per lane)."""
     from faultlab import report
     from faultlab.lane_report import concurrent_table, concurrent_violation_lines
+    from faultlab.lanes import ConcurrentExecution
 
     if isinstance(replay, ConcurrentExecution):
         return [concurrent_table(replay, concurrency, fmt), *concurrent_violation_lines(replay)]
@@ -292,6 +294,8 @@ def _finding_table(replay: Execution | ConcurrentExecution, concurrency: int,
 def _executed(replay: Execution | ConcurrentExecution) -> int:
     """Steps up to the failing check: executed steps (recovery included) of a sequential
     trace, the trace's own scheduling choices of a concurrent one."""
+    from faultlab.lanes import ConcurrentExecution
+
     if isinstance(replay, ConcurrentExecution):
         from faultlab.concurrent_explore import executed
 
