@@ -133,6 +133,7 @@ def test_an_unreachable_server_is_a_usage_error(tmp_path: Path) -> None:
     assert done.returncode == 2 and "redis://127.0.0.1:1/0" in done.stderr
 
 
+@pytest.mark.slow  # 25-35 s: two explorations, shrinking, export and replay
 def test_concurrent_shards_share_a_corpus_and_the_export_replays(
     empty_db: tuple[str, Any], tmp_path: Path,
 ) -> None:
