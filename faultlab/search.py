@@ -36,7 +36,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from faultlab import interrupt
-from faultlab.concurrent_explore import ConcurrentExploration, ConcurrentRecorder, explore_concurrent
+from faultlab.concurrent_explore import (
+    ConcurrentExploration,
+    ConcurrentRecorder,
+    explore_concurrent,
+)
 from faultlab.explore import Exploration, explore
 from faultlab.machine import Recorder
 from faultlab.process import Spawner

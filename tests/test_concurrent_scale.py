@@ -114,3 +114,30 @@ def test_statement_points_refused_where_they_cannot_hold(tmp_path: Path, args: l
     done = faultlab("explore", *args, "--corpus", str(corpus), "--quiet")
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and not corpus.exists()
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "corpus").glob("*.json")), ids=lambda p: p.name)
+def test_corpus_files_read_back_to_the_same_document(path: Path) -> None:
+    """Files written before ``statement_points`` existed read as traces without them and
+    write back unchanged (the field is only written when true), whichever version."""
+    data = json.loads(path.read_text())
+    trace = load(path)
+    assert trace.to_json() == data
+    assert "statement_points" not in data and not getattr(trace, "statement_points", False)
+
+
+def test_statement_points_must_be_a_boolean(tmp_path: Path) -> None:
+    from faultlab.errors import UsageError
+
+    path = next(p for p in sorted((ROOT / "corpus").glob("*.json"))
+                if json.loads(p.read_text())["version"] == 2)
+    data = json.loads(path.read_text())
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**data, "statement_points": "yes"}))
+    with pytest.raises(UsageError, match="statement_points must be a boolean"):
+        load(bad)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({**data, "statement_points": True}))
+    loaded = load(good)
+    assert isinstance(loaded, ConcurrentTrace) and loaded.statement_points
+    assert loaded.to_json()["statement_points"] is True
