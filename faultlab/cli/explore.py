@@ -185,6 +185,10 @@ def cmd_explore(args: argparse.Namespace) -> int:
     concurrent = args.concurrency > 1
     if concurrent and args.hypothesis_shrink:
         raise UsageError("--hypothesis-shrink does not apply with --concurrency above 1")
+    if concurrent and not args.statement_crashes:
+        raise UsageError("--no-statement-crashes does not apply with --concurrency above 1 "
+                         "(lanes are killed where they hold; sql:K/commit:K holds are "
+                         "--statement-points, off by default)")
     if args.statement_points and not concurrent:
         raise UsageError("--statement-points needs --concurrency 2 or more (sequential traces "
                          "already crash at sql:K/commit:K)")
