@@ -44,6 +44,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import queue
 import shutil
 import sqlite3
@@ -237,7 +238,9 @@ class _Walk:
         for spawner in spawners:
             self.spawners.put(spawner)
         self.jobs = len(spawners)
-        self.root = Path(tempfile.mkdtemp(prefix="faultlab-enumerate-", dir=scratch_directory()))
+        # the pid in the name tells whose run directory it is, as for every trace's
+        self.root = Path(tempfile.mkdtemp(prefix=f"faultlab-enumerate-{os.getpid()}-",
+                                          dir=scratch_directory()))
         self._names = itertools.count()
         self.seen: dict[str, int] = {}  # state -> most crashes left it was explored with
         self.crash_keys: set[str] = set()

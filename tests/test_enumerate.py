@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +32,8 @@ def spawners() -> Iterator[list[Spawner]]:
 
 def _scratch_entries() -> set[str]:
     directory = Path(scratch_directory() or "/tmp")
-    return {p.name for p in directory.glob("faultlab-enumerate-*")}
+    # this process's own (other runs on the machine may be enumerating too)
+    return {p.name for p in directory.glob(f"faultlab-enumerate-{os.getpid()}-*")}
 
 
 def test_reference_is_clean_with_one_operation_and_one_crash(
