@@ -25,12 +25,19 @@ its last step, and a copy of its stores is recovered to quiescence
 
 The tree is walked breadth first, branching by copying the run directory (both
 SQLite files, and any journal a SIGKILL left behind) after each step, so no
-prefix is executed twice. A prefix whose state was already reached at an
-earlier or equal depth with at least as many crashes left is skipped: its
-subtree can only repeat what the earlier one explores. The state is the logical
-content of every SQLite database in the run directory (every table, in storage
-order, including tables snapshots do not show) plus the model of what was
-acknowledged.
+prefix is executed twice. Two reductions keep three operations practical:
+
+* symmetry of operation ids: the payloads differ only by their id, so which
+  unused id a fresh accept takes does not matter; a trace first uses op-1, then
+  op-2, then op-3, and the renamed traces are counted (``symmetric``), not run;
+* state deduplication: a prefix whose state was already reached at an earlier or
+  equal depth with at least as many crashes left is not extended (``skipped``):
+  its subtree can only repeat what the earlier one explores. The state is the
+  logical content of every SQLite database in the run directory (every table, in
+  storage order, including tables snapshots do not show) plus the model of what
+  was acknowledged and submitted, with wall-clock times a worker stored (a
+  sequential trace's claim and lease times) replaced by their order
+  (:func:`state_key`): otherwise every dispatch made a state of its own.
 
 A violating trace is a leaf: it is not extended. For each invariant the walk
 keeps the violating trace that executes the fewest steps up to the failing
@@ -108,7 +115,10 @@ class Enumeration:
     crashes: int
     max_steps: int
     traces: int = 0  # distinct traces executed (a step whose armed crash did not fire is a probe)
-    skipped: int = 0  # traces that reached an already explored state
+    skipped: int = 0  # traces that reached an already explored state: not extended
+    #: traces not run because they differ from one that ran only by which unused operation
+    #: id a fresh accept takes (ids are first used in the order op-1, op-2, ...)
+    symmetric: int = 0
     probes: int = 0  # armed crash points that never fired
     states: int = 0  # distinct states explored
     crash_states: int = 0  # distinct states right after a crash
@@ -138,6 +148,7 @@ class Enumeration:
         return {
             "traces": self.traces,
             "skipped": self.skipped,
+            "symmetric": self.symmetric,
             "probes": self.probes,
             "states": self.states,
             "crash_states": self.crash_states,
@@ -183,29 +194,82 @@ class _Expansion:
     children: list[_Child] = field(default_factory=list)
     probes: int = 0
     skipped: int = 0
+    symmetric: int = 0
     steps_executed: int = 0
     coverage: Coverage = field(default_factory=Coverage)
 
 
-def state_key(directory: Path, model: Model) -> str:
-    """Every table of every SQLite database in the run directory, plus the model."""
-    digest = hashlib.sha256()
+def _database_rows(path: Path) -> list[tuple[Any, ...]]:
+    """The schema and every row of every table of one SQLite file, in storage order.
+
+    Opening the file read-write lets SQLite roll back a hot journal a SIGKILL left:
+    the rows are the logical content the next worker will see.
+    """
+    connection = sqlite3.connect(uri(path, "rw"), uri=True)
+    try:
+        connection.execute("PRAGMA query_only=ON")
+        schema = connection.execute(
+            "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name"
+        ).fetchall()
+        found: list[tuple[Any, ...]] = list(schema)
+        for kind, name, _, sql in schema:
+            if kind != "table" or (sql or "").upper().startswith("CREATE VIRTUAL"):
+                continue
+            quoted = '"' + str(name).replace('"', '""') + '"'
+            found.append(("table", name))
+            found += connection.execute(f"SELECT * FROM {quoted}").fetchall()
+        return found
+    finally:
+        connection.close()
+
+
+def _is_time(value: Any, since: float, until: float) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and since <= value <= until)
+
+
+def _normal(value: Any, ranks: dict[Any, int]) -> Any:
+    if ranks and isinstance(value, (int, float)) and not isinstance(value, bool) and value in ranks:
+        return ("time", ranks[value])
+    return value
+
+
+def state_key(directory: Path, model: Model, *, since: float | None = None) -> str:
+    """Every table of every SQLite database in the run directory, plus the model.
+
+    ``since``: the wall-clock time (``time.time()``) before the stores were created.
+    A number between it and now is a time a worker read from the real clock (a
+    sequential trace's lease or claim time): it is replaced by its rank among such
+    numbers in the state. Every future step runs later, so the order between stored
+    times and every future "now" is all a worker can tell apart; two states that
+    differ only in when their steps happened behave alike and are one state. A time
+    in the future (a lease still running) is kept exact.
+    """
+    files: list[tuple[str, list[tuple[Any, ...]] | bytes]] = []
     for path in sorted(directory.iterdir()):
         if path.name.endswith(JOURNALS) or not path.is_file():
             continue
-        digest.update(path.name.encode() + b"\0")
         with path.open("rb") as stream:
             header = stream.read(16)
         if header != b"SQLite format 3\x00":
-            digest.update(path.read_bytes())
+            files.append((path.name, path.read_bytes()))
+        else:
+            files.append((path.name, _database_rows(path)))
+    ranks: dict[Any, int] = {}
+    if since is not None:
+        until = time.time()
+        times = {value for _, content in files if not isinstance(content, bytes)
+                 for row in content for value in row if _is_time(value, since, until)}
+        ranks = {value: rank for rank, value in enumerate(sorted(times))}
+    digest = hashlib.sha256()
+    for name, content in files:
+        digest.update(name.encode() + b"\0")
+        if isinstance(content, bytes):
+            digest.update(content)
             continue
-        connection = sqlite3.connect(uri(path, "rw"), uri=True)
-        try:
-            connection.execute("PRAGMA query_only=ON")
-            for line in connection.iterdump():
-                digest.update(line.encode() + b"\n")
-        finally:
-            connection.close()
+        for row in content:
+            normal = tuple(_normal(value, ranks) for value in row)
+            digest.update(repr(normal).encode() + b"\n")
     digest.update(canonical_json(sorted(model.acknowledged.items())).encode())
     digest.update(canonical_json(sorted(model.submitted)).encode())
     return digest.hexdigest()
@@ -247,6 +311,8 @@ class _Walk:
         self.settled: dict[str, tuple[tuple[str, ...], int]] = {}
         self._settle_lock = threading.Lock()
         self.started = time.monotonic()
+        # the wall clock before any store exists (a second early: a worker may truncate it)
+        self.since = time.time() - 1.0
         self._reported = 0.0
 
     # -- stores -----------------------------------------------------------------------------
@@ -272,7 +338,8 @@ class _Walk:
         self.system.initialise(directory)
         model = Model()
         return _Node(
-            (), directory, model, self.system.snapshot(directory), state_key(directory, model),
+            (), directory, model, self.system.snapshot(directory),
+            state_key(directory, model, since=self.since),
             self.result.crashes, (),
         )
 
@@ -322,24 +389,35 @@ class _Walk:
             self.spawners.put(spawner)
 
     def _step(self, node: _Node, step: Step, crashes: bool, spawner: Spawner) -> _Expansion:
-        """``step`` after ``node``, then (crash budget left) at every point that fires."""
+        """``step`` after ``node``, then (crash budget left) at every point that fires; a
+        fresh accept counts the renamed traces it stands for."""
         expansion = _Expansion()
         expansion.children.append(self._child(node, step, spawner, expansion))
+        self._steps(node, step, crashes, spawner, expansion)
+        if step.action == "accept" and step.operation_id not in node.model.submitted:
+            # op-N is the first unused id: each other unused id would rename these traces
+            unused = self.operations - len(node.model.submitted)
+            expansion.symmetric += (unused - 1) * len(expansion.children)
+        return expansion
+
+    def _steps(
+        self, node: _Node, step: Step, crashes: bool, spawner: Spawner, expansion: _Expansion,
+    ) -> None:
+        """The crashing variants of ``step`` (crash budget left): every point that fires."""
         if not crashes:
-            return expansion
+            return
         for name in self._crash_options(step.action):
             child = self._child(node, _armed(step, name), spawner, expansion)
             if child.fired:
                 expansion.children.append(child)
         if not self.statement_points:
-            return expansion
+            return
         for kind in ("sql", "commit"):
             for index in range(1, STATEMENT_LIMIT + 1):
                 child = self._child(node, _armed(step, f"{kind}:{index}"), spawner, expansion)
                 if not child.fired:
                     break
                 expansion.children.append(child)
-        return expansion
 
     def _settle(self, node: _Node, spawner: Spawner) -> _Expansion:
         """Recover a copy of the node's stores to quiescence and check the outcome."""
@@ -385,7 +463,7 @@ class _Walk:
             if observation.violations:
                 child.invariants = Verdict.of(None, observation.violations).invariants
                 return child
-            child.key = state_key(directory, executor.model)
+            child.key = state_key(directory, executor.model, since=self.since)
             crashes_left = node.crashes_left - (step.crash is not None)
             if self.seen.get(child.key, -1) >= crashes_left:
                 expansion.skipped += 1
@@ -448,6 +526,7 @@ class _Walk:
         for position, (node, expansion) in enumerate(zip(level, expansions, strict=True)):
             result.probes += expansion.probes
             result.skipped += expansion.skipped
+            result.symmetric += expansion.symmetric
             result.steps_executed += expansion.steps_executed
             result.coverage.merge(expansion.coverage)
             if expansion.settle_invariants:
@@ -502,7 +581,8 @@ class _Walk:
         r = self.result
         self.progress(
             f"enumerate {self.system.name}: depth {depth}, task {done}/{total}; "
-            f"{r.traces} traces, {r.skipped} skipped, {len(self.seen)} states, "
+            f"{r.traces} traces, {r.skipped} skipped, {r.symmetric} symmetric, "
+            f"{len(self.seen)} states, "
             f"{r.violations} violations, {time.monotonic() - self.started:.1f}s"
         )
 
@@ -513,6 +593,7 @@ def _merge(parts: list[_Expansion]) -> _Expansion:
         merged.children += part.children
         merged.probes += part.probes
         merged.skipped += part.skipped
+        merged.symmetric += part.symmetric
         merged.steps_executed += part.steps_executed
         merged.coverage.merge(part.coverage)
     return merged

@@ -136,3 +136,35 @@ def test_state_key_sees_store_content_and_the_model_and_nothing_else(tmp_path: P
     assert state_key(tmp_path / "c", model) != key_a  # a row's content is
     assert state_key(tmp_path / "a", Model(submitted={"op-1"})) != key_a  # the model is
     assert time.perf_counter() - started < 0.5
+
+
+def _leases(directory: Path, rows: list[tuple[str, float]]) -> Path:
+    directory.mkdir()
+    connection = sqlite3.connect(directory / "caller.sqlite")
+    connection.execute("CREATE TABLE outbox (operation_id TEXT PRIMARY KEY, lease_until REAL)")
+    connection.executemany("INSERT INTO outbox VALUES (?, ?)", rows)
+    connection.commit()
+    connection.close()
+    return directory
+
+
+def test_state_key_sees_the_order_of_stored_wall_clock_times_not_their_values(
+    tmp_path: Path,
+) -> None:
+    since = time.time() - 1.0
+    now = time.time()
+    model = Model(submitted={"op-1", "op-2"})
+    early = _leases(tmp_path / "early", [("op-1", now - 0.5), ("op-2", now - 0.2)])
+    later = _leases(tmp_path / "later", [("op-1", now - 0.3), ("op-2", now - 0.1)])
+    swapped = _leases(tmp_path / "swapped", [("op-1", now - 0.1), ("op-2", now - 0.3)])
+    tied = _leases(tmp_path / "tied", [("op-1", now - 0.1), ("op-2", now - 0.1)])
+    running = _leases(tmp_path / "running", [("op-1", now - 0.5), ("op-2", now + 60)])
+    running_too = _leases(tmp_path / "running-too", [("op-1", now - 0.5), ("op-2", now + 61)])
+    # a dispatch an instant later leaves the same state: the next worker runs later still
+    assert state_key(early, model, since=since) == state_key(later, model, since=since)
+    assert state_key(early, model) != state_key(later, model)  # without since: exact values
+    # which lease is older, and which are equal, a worker can tell apart
+    assert state_key(swapped, model, since=since) != state_key(later, model, since=since)
+    assert state_key(tied, model, since=since) != state_key(later, model, since=since)
+    # a lease still running is kept exact
+    assert state_key(running, model, since=since) != state_key(running_too, model, since=since)
