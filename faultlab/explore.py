@@ -9,7 +9,7 @@ replayed once more through the executor to confirm it and to print its table.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,9 +22,12 @@ from hypothesis.stateful import run_state_machine_as_test
 from faultlab import __version__, defaults, interrupt
 from faultlab.executor import Execution, execute
 from faultlab.machine import (
+    SUITE_WEIGHTS,
+    WEIGHTS,
     InvariantFailure,
     Recorder,
     StopExploration,
+    Weights,
     machine_settings,
     outbox_machine,
 )
@@ -71,6 +74,8 @@ class Exploration:
             "sigkills": r.sigkills,
             "invariant_checks": r.checks,
             "crash_points_hit": dict(sorted(r.crash_hits.items())),
+            "operations_per_example": histogram(r.operations_per_example),
+            "direct_deliveries_per_example": histogram(r.deliveries_per_example),
             "examples_until_found": r.first_failure_examples,
             "seconds_until_found": None if r.first_failure_seconds is None
             else round(r.first_failure_seconds, 3),
@@ -91,6 +96,17 @@ class Exploration:
         if self.trace is not None:
             data["trace"] = self.trace.to_json()
         return data
+
+
+def histogram(counts: Mapping[int, int]) -> dict[str, int]:
+    """Examples by a count (operations, direct deliveries), as JSON: keys in numeric order."""
+    return {str(key): counts[key] for key in sorted(counts)}
+
+
+def share_at_least(counts: Mapping[int, int], least: int) -> float:
+    """The percentage of examples whose count is ``least`` or more (0.0 with no examples)."""
+    total = sum(counts.values())
+    return round(100 * sum(n for k, n in counts.items() if k >= least) / total, 1) if total else 0.0
 
 
 @contextmanager
@@ -139,6 +155,7 @@ def explore(
     hypothesis_shrink: bool = False,
     stop: Callable[[], bool] | None = None,
     on_failure: Callable[[], None] | None = None,
+    weights: Weights = WEIGHTS,
 ) -> Exploration:
     """Search for a violating trace; shrink it; confirm it by replay.
 
@@ -153,6 +170,7 @@ def explore(
     machine = outbox_machine(
         system.ref, deduplication=deduplication, spawner=spawner, deadline=deadline,
         examples=examples, steps=steps, recorder=recorder, statement_crashes=statement_crashes,
+        weights=weights,
     )
     settings = machine_settings(examples, steps)
     phases = tuple(settings.phases) if hypothesis_shrink else tuple(
@@ -233,7 +251,8 @@ def suite_exploration(
 ) -> dict[str, Any]:
     """suite's exploration phase: the system must be clean; the negative control must be
     caught by ONE, shrunk to exactly 3 steps."""
-    clean = explore(system, spawner, examples=examples, seed_value=seed, deadline=deadline)
+    clean = explore(system, spawner, examples=examples, seed_value=seed, deadline=deadline,
+                    weights=SUITE_WEIGHTS)
     stats = clean.stats()
     clean_ok = clean.trace is None
     outcome = "clean" if clean.trace is None else f"FOUND {_describe(clean.trace)}: FAIL"
@@ -246,7 +265,7 @@ def suite_exploration(
     control: Exploration | None = None
     if system.supports_no_deduplication:
         control = explore(system, spawner, deduplication=False, examples=examples,
-                          seed_value=seed, deadline=deadline)
+                          seed_value=seed, deadline=deadline, weights=SUITE_WEIGHTS)
         trace = control.trace
         steps = control.shrunk_steps or 0
         control_ok = bool(trace and trace.expected and "ONE" in trace.expected.invariants
