@@ -31,6 +31,7 @@ import os
 import queue
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,6 +98,11 @@ class Totals:
     rounds: int = 0
     #: Concurrent traces: lane-steps that ended blocked on another lane's lock.
     blocked: int = 0
+    #: Sequential traces: examples by operations accepted, and by direct deliveries
+    #: (Counters add up like the numbers above; a new one on every add, since a progress
+    #: snapshot shares them)
+    operations: Counter[int] = field(default_factory=Counter)
+    deliveries: Counter[int] = field(default_factory=Counter)
 
     def add(self, recorder: Recorder | ConcurrentRecorder) -> None:
         self.examples += recorder.examples
@@ -106,6 +112,9 @@ class Totals:
         self.checks += recorder.checks
         if isinstance(recorder, ConcurrentRecorder):
             self.blocked += recorder.blocked
+        else:
+            self.operations = self.operations + recorder.operations_per_example
+            self.deliveries = self.deliveries + recorder.deliveries_per_example
 
 
 @dataclass

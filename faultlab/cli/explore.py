@@ -353,6 +353,13 @@ def _summary_rows(system: System, args: argparse.Namespace, plan: Plan, totals: 
         ["SIGKILLs", totals.sigkills],
         ["invariant checks", totals.checks],
     ]
+    if plan.concurrency == 1:
+        from faultlab.explore import share_at_least
+
+        rows += [
+            ["examples with 3+ operations (%)", share_at_least(totals.operations, 3)],
+            ["examples with a direct delivery (%)", share_at_least(totals.deliveries, 1)],
+        ]
     if plan.concurrency > 1:
         actions: Counter[str] = Counter()
         for r in results:
