@@ -39,8 +39,11 @@ def register(commands: Commands) -> None:
                     "or changed payload), dispatch/recover and direct service calls, with up to "
                     "C crashes at every crash point the system declares and before every SQL "
                     "statement / after every COMMIT a worker runs (sql:K, commit:K); recover "
-                    "each trace to quiescence and check every invariant. Traces that reach an "
-                    "already explored state are skipped. The shortest violating trace for each "
+                    "each trace to quiescence and check every invariant. Operation ids are "
+                    "first used in order (op-1, op-2, ...): a trace that would only rename an "
+                    "unused id is counted, not run; a trace that reaches an already explored "
+                    "state (stored wall-clock times compared by their order) is not extended. "
+                    "The shortest violating trace for each "
                     "invariant is saved to the corpus and printed as a table. Exit 0 when "
                     "nothing was found, 1 when something was, 2 on bad input.",
     )
