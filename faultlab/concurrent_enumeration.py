@@ -32,6 +32,9 @@ from faultlab.system.contract import System
 PAYLOAD: dict[str, Any] = {"title": "backlog"}
 #: The clock advance a ``tick`` choice makes: past any lease of the reference's length.
 TICK = 10
+#: How many new operations' acceptors a sequence may start and hold (two: one acceptance
+#: committing before another that took its position earlier).
+ACCEPTORS = 2
 
 
 @dataclass
@@ -53,15 +56,19 @@ def workload(operations: int) -> list[LaneStep]:
 
 
 def _choices(executor: LaneExecutor, steps: list[LaneStep], crashes: int,
-             ticks: int) -> list[LaneStep]:
+             ticks: int, operations: int, acceptors: int) -> list[LaneStep]:
     kills = sum(step.action == "kill" for step in steps)
     advanced = sum(step.action == "tick" for step in steps)
+    held = sum(step.action == "start" and step.role == "accept" for step in steps)
     found: list[LaneStep] = []
     for number in range(1, executor.concurrency + 1):
         lane = executor.lanes.get(number)
         if lane is None or not lane.alive:
             found.append(LaneStep("start", number, "dispatch"))
             found.append(LaneStep("start", number, "service", "op-1", PAYLOAD))
+            if held < acceptors:
+                found.append(LaneStep("start", number, "accept", f"op-{operations + held + 1}",
+                                      PAYLOAD))
         elif lane.status == "held" and not lane.paused:
             found.append(LaneStep("release", number))
             if kills < crashes:
@@ -84,6 +91,7 @@ def _state(executor: LaneExecutor) -> tuple[Any, ...]:
 
 def _run(system: System, prefix: list[LaneStep], choices: list[LaneStep], *, concurrency: int,
          deduplication: bool, spawn: SpawnMode, deadline: float, crashes: int, ticks: int,
+         operations: int, acceptors: int,
          ) -> tuple[ConcurrentExecution, tuple[Any, ...] | None, list[LaneStep]]:
     """Run a sequence; its state before the recovery (None if it failed earlier) and the
     choices that follow from that state."""
@@ -95,14 +103,15 @@ def _run(system: System, prefix: list[LaneStep], choices: list[LaneStep], *, con
             if observations[-1].violations:
                 return ConcurrentExecution(observations, []), None, []
         state = _state(executor)
-        following = _choices(executor, choices, crashes, ticks)
+        following = _choices(executor, choices, crashes, ticks, operations, acceptors)
         _, final = executor.settle()
         return ConcurrentExecution(list(executor.observations), final), state, following
 
 
 def enumerate_concurrent(
     system: System, *, concurrency: int = 2, operations: int = 2, max_steps: int = 3,
-    crashes: int = 1, ticks: int = 1, deduplication: bool = True, spawn: SpawnMode = "fork",
+    crashes: int = 1, ticks: int = 1, acceptors: int = ACCEPTORS, deduplication: bool = True,
+    spawn: SpawnMode = "fork",
     deadline: float = DEFAULT_DEADLINE, progress: Callable[[str], None] | None = None,
 ) -> ConcurrentEnumeration:
     """Breadth first over choice sequences; stop at the first (shortest) finding."""
@@ -121,6 +130,7 @@ def enumerate_concurrent(
             execution, state, nexts = _run(
                 system, prefix, choices, concurrency=concurrency, deduplication=deduplication,
                 spawn=spawn, deadline=deadline, crashes=crashes, ticks=ticks,
+                operations=operations, acceptors=acceptors,
             )
             result.sequences += 1
             result.steps += len(execution.observations)

@@ -14,6 +14,7 @@ replayed.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_s
 
 from faultlab import __version__, interrupt
 from faultlab.concurrent_trace import STARTS, ConcurrentTrace, LaneStep
+from faultlab.data import TITLES
 from faultlab.errors import UsageError
 from faultlab.explore import HYPOTHESIS_VERSION, _no_local_constants
 from faultlab.history import HISTORY_INVARIANTS
@@ -38,7 +40,13 @@ from faultlab.lanes import (
     LaneObservation,
     execute_concurrent,
 )
-from faultlab.machine import PAYLOADS, InvariantFailure, StopExploration, machine_settings
+from faultlab.machine import (
+    PAYLOADS,
+    InvariantFailure,
+    StopExploration,
+    machine_settings,
+    swarm,
+)
 from faultlab.records import DEFAULT_DEADLINE, SpawnMode
 from faultlab.system import load_system
 from faultlab.system.contract import System
@@ -129,6 +137,7 @@ class ConcurrentMachine(RuleBasedStateMachine):
         self.payloads: dict[str, dict[str, Any]] = {}
         self.failure: InvariantFailure | None = None
         self.stopped = False
+        self.titles: tuple[str, ...] | None = None  # the example's swarm, drawn when first used
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -157,24 +166,55 @@ class ConcurrentMachine(RuleBasedStateMachine):
     def has_pending_work(self) -> bool:
         return bool(self.executor.snapshot.pending_outbox())
 
+    def leases(self) -> list[tuple[int, int]]:
+        """(ticks until it lapses, lane) of each unexpired lease a live worker holds,
+        soonest first."""
+        executor = self.executor
+        alive = {lane.worker: lane.number for lane in executor.lanes.values() if lane.alive}
+        now = executor.clock.ticks if executor.clock is not None else 0
+        return sorted({(math.ceil(claim.lease_until - now), alive[claim.worker])
+                       for claim in executor.history.claims
+                       if claim.worker in alive and claim.lease_until is not None
+                       and claim.lease_until > now})
+
     def accepted(self) -> list[str]:
         return [op.id for op in self.executor.snapshot.operations if op.id in self.payloads]
 
     # -- rules -------------------------------------------------------------------------
 
     @precondition(lambda self: bool(self.free_lanes()))
-    @rule(data=st.data(), payload=PAYLOADS)
-    def accept(self, data: st.DataObject, payload: dict[str, Any]) -> None:
-        """Accepts run to their end: held inside their transaction they would only make
-        every other writer wait (``start`` of an accept is for hand-written traces)."""
-        lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
-        operation_id = f"op-{len(self.payloads) + 1}"
-        self.payloads[operation_id] = payload
-        self.execute(LaneStep("run", lane, "accept", operation_id, payload))
+    @rule(data=st.data())
+    def accept(self, data: st.DataObject) -> None:
+        """A new operation accepted: the acceptor runs to its end."""
+        self.new_acceptor(data, "run")
 
     @precondition(lambda self: bool(self.free_lanes()))
     @rule(data=st.data())
+    def accept_held(self, data: st.DataObject) -> None:
+        """A new operation's acceptor held at its first point, to be released, killed or
+        paused while other lanes accept and relay (an acceptance that commits late). Held
+        inside its transaction it makes other writers wait: they show as blocked, and the
+        schedule goes on with the lanes that can move."""
+        self.new_acceptor(data, "start")
+
+    def new_acceptor(self, data: st.DataObject, action: str) -> None:
+        """Accept a new operation whose title (ordering key) is one of the example's swarm
+        (see :func:`faultlab.machine.swarm`): an example on one key is all collisions, where
+        per-key order, skipping and overtaking show."""
+        if self.titles is None:
+            self.titles = data.draw(swarm(TITLES), label="titles")
+        payload = {**data.draw(PAYLOADS, label="payload"),
+                   "title": data.draw(st.sampled_from(self.titles), label="title")}
+        lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
+        operation_id = f"op-{len(self.payloads) + 1}"
+        self.payloads[operation_id] = payload
+        self.execute(LaneStep(action, lane, "accept", operation_id, payload))
+
+    @precondition(lambda self: bool(self.free_lanes()) and bool(self.payloads))
+    @rule(data=st.data())
     def recover(self, data: st.DataObject) -> None:
+        """A dispatcher run to its end (only once some operation was accepted: before
+        that it can only report idle)."""
         lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
         self.execute(LaneStep("run", lane, "dispatch"))
 
@@ -184,6 +224,21 @@ class ConcurrentMachine(RuleBasedStateMachine):
         """A dispatcher that holds at its first point, to be released, killed or paused."""
         lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
         self.execute(LaneStep("start", lane, "dispatch"))
+
+    @precondition(lambda self: bool(self.free_lanes()) and bool(self.leases()))
+    @rule(data=st.data(), wake=st.booleans())
+    def rescue(self, data: st.DataObject, wake: bool) -> None:
+        """The lease every rescue exists for: the clock runs to the end of the earliest
+        lease a live worker holds, a dispatcher starts in a free lane (and claims what
+        lapsed), and, when ``wake``, the superseded holder then runs to its end while the
+        rescuer holds (the paused holder that wakes up). A plain tick rarely lands between
+        one lease's end and the next; every lease bug waits behind this rule."""
+        ticks, holder = self.leases()[0]
+        self.execute(LaneStep("tick", ticks=ticks))
+        lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
+        self.execute(LaneStep("start", lane, "dispatch"))
+        if wake and holder in self.held_lanes():
+            self.execute(LaneStep("finish", holder))
 
     @precondition(lambda self: bool(self.free_lanes()) and bool(self.accepted()))
     @rule(data=st.data())
@@ -342,8 +397,9 @@ def minimise(
     """Delta debugging over scheduling choices: remove halves, quarters, ... single steps,
     while the trace still fails (any invariant) and stays a trace the machine could draw;
     a step a candidate leaves without its worker (a release of a lane whose start was
-    removed) is dropped from that candidate. Then each renaming of the lanes is tried and
-    shrunk in turn, kept only if it ends shorter."""
+    removed) is dropped from that candidate. Then each held start is tried as a run (see
+    ``promote``), and each renaming of the lanes is tried and shrunk in turn, kept only if
+    it ends shorter."""
 
     def size_of(result: ConcurrentExecution) -> int:
         """The trace's own scheduling choices up to the failing check (recovery is implicit:
@@ -387,8 +443,33 @@ def minimise(
             if not improved:
                 chunk = max(1, chunk // 2)
 
+    def promote(steps: list[LaneStep], execution: ConcurrentExecution, size: int) -> tuple[
+        list[LaneStep], ConcurrentExecution, int
+    ]:
+        """A worker started (held) and later released to its end is a worker run: try each
+        ``start`` as a ``run`` (deletion then drops the steps left moving its ended lane)."""
+        index = 0
+        while index < len(steps):
+            step = steps[index]
+            index += 1
+            if step.action != "start":
+                continue
+            found = attempt(steps[:index - 1] + [replace(step, action="run")] + steps[index:],
+                            size + 1)
+            if found is None:
+                continue
+            smaller, result, smaller_size = delete(executed(found), found, size_of(found))
+            if smaller_size < size:
+                steps, execution, size, index = smaller, result, smaller_size, 0
+        return steps, execution, size
+
+    def shrink(steps: list[LaneStep], execution: ConcurrentExecution, size: int) -> tuple[
+        list[LaneStep], ConcurrentExecution, int
+    ]:
+        return promote(*delete(steps, execution, size))
+
     steps = executed(execution) if execution.verdict.step is not None else list(trace.steps)
-    steps, execution, size = delete(steps, execution, size)
+    steps, execution, size = shrink(steps, execution, size)
     # Lanes are interchangeable, but the final recovery finishes them in lane order: the
     # same interleaving with the lanes renamed may need fewer choices. Try each renaming.
     for renaming in itertools.permutations(range(1, trace.concurrency + 1)):
@@ -398,7 +479,7 @@ def minimise(
         found = attempt(renamed, size + 1)  # as long as now, so it may shrink further
         if found is None:
             continue
-        smaller, result, smaller_size = delete(executed(found), found, size_of(found))
+        smaller, result, smaller_size = shrink(executed(found), found, size_of(found))
         if smaller_size < size:
             steps, execution, size = smaller, result, smaller_size
     shrunk = ConcurrentTrace(

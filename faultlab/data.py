@@ -42,9 +42,11 @@ from faultlab.errors import UsageError
 
 TWO_53 = 2**53
 
+#: The titles of simple payloads (the reference's ordering key).
+TITLES: tuple[str, ...] = ("backlog", "invoice", "report")
 #: The payloads faultlab drew before issue 11: still the simple (and shrink-target) case.
 SIMPLE_PAYLOADS: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(
-    {"title": st.sampled_from(["backlog", "invoice", "report"])},
+    {"title": st.sampled_from(TITLES)},
     optional={
         "priority": st.sampled_from(["low", "normal", "urgent"]),
         "count": st.integers(min_value=0, max_value=3),

@@ -84,11 +84,26 @@ WORK_SLICE = 0.25
 #: CPU ticks (1/100 s) in one slice above which a lane counts as working: a worker in
 #: SQLite's busy wait sleeps and uses next to none.
 WORKING_TICKS = 2
+#: A faultlab worker seen sleeping this long on end, while another lane is alive, waits for
+#: a lock that lane holds (SQLite's busy handler retries by sleeping, at most 100 ms at a
+#: time): blocked without waiting for :data:`BLOCK_BOUND`. Polled every :data:`LOCK_POLL`.
+LOCK_WAIT = 0.25
+LOCK_POLL = 0.02
+#: What /proc/PID/wchan shows for a process in nanosleep() (SQLite's busy handler).
+SLEEPING = ("hrtimer_nanosleep", "do_nanosleep")
 #: Per-step checks that judge one worker's whole run against the snapshot before it
 #: started; with other lanes changing the stores meanwhile they do not apply.
 SEQUENTIAL_ONLY = ("QUIET",)  # judged apart, by :meth:`LaneExecutor._quiet`
 QUIET = BY_NAME["QUIET"]
 MAX_OUTPUT = 1 << 20  # bytes of a lane's stdout or stderr kept, as for sequential workers
+
+
+def _lock_waiting(pid: int) -> bool:
+    """Whether the process sleeps in nanosleep() now (False where /proc does not say)."""
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text() in SLEEPING
+    except OSError:
+        return False
 
 
 @dataclass
@@ -222,6 +237,9 @@ class LaneExecutor:
         self.spawn = spawn
         self.deadline = deadline
         self.block_bound = block_bound
+        #: A Python system's workers sleep only in SQLite's busy handler (waiting for a
+        #: lock); a command-line program may sleep for reasons of its own.
+        self.fast_blocking = not isinstance(system, CommandSystem)
         self.directory = Path()
         self.clock: VirtualClock | None = None
         self.wall: WallClock | None = None  # libfaketime's file, for virtual_wall_clock
@@ -428,20 +446,39 @@ class LaneExecutor:
     def _wait(self, lane: Lane, bound: float) -> None:
         """Let a running lane go until it holds or ends; past ``bound`` it is blocked,
         unless its processes are still working (see :func:`_still_working`): then it gets
-        another slice, up to the deadline."""
-        began = time.monotonic()
+        another slice, up to the deadline. Before the bound, a faultlab worker seen sleeping
+        for :data:`LOCK_WAIT` on end, not working, while another lane is alive, is blocked
+        at once (see :func:`_lock_waiting`)."""
+        began = now = time.monotonic()
         end = began + bound
         cpu = group_activity(lane.pid)[1]
+        sleeping: tuple[float, int] | None = None  # since when, and the CPU used then
+        watch = self.fast_blocking and any(
+            other is not lane and other.alive for other in self.lanes.values())
         while lane.status in ("running", "blocked"):
-            remaining = end - time.monotonic()
+            remaining = end - now
             if remaining <= 0:
                 working, cpu = _still_working(lane.pid, cpu)
                 if working and time.monotonic() - began < self.deadline:
                     end = time.monotonic() + WORK_SLICE
+                    now = time.monotonic()
                     continue
                 lane.status = "blocked"
                 return
-            self._pump(remaining)
+            self._pump(min(remaining, LOCK_POLL) if watch else remaining)
+            now = time.monotonic()
+            if not watch or lane.status not in ("running", "blocked") or lane.paused:
+                continue
+            if not _lock_waiting(lane.pid):
+                sleeping = None
+            elif sleeping is None:
+                sleeping = (now, group_activity(lane.pid)[1])
+            elif now - sleeping[0] >= LOCK_WAIT:
+                working, _ = _still_working(lane.pid, sleeping[1])
+                if not working:
+                    lane.status = "blocked"
+                    return
+                sleeping = None
 
     def _wait_exit(self, lane: Lane) -> None:
         end = time.monotonic() + self.deadline + 5

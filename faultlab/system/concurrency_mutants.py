@@ -25,6 +25,7 @@ from faultlab.system.reference import (
     DOWNSTREAM,
     DOWNSTREAM_SCHEMA,
     LEASE_TICKS,
+    ORDERING_KEY,
     REFERENCE_POINTS,
     ClaimLost,
     ReferenceOutbox,
@@ -289,7 +290,6 @@ class LeaseTimeFence(ConcurrencyMutant):
     )
     reported = "graphile-worker #169 (fixed lock expiry shorter than the work); pikkujs/pikku #1742"
     caught_by = ("FENCE",)
-    judged = False  # enumerate finds it (4 choices); explore --seed 0 --examples 100 not yet
     # Lane 1 claims (lease until 10) and holds; the clock passes its lease; lane 2 claims
     # (lease until 20). The recovery finishes lane 1 first: the row's lease (lane 2's) still
     # runs, so lane 1's check passes and it completes although superseded.
@@ -328,9 +328,26 @@ CREATE TABLE outbox_sequence (value INTEGER NOT NULL);
 INSERT INTO outbox_sequence VALUES (0);
 CREATE TABLE outbox_position (
     operation_id TEXT PRIMARY KEY REFERENCES outbox(operation_id), position INTEGER NOT NULL);
-CREATE TABLE relay_cursor (position INTEGER NOT NULL);
-INSERT INTO relay_cursor VALUES (0)
+CREATE TABLE relay_cursor (key ANY, position INTEGER NOT NULL)
 """
+
+
+#: The reference's claim (lease lapsed, no earlier pending entry of the same key), limited to
+#: rows above the high-water mark of their key and taken in position order.
+CURSOR_CLAIM_SQL = (
+    "UPDATE outbox SET attempt = attempt + 1, lease_until = ? WHERE rowid = ("
+    "SELECT o.rowid FROM outbox o JOIN operations op ON op.id = o.operation_id "
+    "JOIN outbox_position p ON p.operation_id = o.operation_id "
+    "WHERE o.state = 'pending' AND o.lease_until <= ? "
+    "AND p.position > coalesce((SELECT max(c.position) FROM relay_cursor c "
+    f"WHERE c.key IS json_extract(op.payload, '$.{ORDERING_KEY}')), 0) AND NOT EXISTS ("
+    "SELECT 1 FROM outbox e JOIN operations eo ON eo.id = e.operation_id "
+    "WHERE e.state = 'pending' AND e.rowid < o.rowid "
+    f"AND json_extract(eo.payload, '$.{ORDERING_KEY}') "
+    f"IS json_extract(op.payload, '$.{ORDERING_KEY}')) "
+    "ORDER BY p.position LIMIT 1) "
+    "RETURNING operation_id, attempt, (SELECT payload FROM operations WHERE id = operation_id)"
+)
 
 
 class RelayCursor(ConcurrencyMutant):
@@ -350,15 +367,13 @@ class RelayCursor(ConcurrencyMutant):
         ),
     )
     caught_by = ("SKIP", "LIVE")
-    judged = False  # explore and enumerate run accepts to their end: no held acceptor yet
-    # Lane 1 takes position 1 and holds; lane 2 accepts op-2 (position 2) and relays it
-    # (cursor 2); the recovery commits op-1 at position 1, below the cursor: every relay
-    # then reports idle with op-1 pending.
-    minimal_steps = 3
+    # Lane 2 takes position 1 and holds; lane 1 takes position 2 and holds. The recovery
+    # finishes lane 1 first: op-2 commits (position 2) before op-1 (position 1), so the key's
+    # order relays op-2 first and its mark passes op-1's position: op-1 is skipped for good.
+    minimal_steps = 2
     minimal_trace = (
-        LaneStep("start", 1, "accept", OP, PAYLOAD),
-        LaneStep("run", 2, "accept", "op-2", PAYLOAD),
-        LaneStep("run", 2, "dispatch"),
+        LaneStep("start", 2, "accept", OP, PAYLOAD),
+        LaneStep("start", 1, "accept", "op-2", PAYLOAD),
     )
     position: int = 0
 
@@ -388,15 +403,7 @@ class RelayCursor(ConcurrencyMutant):
 
     def next_pending(self, connection: sqlite3.Connection) -> tuple[str, str] | None:
         now, until = self.window
-        rows = connection.execute(
-            "UPDATE outbox SET attempt = attempt + 1, lease_until = ? WHERE rowid = ("
-            "SELECT o.rowid FROM outbox o JOIN outbox_position p USING (operation_id) "
-            "WHERE o.state = 'pending' AND o.lease_until <= ? "
-            "AND p.position > (SELECT position FROM relay_cursor) "
-            "ORDER BY p.position LIMIT 1) "
-            "RETURNING operation_id, attempt, "
-            "(SELECT payload FROM operations WHERE id = operation_id)", (until, now),
-        ).fetchall()
+        rows = connection.execute(CURSOR_CLAIM_SQL, (until, now)).fetchall()
         if not rows:
             return None
         operation_id, attempt, payload = rows[0]
@@ -406,10 +413,11 @@ class RelayCursor(ConcurrencyMutant):
     def complete(self, context: WorkerContext, operation_id: str, result: str) -> None:
         super().complete(context, operation_id, result)
         connection = context.connect(CALLER)
-        try:  # the high-water mark: everything up to here has been relayed
+        try:  # the key's high-water mark (its largest row): everything up to here is relayed
             connection.execute(
-                "UPDATE relay_cursor SET position = max(position, (SELECT position FROM "
-                "outbox_position WHERE operation_id = ?))", (operation_id,))
+                f"INSERT INTO relay_cursor (key, position) SELECT json_extract(op.payload, "
+                f"'$.{ORDERING_KEY}'), p.position FROM operations op JOIN outbox_position p "
+                "ON p.operation_id = op.id WHERE op.id = ?", (operation_id,))
         finally:
             connection.close()
 
