@@ -1,11 +1,14 @@
 """``enumerate --concurrency N``: every interleaving of a small workload, up to a bound.
 
-The workload is fixed: ``operations`` operations accepted first (one ordering
-key, so order matters), then every sequence of at most ``max_steps`` scheduling
-choices over the lanes: start a dispatcher in any free lane, start a direct
-delivery of the first operation in any free lane, release a held lane to its
-next point, SIGKILL a held lane (at most ``crashes`` times), advance the
-virtual clock past a lease (at most ``ticks`` times). Each sequence runs on
+The workload: ``operations`` operations accepted first (one ordering key, so
+order matters), then every sequence of at most ``max_steps`` scheduling choices
+over the lanes: start a dispatcher in any free lane, start a direct delivery of
+the first operation in any free lane, start the acceptor of a new operation
+(``op-{operations + 1}``, ... , same key; at most ``acceptors`` times) in any
+free lane, held at its first point (an acceptance that commits late, after
+later ones), release a held lane to its next point, SIGKILL a held lane (at most
+``crashes`` times), advance the virtual clock past a lease (at most ``ticks``
+times). Each sequence runs on
 fresh stores in :class:`faultlab.lanes.LaneExecutor`, every invariant checked
 after every step, then the final recovery and ``LIVE``.
 

@@ -1,9 +1,13 @@
 """``explore --concurrency N``: a Hypothesis state machine whose rules are scheduling choices.
 
 With N lanes, each rule is one :class:`faultlab.concurrent_trace.LaneStep`: start a
-worker in a free lane (it runs to its first point and holds) or run one to its
-end, release a held lane to its next point, finish it, SIGKILL it where it is,
-SIGSTOP/SIGCONT it, or advance the virtual clock. Every step runs for real in
+worker in a free lane (it runs to its first point and holds: a dispatcher, a direct
+delivery, or the acceptor of a new operation) or run one to its end, release a held
+lane to its next point, finish it, SIGKILL it where it is, SIGSTOP/SIGCONT it, or
+advance the virtual clock; one rule, ``rescue``, is the lease scenario in a few steps
+(the clock to the earliest lease's end, a rescuer, the holder waking). Hypothesis
+switches rules off per example (swarm testing), and each example draws the payload
+titles it uses as a swarm (:func:`faultlab.machine.swarm`). Every step runs for real in
 :class:`faultlab.lanes.LaneExecutor`, which checks the per-step and history
 invariants after it; teardown recovers (finishes every lane, advances the clock
 past every lease, dispatches) and checks ``LIVE``. A failure is minimised by

@@ -124,6 +124,20 @@ def test_enumerate_concurrency_finds_the_shortest_interleaving(tmp_path: Path) -
 
 
 @pytest.mark.slow
+def test_enumerate_concurrency_holds_acceptors_for_relay_cursor() -> None:
+    """relay-cursor needs two acceptances committing out of position order: enumerate
+    finds it with two held acceptors, and without them (acceptors=0) not within the bound."""
+    from faultlab.concurrent_enumeration import enumerate_concurrent
+
+    system = load_system("relay-cursor")
+    found = enumerate_concurrent(system, concurrency=2, max_steps=2)
+    assert found.execution is not None and "SKIP" in found.execution.verdict.invariants
+    assert found.finding is not None
+    assert [s.role for s in found.finding if s.action == "start"] == ["accept", "accept"]
+    assert enumerate_concurrent(system, concurrency=2, max_steps=2, acceptors=0).finding is None
+
+
+@pytest.mark.slow
 def test_enumerate_concurrency_reference_clean_within_two_choices(tmp_path: Path) -> None:
     code, out, _ = cli("enumerate", "--concurrency", "2", "--max-steps", "2",
                        "--corpus", str(tmp_path / "corpus"), "--quiet")

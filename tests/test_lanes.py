@@ -93,6 +93,25 @@ def test_a_lane_blocked_on_a_lock_is_scheduled_around(reference: System) -> None
         assert final == [] and len(ex.snapshot.tickets) == 2
 
 
+def test_a_lane_sleeping_on_a_lock_is_blocked_before_the_bound(reference: System) -> None:
+    """With a bound of 20 s, a lane waiting in SQLite's busy handler for the lock a held
+    acceptor keeps is judged blocked in well under that (it sleeps: /proc says so); the
+    held lane alone is never judged so (nothing else alive), and the blocked lane moves on
+    once the holder finishes."""
+    import time
+
+    with LaneExecutor(reference, concurrency=2, block_bound=20.0) as ex:
+        began = time.monotonic()
+        assert ex.run(LaneStep("start", 1, "accept", "op-1", P)).lanes == (
+            "accept @during_accept", "-")
+        blocked = ex.run(LaneStep("run", 2, "accept", "op-2", P))
+        assert blocked.lanes == ("accept @during_accept", "accept blocked")
+        assert time.monotonic() - began < 10.0
+        ex.run(LaneStep("finish", 1))
+        ex.run(LaneStep("finish", 2))
+        assert [op.id for op in ex.snapshot.operations] == ["op-1", "op-2"]
+
+
 def test_pause_stops_the_process_and_kill_ends_it(reference: System) -> None:
     with LaneExecutor(reference, concurrency=1) as ex:
         ex.run(LaneStep("run", 1, "accept", OP, P))
@@ -151,6 +170,32 @@ def test_concurrency_mutant_minimal_trace(name: str, reference: System) -> None:
     # waits on the reference's held acceptance transaction) is dropped, as in shrinking
     assert execute_concurrent(reference, trace, concurrency=system.concurrency,
                               lenient=True).verdict.clean
+
+
+def test_every_concurrency_mutant_is_judged() -> None:
+    """mutants judges all eight (none left out with judged = False)."""
+    from faultlab.system import concurrency_mutant_names
+
+    assert concurrency_mutant_names() == concurrency_mutant_all_names()
+    assert len(concurrency_mutant_names()) >= 8
+
+
+def test_minimiser_turns_a_held_start_released_to_its_end_into_a_run() -> None:
+    """stale-rescue found with its acceptance held and then released (4 choices) shrinks
+    to its minimal 3, the acceptance as a run: deletion alone cannot merge the two."""
+    from faultlab.concurrent_explore import minimise
+
+    system = load_system("stale-rescue")
+    assert isinstance(system, ConcurrencyMutant)
+    steps = [LaneStep("start", 1, "accept", OP, P), LaneStep("release", 1),
+             LaneStep("start", 2, "dispatch"), LaneStep("run", 1, "dispatch")]
+    execution = execute_concurrent(system, steps, concurrency=2)
+    assert not execution.verdict.clean and len(executed(execution)) == 4
+    trace = ConcurrentTrace(system.ref, True, 2, steps, expected=execution.verdict)
+    shrunk, replay = minimise(system, trace, execution, spawn="fork", deadline=15.0)
+    assert len(shrunk.steps) == system.minimal_steps == 3
+    assert shrunk.steps[0].action == "run" and shrunk.steps[0].role == "accept"
+    assert replay.verdict == shrunk.expected
 
 
 def test_concurrent_finding_replays_identically_20_times() -> None:

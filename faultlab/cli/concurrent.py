@@ -17,7 +17,7 @@ def cmd_enumerate_concurrent(args: argparse.Namespace) -> int:
     import time
 
     from faultlab import __version__, corpus, report
-    from faultlab.concurrent_enumeration import enumerate_concurrent
+    from faultlab.concurrent_enumeration import ACCEPTORS, enumerate_concurrent
     from faultlab.lane_report import concurrent_table, concurrent_violation_lines
     from faultlab.lanes import execute_concurrent
 
@@ -33,7 +33,8 @@ def cmd_enumerate_concurrent(args: argparse.Namespace) -> int:
     rows: list[list[Any]] = [
         ["system", f"{system.ref}{'' if args.deduplication else ' (deduplication off)'}"],
         ["budget", f"{args.concurrency} lanes, {args.operations} operations, "
-                   f"{args.crashes} kills, 1 tick, {max_steps} choices"],
+                   f"{args.crashes} kills, 1 tick, {ACCEPTORS} held acceptors, "
+                   f"{max_steps} choices"],
         ["sequences run", result.sequences],
         ["not extended (state already explored)", result.pruned],
         ["distinct states", result.states],
