@@ -87,7 +87,7 @@ WORKING_TICKS = 2
 #: A faultlab worker seen sleeping this long on end, while another lane is alive, waits for
 #: a lock that lane holds (SQLite's busy handler retries by sleeping, at most 100 ms at a
 #: time): blocked without waiting for :data:`BLOCK_BOUND`. Polled every :data:`LOCK_POLL`.
-LOCK_WAIT = 0.25
+LOCK_WAIT = 0.15
 LOCK_POLL = 0.02
 #: What /proc/PID/wchan shows for a process in nanosleep() (SQLite's busy handler).
 SLEEPING = ("hrtimer_nanosleep", "do_nanosleep")

@@ -133,13 +133,20 @@ def judge_all(
     names: Sequence[str], budget: Budget, *, jobs: int,
     progress: Callable[[Judgement], None] | None = None,
 ) -> list[Judgement]:
-    """Judge every system, ``jobs`` at a time, each in a fresh interpreter (spawn)."""
+    """Judge every system, ``jobs`` at a time, each in a fresh interpreter (spawn).
+
+    The references go first: nothing catches them early, so both searches run their
+    whole budget (the longest judgements); the mutants then fill the other jobs, and the
+    last to finish is a short one (longest first)."""
+    from faultlab.concurrent_zoo import REFERENCE_CONCURRENT
+
     context = multiprocessing.get_context("spawn")
     results: dict[str, Judgement] = {}
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context,
                                initializer=interrupt.install)
     try:
-        futures = {pool.submit(judge, name, budget): name for name in names}
+        first = sorted(names, key=lambda name: name not in ("reference", REFERENCE_CONCURRENT))
+        futures = {pool.submit(judge, name, budget): name for name in first}
         for future in as_completed(futures):
             judgement = future.result()
             results[judgement.system] = judgement
