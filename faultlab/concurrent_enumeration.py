@@ -64,21 +64,22 @@ def _choices(executor: LaneExecutor, steps: list[LaneStep], crashes: int,
     advanced = sum(step.action == "tick" for step in steps)
     held = sum(step.action == "start" and step.role == "accept" for step in steps)
     found: list[LaneStep] = []
+    acceptor: list[LaneStep] = []  # tried last at each depth: the workload's own work first
     for number in range(1, executor.concurrency + 1):
         lane = executor.lanes.get(number)
         if lane is None or not lane.alive:
             found.append(LaneStep("start", number, "dispatch"))
             found.append(LaneStep("start", number, "service", "op-1", PAYLOAD))
             if held < acceptors:
-                found.append(LaneStep("start", number, "accept", f"op-{operations + held + 1}",
-                                      PAYLOAD))
+                acceptor.append(LaneStep("start", number, "accept",
+                                         f"op-{operations + held + 1}", PAYLOAD))
         elif lane.status == "held" and not lane.paused:
             found.append(LaneStep("release", number))
             if kills < crashes:
                 found.append(LaneStep("kill", number))
     if advanced < ticks and any(lane.alive for lane in executor.lanes.values()):
         found.append(LaneStep("tick", ticks=TICK))
-    return found
+    return found + acceptor
 
 
 def _state(executor: LaneExecutor) -> tuple[Any, ...]:
