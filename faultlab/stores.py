@@ -161,15 +161,16 @@ def initialise(path: Path, schema: str) -> None:
         connection.close()
 
 
-def connect(path: Path) -> sqlite3.Connection:
+def connect(path: Path, *, timeout: float = BUSY_TIMEOUT) -> sqlite3.Connection:
     """Open an existing faultlab store for reading and writing.
 
     Refuses (StoreError) a missing file or one without the marker, before any write.
     The connection is in autocommit mode: callers write ``BEGIN IMMEDIATE`` ... ``COMMIT``.
+    ``timeout`` is how long SQLite's busy handler waits for another writer's lock.
     """
     try:  # mode=rw never creates the file; why it failed is looked at only if it did
         connection = sqlite3.connect(
-            uri(path, "rw"), uri=True, isolation_level=None, timeout=BUSY_TIMEOUT
+            uri(path, "rw"), uri=True, isolation_level=None, timeout=timeout
         )
     except sqlite3.Error as error:
         if not path.is_file():

@@ -46,6 +46,8 @@ class Context:
         schedule.claimed(operation_id, token, lease_until)
 
     def connect(self, filename: str) -> sqlite3.Connection:
+        if schedule.active():
+            return connect(self.directory / filename, timeout=schedule.SCHEDULED_BUSY_TIMEOUT)
         return connect(self.directory / filename)
 
     def connect_postgres(self, store: str) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from faultlab.concurrent_explore import executed
 from faultlab.concurrent_trace import ConcurrentTrace, LaneStep, load
 from faultlab.errors import UsageError
 from faultlab.lanes import LaneExecutor, execute_concurrent
+from faultlab.stores import BUSY_TIMEOUT
 from faultlab.system import System, concurrency_mutant_all_names, load_system
 from faultlab.system.concurrency_mutants import (
     CONCURRENCY_MUTANT_CLASSES,
@@ -74,6 +76,22 @@ def test_a_lane_still_starting_is_not_judged_blocked() -> None:
         done = ex.run(LaneStep("finish", 2))
         assert done.lanes == ("exit 0", "exit 0")
         assert len(done.snapshot.tickets) == 1
+
+
+def test_a_lane_waits_for_a_lock_as_long_as_the_schedule_holds_it(reference: System) -> None:
+    """The holder moves only when the schedule says: however long that takes in seconds
+    (a loaded machine, a long trace), the blocked lane still gets the lock and the
+    outcome is the same. With SQLite's ordinary busy timeout it gave up after 5 s."""
+    with LaneExecutor(reference, concurrency=2) as ex:
+        ex.run(LaneStep("start", 1, "accept", "op-1", P))
+        blocked = ex.run(LaneStep("run", 2, "accept", "op-2", P))
+        assert blocked.lanes == ("accept @during_accept", "accept blocked")
+        time.sleep(BUSY_TIMEOUT + 1)
+        done = ex.run(LaneStep("finish", 1))
+        ex.run(LaneStep("finish", 2))
+        final = ex.run(LaneStep("tick", ticks=1))
+        assert final.lanes == ("exit 0", "exit 0"), done.lanes
+        assert [op.id for op in final.snapshot.operations] == ["op-1", "op-2"]
 
 
 def test_a_lane_blocked_on_a_lock_is_scheduled_around(reference: System) -> None:

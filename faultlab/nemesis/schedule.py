@@ -25,6 +25,11 @@ SCHEDULE_ENV = "FAULTLAB_SCHEDULE"
 #: its K-th SQL statement) and ``commit:K`` (after its K-th COMMIT).
 STATEMENTS_ENV = "FAULTLAB_SCHEDULE_STATEMENTS"
 CONTINUE = b"c"
+#: Seconds a scheduled worker's SQLite connection waits for a lock. In a concurrent trace
+#: the lock's holder moves only when the schedule releases it, however many steps (and
+#: seconds, on a loaded machine) that takes: a busy timeout would turn wall time into a
+#: different outcome, so the executor, not a timer, decides (it kills every lane at the end).
+SCHEDULED_BUSY_TIMEOUT = 3600.0
 
 _channel: tuple[int, int] | None = None
 
