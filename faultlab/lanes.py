@@ -57,7 +57,7 @@ from faultlab.invariants import (
 from faultlab.nemesis.announce import ANNOUNCE_FD_VARIABLE, RESUME_FD_VARIABLE
 from faultlab.nemesis.announce import CONTINUE as ANNOUNCE_CONTINUE
 from faultlab.nemesis.schedule import CONTINUE, SCHEDULE_ENV, STATEMENTS_ENV
-from faultlab.process import child_environment, group_activity, reap_group
+from faultlab.process import child_environment, reap_group, tree_activity
 from faultlab.records import (
     DEFAULT_DEADLINE,
     ProcessRecord,
@@ -451,7 +451,7 @@ class LaneExecutor:
         at once (see :func:`_lock_waiting`)."""
         began = now = time.monotonic()
         end = began + bound
-        cpu = group_activity(lane.pid)[1]
+        cpu = tree_activity(lane.pid)[1]
         sleeping: tuple[float, int] | None = None  # since when, and the CPU used then
         watch = self.fast_blocking and any(
             other is not lane and other.alive for other in self.lanes.values())
@@ -472,7 +472,7 @@ class LaneExecutor:
             if not _lock_waiting(lane.pid):
                 sleeping = None
             elif sleeping is None:
-                sleeping = (now, group_activity(lane.pid)[1])
+                sleeping = (now, tree_activity(lane.pid)[1])
             elif now - sleeping[0] >= LOCK_WAIT:
                 working, _ = _still_working(lane.pid, sleeping[1])
                 if not working:
@@ -723,10 +723,11 @@ class LaneExecutor:
         return observations, check_live(self.snapshot, still_pending_after=stuck)
 
 
-def _still_working(pgid: int, cpu_before: int) -> tuple[bool, int]:
-    """Whether a lane's process group is still starting or computing, not waiting on a
-    lock: one of its processes is runnable, or it used CPU since ``cpu_before``."""
-    runnable, cpu = group_activity(pgid)
+def _still_working(pid: int, cpu_before: int) -> tuple[bool, int]:
+    """Whether a lane's worker (with any service child it started) is still starting or
+    computing, not waiting on a lock: one of them is runnable, or they used CPU since
+    ``cpu_before``."""
+    runnable, cpu = tree_activity(pid)
     return runnable or cpu - cpu_before >= WORKING_TICKS, cpu
 
 

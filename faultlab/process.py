@@ -114,16 +114,34 @@ def _group_members(pgid: int) -> list[tuple[int, int]]:
     return [(pid, int(fields[1])) for pid, fields in _group_stats(pgid)]
 
 
-def group_activity(pgid: int) -> tuple[bool, int]:
-    """Whether any process of group ``pgid`` is on a CPU or waiting for one (state R, or D:
-    in the kernel on its behalf), and the group's CPU time so far in clock ticks.
+def _tree_stats(pid: int) -> Iterator[list[bytes]]:
+    """The /proc/PID/stat fields (after the command name) of ``pid`` and its descendants,
+    found through each process's ``children`` file: a few reads, not a scan of /proc."""
+    stack = [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            with open(f"/proc/{current}/stat", "rb") as stream:
+                fields = stream.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/{current}/task/{current}/children", "rb") as stream:
+                children = stream.read().split()
+        except OSError:
+            continue
+        yield fields
+        stack.extend(int(child) for child in children)
+
+
+def tree_activity(pid: int) -> tuple[bool, int]:
+    """Whether ``pid`` or a descendant of it is on a CPU or waiting for one (state R, or
+    D: in the kernel on its behalf), and their CPU time so far in clock ticks.
 
     A worker waiting on another's SQLite lock sleeps (state S) and burns next to no CPU;
-    one still starting (an exec'd interpreter on a loaded machine) is runnable or burns
-    CPU. Telling the two apart keeps a slow start from being judged blocked.
+    one still starting (an exec'd interpreter on a loaded machine), or waiting for a
+    service child that is, is runnable or burns CPU. Telling the two apart keeps a slow
+    start from being judged blocked.
     """
     runnable, ticks = False, 0
-    for _, fields in _group_stats(pgid):
+    for fields in _tree_stats(pid):
         runnable = runnable or fields[0] in (b"R", b"D")
         ticks += int(fields[11]) + int(fields[12])  # utime, stime
     return runnable, ticks
