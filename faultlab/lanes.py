@@ -84,11 +84,11 @@ WORK_SLICE = 0.25
 #: CPU ticks (1/100 s) in one slice above which a lane counts as working: a worker in
 #: SQLite's busy wait sleeps and uses next to none.
 WORKING_TICKS = 2
-#: A faultlab worker seen sleeping this long on end, while another lane is alive, waits for
+#: A faultlab worker seen sleeping in every poll for this long, while another lane is alive, waits for
 #: a lock that lane holds (SQLite's busy handler retries by sleeping, at most 100 ms at a
 #: time): blocked without waiting for :data:`BLOCK_BOUND`. Polled every :data:`LOCK_POLL`.
-LOCK_WAIT = 0.15
-LOCK_POLL = 0.02
+LOCK_WAIT = 0.05
+LOCK_POLL = 0.01
 #: What /proc/PID/wchan shows for a process in nanosleep() (SQLite's busy handler).
 SLEEPING = ("hrtimer_nanosleep", "do_nanosleep")
 #: Per-step checks that judge one worker's whole run against the snapshot before it
