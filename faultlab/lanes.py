@@ -85,8 +85,9 @@ WORK_SLICE = 0.25
 #: SQLite's busy wait sleeps and uses next to none.
 WORKING_TICKS = 2
 #: A faultlab worker seen asleep at every poll for this long, while another lane is
-#: alive, waits for a lock that lane holds (SQLite's busy handler retries by sleeping, at most 100 ms at a
-#: time): blocked without waiting for :data:`BLOCK_BOUND`. Polled every :data:`LOCK_POLL`.
+#: alive, waits for a lock that lane holds (SQLite's busy handler retries by sleeping, at
+#: most 100 ms at a time): blocked without waiting for :data:`BLOCK_BOUND`, once it is also
+#: seen not working. Polled every :data:`LOCK_POLL`.
 LOCK_WAIT = 0.05
 LOCK_POLL = 0.01
 #: What /proc/PID/wchan shows for a process in nanosleep() (SQLite's busy handler).
