@@ -174,10 +174,7 @@ def _timeline(anchor: str, observations: Sequence[Observation], final: bool,
     header = ['<th class="lane-name">process</th>']
     for observation in observations:
         crash = f" crash={observation.step.crash}" if observation.step.crash else ""
-        settle = " (settle)" if observation.phase != "step" else ""
-        header.append(f'<th><a href="#{anchor}-step-{observation.index}">step '
-                      f"{observation.index}</a><br><small>{escape(observation.step.action)}"
-                      f"{escape(settle)}{escape(crash)}</small></th>")
+        header.append(_step_header(anchor, observation, observation.step.action, crash))
     if final:
         header.append("<th>final check</th>")
     rows = ["<tr>" + "".join(header) + "</tr>"]
@@ -198,6 +195,14 @@ def _timeline(anchor: str, observations: Sequence[Observation], final: bool,
     return f'<table class="timeline">{"".join(rows)}</table>'
 
 
+def _step_header(anchor: str, observation: Observation | LaneObservation, label: str,
+                 suffix: str = "") -> str:
+    """A timeline column's heading: the step's number (a link to its stores) and label."""
+    settle = " (settle)" if observation.phase != "step" else ""
+    return (f'<th><a href="#{anchor}-step-{observation.index}">step {observation.index}</a>'
+            f"<br><small>{escape(label)}{escape(settle)}{escape(suffix)}</small></th>")
+
+
 def _invariants_row(observations: Sequence[Observation | LaneObservation], final: bool,
                     final_names: str) -> str:
     marks = ['<th class="lane-name">invariants</th>']
@@ -216,10 +221,7 @@ def _lane_timeline(anchor: str, observations: Sequence[LaneObservation], final: 
     """A concurrent trace: a row per lane, a column per scheduling choice."""
     header = ['<th class="lane-name">lane</th>']
     for observation in observations:
-        settle = " (settle)" if observation.phase != "step" else ""
-        header.append(f'<th><a href="#{anchor}-step-{observation.index}">step '
-                      f"{observation.index}</a><br><small>"
-                      f"{escape(observation.step.describe())}{escape(settle)}</small></th>")
+        header.append(_step_header(anchor, observation, observation.step.describe()))
     if final:
         header.append("<th>final check</th>")
     rows = ["<tr>" + "".join(header) + "</tr>"]

@@ -27,7 +27,10 @@ from faultlab.trace import Step, Trace
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "corpus"
-NEGATIVE_CONTROL = next(CORPUS.glob("reference-nodedup-ONE-*.json"))
+#: The negative control as the README once showed it (a dispatcher killed during completion,
+#: then a recovering one): this test's own copy, since regenerating corpus/ may find
+#: another 3-step form (today: a direct delivery) with no service child to draw.
+NEGATIVE_CONTROL = Path(__file__).resolve().parent / "traces" / "negative-control-dispatch.json"
 SPLIT_COMPLETE = next(CORPUS.glob("split-complete-PAIR-*.json"))
 CHROMIUM = "/usr/bin/chromium"
 
