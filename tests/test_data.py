@@ -24,7 +24,9 @@ from faultlab.system import System, load_system
 from faultlab.system.command import CommandSystem
 from faultlab.trace import Step
 
-FIND = settings(max_examples=5000, database=None, suppress_health_check=list(HealthCheck))
+# derandomised: a random run shrank one payload only part of the way once (a loaded machine)
+FIND = settings(max_examples=5000, database=None, derandomize=True,
+                suppress_health_check=list(HealthCheck))
 
 
 def _strings(value: Any) -> list[str]:
