@@ -137,11 +137,13 @@ class ConcurrentMachine(RuleBasedStateMachine):
             deduplication=cls.deduplication, spawn=cls.spawn, deadline=cls.deadline,
             statement_points=cls.statement_points,
         )
-        self.executor.__enter__()
         self.payloads: dict[str, dict[str, Any]] = {}
         self.failure: InvariantFailure | None = None
         self.stopped = False
         self.titles: tuple[str, ...] | None = None  # the example's swarm, drawn when first used
+        # last: once its run directory exists, nothing of this constructor is left to fail
+        # (an exception here would skip teardown, and leave the directory behind)
+        self.executor.__enter__()
 
     # -- helpers -----------------------------------------------------------------------
 

@@ -279,21 +279,27 @@ class LaneExecutor:
         self.close()
 
     def close(self) -> None:
-        """Kill every lane still alive (faultlab started them all), reap, remove the stores."""
-        for lane in list(self.lanes.values()):
-            if lane.alive:
-                self._signal(lane, signal.SIGKILL)
-                if lane.paused:
-                    self._signal(lane, signal.SIGCONT)
-                self._wait_exit(lane)
-            reap_group(lane.pid, wait=0.2)  # a service child reparented to this process
-        self._selector.close()
-        if self.directory != Path():
-            # PostgreSQL databases (and their snapshot connection) never outlive a trace: a
-            # long concurrent run would otherwise exhaust the server's connections
-            self.system.release(self.directory)
-            shutil.rmtree(self.directory, ignore_errors=True)
-            self.directory = Path()
+        """Kill every lane still alive (faultlab started them all), reap, remove the stores.
+
+        Under deferred signals: a SIGINT that lands here (at the end of an example) must
+        not leave the run directory behind; it is raised once the directory is gone."""
+        with interrupt.deferred():
+            for lane in list(self.lanes.values()):
+                if lane.alive:
+                    self._signal(lane, signal.SIGKILL)
+                    if lane.paused:
+                        self._signal(lane, signal.SIGCONT)
+                    self._wait_exit(lane)
+                # a service child reparented to this process; a killed group may take a
+                # while to die on a loaded machine (returns as soon as it is gone)
+                reap_group(lane.pid, wait=2.0)
+            self._selector.close()
+            if self.directory != Path():
+                # PostgreSQL databases (and their snapshot connection) never outlive a trace: a
+                # long concurrent run would otherwise exhaust the server's connections
+                self.system.release(self.directory)
+                shutil.rmtree(self.directory, ignore_errors=True)
+                self.directory = Path()
 
     # -- processes -----------------------------------------------------------------------
 
