@@ -303,11 +303,12 @@ class ConcurrentMachine(RuleBasedStateMachine):
                     found = InvariantFailure(None, final)
                 self.failure = found
         finally:
+            # first: a signal landing anywhere later must not leave the lanes' run directory
+            self.executor.close()
             steps = [o.step for o in self.executor.observations if o.phase == "step"]
             processes = self.executor.processes
             checked = self.executor.checked | {
                 name for name in HISTORY_INVARIANTS if not self.executor.history.vacuous(name)}
-            self.executor.close()
             verdict, violations = Verdict(), []
             if self.failure is not None:
                 violations = self.failure.violations
