@@ -57,7 +57,7 @@ from faultlab.invariants import (
 from faultlab.nemesis.announce import ANNOUNCE_FD_VARIABLE, RESUME_FD_VARIABLE
 from faultlab.nemesis.announce import CONTINUE as ANNOUNCE_CONTINUE
 from faultlab.nemesis.schedule import CONTINUE, SCHEDULE_ENV, STATEMENTS_ENV
-from faultlab.process import child_environment, reap_group, tree_activity
+from faultlab.process import child_environment, lead_own_group, reap_group, tree_activity
 from faultlab.records import (
     DEFAULT_DEADLINE,
     ProcessRecord,
@@ -324,6 +324,7 @@ class LaneExecutor:
                 for fd in (decide_w, announce_r, out_r, err_r):
                     os.close(fd)
                 _child(spec, (decide_r, announce_w), out_w, err_w, environment)
+            lead_own_group(pid)  # a kill right after the fork must reach it
         else:
             child = subprocess.Popen(
                 spec.argv(), stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
@@ -388,11 +389,15 @@ class LaneExecutor:
             fd = int(key.fd)
             data = os.read(fd, 65536)
             if not data:
-                self._selector.unregister(fd)
-                os.close(fd)
-                del lane.fds[fd]
-                if not lane.fds:
-                    self._reap(lane)
+                # deferred: a signal landing between the last pipe's end and the wait would
+                # leave an exited lane unreaped (a zombie) that close() could not find by its
+                # pipes; held back, the lane is reaped and marked exited, or not touched
+                with interrupt.deferred():
+                    self._selector.unregister(fd)
+                    os.close(fd)
+                    del lane.fds[fd]
+                    if not lane.fds:
+                        self._reap(lane)
                 continue
             name = lane.fds[fd]
             if name != "announce":

@@ -235,6 +235,21 @@ def _reap(pid: int, end: float, timed_out: bool, group: bool) -> tuple[int, bool
             os.close(pidfd)
 
 
+def lead_own_group(pid: int) -> None:
+    """Make a just-forked child the leader of its own process group, from the parent.
+
+    The child does the same (``setpgid(0, 0)``) as it starts, but a parent that killed the
+    group before the child got that far would find no such group and kill nothing: the
+    child would run on, unknown (seen: an interrupt right after a lane's fork left it
+    alive). Both sides calling it, as job-control shells do, closes that window. A child
+    that already did it, exec'd or ended makes this fail harmlessly.
+    """
+    try:
+        os.setpgid(pid, pid)
+    except OSError:
+        pass
+
+
 def _kill(pid: int, group: bool) -> None:
     try:
         if group:
@@ -318,6 +333,8 @@ def fork_worker(spec: WorkerSpec, run: WorkerMain, *, new_group: bool) -> Proces
         os.close(out_r)
         os.close(err_r)
         _child_main(out_w, err_w, new_group=new_group, read_spec=lambda: spec, run=run)
+    if new_group:
+        lead_own_group(pid)
     os.close(out_w)
     os.close(err_w)
     outputs, status, timed_out = _collect(
@@ -381,6 +398,7 @@ def _fork_spare(run: WorkerMain) -> _Spare:
             os.close(fd)
         _child_main(out_w, err_w, new_group=True, read_spec=lambda: _read_spec(control_r),
                     run=run, keep=control_r)
+    lead_own_group(pid)
     for fd in (control_r, out_w, err_w):
         os.close(fd)
     return _Spare(pid, control_w, out_r, err_r)

@@ -315,3 +315,34 @@ def test_a_fork_mode_worker_imports_nothing_the_fork_server_did_not(tmp_path: Pa
     response = parse_response(completed.stdout)
     assert response is not None and "imported" in response, completed.stdout
     assert response["imported"] == []
+
+
+def test_the_parent_makes_a_forked_child_lead_its_own_group_at_once() -> None:
+    """A group kill right after a fork reaches the child even before the child ran a line
+    (here it sleeps first): the parent sets the group too. Without it, no such group."""
+    import signal
+
+    from faultlab.process import lead_own_group
+
+    for parent_sets_group in (False, True):
+        pid = os.fork()
+        if pid == 0:  # a child slow to start: it never sets its own group
+            time.sleep(5)
+            os._exit(0)
+        try:
+            if parent_sets_group:
+                lead_own_group(pid)
+                assert os.getpgid(pid) == pid
+                os.killpg(pid, signal.SIGKILL)
+                _, status = os.waitpid(pid, 0)
+                assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+            else:
+                assert os.getpgid(pid) == os.getpgid(0)
+                with pytest.raises(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+        finally:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
