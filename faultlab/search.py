@@ -132,6 +132,11 @@ class StreamResult:
     notes: list[str] = field(default_factory=list)
     examples_until_found: int | None = None
     seconds_until_found: float | None = None
+    #: ``time.monotonic()`` as the stream started and ended exploring (one clock for every
+    #: process of a machine), so a throughput can leave out interpreter and fork-server
+    #: start-up, which a long run pays once.
+    began: float = 0.0
+    ended: float = 0.0
 
 
 def run_stream(
@@ -144,7 +149,7 @@ def run_stream(
     exploration (with its replay), if one was found."""
     started = time.monotonic()
     ends = None if plan.duration is None else started + plan.duration
-    result = StreamResult(job)
+    result = StreamResult(job, began=started)
     totals = result.totals
     stream, streams = plan.stream(job), plan.streams
 
@@ -188,10 +193,12 @@ def run_stream(
                 "shard": str(plan.shard), "jobs": plan.jobs, "round_examples": examples,
             })
             result.trace = found.trace.to_json()
+            result.ended = time.monotonic()
             return result, found
         if plan.duration is None or found.stopped:
             break
         round_index += 1
+    result.ended = time.monotonic()
     return result, None
 
 
