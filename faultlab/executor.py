@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -33,7 +34,7 @@ from faultlab.invariants import Check, Model, Violation, check_live, check_step
 from faultlab.messages import printable
 from faultlab.process import Spawner
 from faultlab.records import DEFAULT_DEADLINE, ProcessRecord, WorkerSpec
-from faultlab.stores import Snapshot, scratch_directory
+from faultlab.stores import Snapshot, readers_kept_open, scratch_directory
 from faultlab.system.contract import System, check_crash_point
 from faultlab.trace import ACTIONS, Step, Verdict
 from faultlab.wall_clock import WallClock
@@ -114,6 +115,8 @@ class Executor:
         #: The trace's virtual clock and libfaketime's file, for virtual_wall_clock systems.
         self.clock: VirtualClock | None = None
         self.wall: WallClock | None = None
+        #: The snapshots' read connections, kept open from enter to close.
+        self._readers = ExitStack()
 
     def _start_clock(self, *, existing: bool) -> None:
         if getattr(self.system, "virtual_wall_clock", False):
@@ -154,6 +157,7 @@ class Executor:
                 else:
                     self.directory = self._requested_directory
                     self.directory.mkdir(parents=True)
+            self._readers.enter_context(readers_kept_open())
             self.system.initialise(self.directory)
             self._start_clock(existing=False)
             self.snapshot = self.system.snapshot(self.directory)
@@ -170,6 +174,7 @@ class Executor:
 
     def close(self) -> None:
         with interrupt.deferred():  # a signal must not leave half a run directory
+            self._readers.close()  # before the stores go
             owned = self._temporary or self._requested_directory is not None  # not resumed
             if owned and self.directory != Path():
                 self.system.release(self.directory)  # PostgreSQL databases never outlive a trace

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,8 @@ from faultlab.stores import (
     Ticket,
     connect,
     initialise,
+    query,
+    readers_kept_open,
 )
 from faultlab.system import System
 
@@ -159,3 +164,35 @@ def test_stores_open_by_uri_whatever_the_directory_is_called(
         finally:
             connection.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def _open_descriptors() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs Linux /proc")
+def test_kept_readers_see_every_commit_reopen_a_replaced_store_and_close(
+    tmp_path: Path,
+) -> None:
+    """Inside readers_kept_open one connection serves every snapshot of a store: it sees
+    what another process committed since, a store replaced at the same path is read
+    anew (not the deleted file), and the block's end closes every connection."""
+    store = tmp_path / "s.sqlite"
+    initialise(store, "CREATE TABLE t (v INTEGER)")
+    ask = {"t": "SELECT v FROM t ORDER BY v"}
+    before = _open_descriptors()
+    with readers_kept_open():
+        assert query(store, ask) == {"t": []}
+        kept = _open_descriptors() - before
+        assert kept  # the connection (and its file) stays open between queries
+        subprocess.run([sys.executable, "-c", (
+            "import sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+            "c.execute('INSERT INTO t VALUES (7)')"), str(store)], check=True)
+        assert query(store, ask) == {"t": [(7,)]}  # another process's commit
+        assert _open_descriptors() - before == kept  # and no second connection
+        store.unlink()
+        initialise(store, "CREATE TABLE t (v INTEGER)")  # same path, a new file: empty
+        assert query(store, ask) == {"t": []}
+    assert _open_descriptors() <= before | {"listing"}
+    assert query(store, ask) == {"t": []}  # outside a block: opened and closed each time
+    assert _open_descriptors() <= before | {"listing"}
