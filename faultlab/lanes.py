@@ -65,7 +65,7 @@ from faultlab.records import (
     WorkerSpec,
     parse_response,
 )
-from faultlab.stores import Snapshot, scratch_directory
+from faultlab.stores import Snapshot, readers_are_kept, scratch_directory
 from faultlab.system.command import CommandSystem
 from faultlab.system.contract import System
 from faultlab.trace import Verdict
@@ -319,6 +319,9 @@ class LaneExecutor:
         if isinstance(self.system, CommandSystem):
             pid, go = self._spawn_program(spec, (decide_r, announce_w), out_w, err_w)
         elif self.spawn == "fork" and self.wall is None:  # a preload needs an exec
+            if readers_are_kept():  # SQLite: no open connection may cross a fork
+                raise ExecutionError("cannot fork a lane while snapshot connections are kept "
+                                     "open (a sequential executor is open in this process)")
             pid = os.fork()
             if pid == 0:  # child: never returns
                 for fd in (decide_w, announce_r, out_r, err_r):

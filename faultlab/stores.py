@@ -256,12 +256,19 @@ class KeptReaders:
 _kept: KeptReaders | None = None
 
 
+def readers_are_kept() -> bool:
+    """Whether a :func:`readers_kept_open` block is open (a forking caller refuses to fork)."""
+    return _kept is not None
+
+
 @contextmanager
 def readers_kept_open() -> Iterator[None]:
     """Keep :func:`query`'s connections open until the block ends (then close them all).
 
     For one trace on one set of stores, in the process that judges it. Not nested: an
-    inner block shares the outer one's connections and leaves closing them to it."""
+    inner block shares the outer one's connections and leaves closing them to it. Not in
+    a process that forks children without exec meanwhile (SQLite: an open connection must
+    not be carried across fork()); see :func:`readers_are_kept`."""
     global _kept
     if _kept is not None:
         yield

@@ -424,3 +424,17 @@ def test_a_lane_closed_right_after_its_fork_is_killed_and_reaped(reference: Syst
             lane = ex._start(LaneStep("start", 1, "accept", OP, P))  # no wait for its hold
         assert _gone(lane.pid)
         assert time.monotonic() - began < 5.0
+
+
+def test_no_lane_forks_while_snapshot_connections_are_kept_open(reference: System) -> None:
+    """SQLite forbids carrying an open connection across fork(): a fork-mode lane refuses
+    to start inside a sequential executor's kept-readers block, and starts outside it."""
+    from faultlab.errors import ExecutionError
+    from faultlab.stores import readers_kept_open
+
+    with LaneExecutor(reference, concurrency=1) as ex:
+        with readers_kept_open(), pytest.raises(ExecutionError, match="kept open"):
+            ex.run(LaneStep("run", 1, "accept", OP, P))
+        assert ex.lanes == {}
+        observation = ex.run(LaneStep("run", 1, "accept", OP, P))
+        assert [op.id for op in observation.snapshot.operations] == [OP]
