@@ -30,14 +30,11 @@ import selectors
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import NoReturn
 
 from faultlab import interrupt
 from faultlab.canonical import canonical_json
@@ -57,7 +54,13 @@ from faultlab.invariants import (
 from faultlab.nemesis.announce import ANNOUNCE_FD_VARIABLE, RESUME_FD_VARIABLE
 from faultlab.nemesis.announce import CONTINUE as ANNOUNCE_CONTINUE
 from faultlab.nemesis.schedule import CONTINUE, SCHEDULE_ENV, STATEMENTS_ENV
-from faultlab.process import child_environment, lead_own_group, reap_group, tree_activity
+from faultlab.process import (
+    child_environment,
+    child_main,
+    lead_own_group,
+    reap_group,
+    tree_activity,
+)
 from faultlab.records import (
     DEFAULT_DEADLINE,
     ProcessRecord,
@@ -180,41 +183,11 @@ def _dummy_record() -> ProcessRecord:
     return ProcessRecord(pid=0, exit_code=0, response=None, stdout="", stderr="", elapsed=0.0)
 
 
-def _child(spec: WorkerSpec, keep: tuple[int, ...], out_w: int, err_w: int,
-           environment: dict[str, str]) -> NoReturn:
-    """The body of a forked lane worker: own group, pipes as stdout/stderr, run, exit."""
-    code = 70
-    try:
-        os.setpgid(0, 0)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.dup2(out_w, 1)
-        os.dup2(err_w, 2)
-        low = 3
-        for fd in sorted(keep):
-            os.closerange(low, fd)
-            low = fd + 1
-        os.closerange(low, 1024)
-        sys.stdin = open(0, closefd=False)  # noqa: SIM115
-        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
-        os.environ.update(environment)
-        code = run_worker(spec)
-    except BaseException:
-        try:
-            os.write(2, traceback.format_exc().encode())
-        except OSError:
-            pass
-        code = 70
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except Exception:  # noqa: BLE001
-            pass
-        os._exit(code)
+def _run_lane_worker(spec: WorkerSpec, environment: dict[str, str]) -> int:
+    """The body of a forked lane worker, after :func:`faultlab.process.child_main` gave it
+    its own group and pipes: the schedule's and the clock's variables, then the worker."""
+    os.environ.update(environment)
+    return run_worker(spec)
 
 
 class LaneExecutor:
@@ -326,7 +299,9 @@ class LaneExecutor:
             if pid == 0:  # child: never returns
                 for fd in (decide_w, announce_r, out_r, err_r):
                     os.close(fd)
-                _child(spec, (decide_r, announce_w), out_w, err_w, environment)
+                child_main(out_w, err_w, new_group=True, read_spec=lambda: spec,
+                           run=lambda spec: _run_lane_worker(spec, environment),
+                           keep=(decide_r, announce_w))
             lead_own_group(pid)  # a kill right after the fork must reach it
         else:
             child = subprocess.Popen(

@@ -277,9 +277,9 @@ def _record(pid: int, outputs: dict[str, bytes], status: int, started: float,
     )
 
 
-def _child_main(
+def child_main(
     out_w: int, err_w: int, *, new_group: bool, read_spec: Callable[[], WorkerSpec | None],
-    run: WorkerMain, keep: int = -1,
+    run: WorkerMain, keep: tuple[int, ...] = (),
 ) -> NoReturn:
     """The body of a forked worker: its own group, stdout/stderr to the pipes, run, exit."""
     code = 70
@@ -293,11 +293,11 @@ def _child_main(
         os.dup2(devnull, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
-        if keep >= 3:
-            os.closerange(3, keep)
-            os.closerange(keep + 1, 1024)
-        else:
-            os.closerange(3, 1024)
+        low = 3  # close every other descriptor: the child holds only its own pipes
+        for fd in sorted(keep):
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, 1024)
         # Python-level streams on the new descriptors, made before a spare waits for
         # its spec: building them costs a quarter of a millisecond in a fresh child.
         sys.stdin = open(0, closefd=False)  # noqa: SIM115
@@ -332,7 +332,7 @@ def fork_worker(spec: WorkerSpec, run: WorkerMain, *, new_group: bool) -> Proces
     if pid == 0:  # child: never returns
         os.close(out_r)
         os.close(err_r)
-        _child_main(out_w, err_w, new_group=new_group, read_spec=lambda: spec, run=run)
+        child_main(out_w, err_w, new_group=new_group, read_spec=lambda: spec, run=run)
     if new_group:
         lead_own_group(pid)
     os.close(out_w)
@@ -396,8 +396,8 @@ def _fork_spare(run: WorkerMain) -> _Spare:
     if pid == 0:  # child: never returns
         for fd in (control_w, out_r, err_r):
             os.close(fd)
-        _child_main(out_w, err_w, new_group=True, read_spec=lambda: _read_spec(control_r),
-                    run=run, keep=control_r)
+        child_main(out_w, err_w, new_group=True, read_spec=lambda: _read_spec(control_r),
+                    run=run, keep=(control_r,))
     lead_own_group(pid)
     for fd in (control_r, out_w, err_w):
         os.close(fd)
