@@ -327,3 +327,20 @@ def test_suite_deadline_reaches_the_scenarios_and_a_missed_deadline_exits_3(
     assert 1.0 <= elapsed < 8, elapsed
     assert "missed its 1s deadline" in err and len(err.splitlines()) == 1, err
     assert "PASS" not in out and "FOUND" not in out
+
+
+@pytest.mark.parametrize(("argv", "judges"), [
+    (["explore"], True), (["enumerate"], True), (["mutants"], True), (["suite"], True),
+    (["replay"], True), (["init"], False), (["systems"], False), (["corpus"], False),
+    (["corpus", "status"], False), (["corpus", "export"], False),
+])
+def test_every_help_ends_with_the_exit_statuses_it_can_give(
+    argv: list[str], judges: bool, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A command that judges nothing never exits 1, and its --help does not say it might."""
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--help"])
+    assert exited.value.code == 0
+    statuses = capsys.readouterr().out.split("exit status:")[1]
+    assert ("  1  " in statuses) is judges
+    assert "  2        bad input" in statuses and "130/143" in statuses

@@ -32,6 +32,14 @@ EPILOG = """exit status:
 
 _OUTCOMES = "0        clean: nothing found\n  1        a finding: an invariant failed"
 
+#: Commands that judge nothing (init, systems, corpus): no finding, so no exit 1.
+TOOL_EPILOG = EPILOG.replace(_OUTCOMES + "\n", "0        done\n").replace(
+    "the run itself failed (a worker missed its deadline or broke the announcement\n"
+    "           protocol, a store could not be read, the system's own error); nothing reported",
+    "the command itself failed (one line on stderr)",
+).replace("workers ended, run directories removed,\n           nothing reported or saved",
+          "nothing left half-written")
+
 SUITE_EPILOG = EPILOG.replace(
     _OUTCOMES,
     "0        every scenario and the exploration phase passed\n"

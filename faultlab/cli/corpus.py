@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from faultlab.cli.common import Commands, add_format, check_format
+from faultlab.cli.common import TOOL_EPILOG, Commands, add_format, check_format
 from faultlab.errors import EXIT_OK, UsageError
 
 
@@ -18,6 +18,7 @@ def register(commands: Commands) -> None:
                     "of every shard, deduplicated by trace content, and live counters per "
                     "shard. Exit 0 on success, 2 on bad input (an unreachable server, a "
                     "database that is not a faultlab corpus).",
+        epilog=TOOL_EPILOG,
     )
     actions = corpus.add_subparsers(dest="corpus_command", metavar="ACTION",
                                    parser_class=type(corpus))
@@ -26,6 +27,7 @@ def register(commands: Commands) -> None:
         description="Write each finding of SOURCE into DIR as <system>-<INVARIANT>-<hash>.json, "
                     "the files explore writes to a directory corpus; `faultlab replay` runs "
                     "them. A file of the same name (the same trace) is left alone.",
+        epilog=TOOL_EPILOG,
     )
     export.add_argument("source", metavar="SOURCE", help="redis://HOST:PORT/DB")
     export.add_argument("directory", type=Path, metavar="DIR",
@@ -35,6 +37,7 @@ def register(commands: Commands) -> None:
         "status", help="the cluster table: counters per shard, and the findings",
         description="One row per shard (state, examples, steps, SIGKILLs, findings, seconds, "
                     "seconds since its last update) and one per finding.",
+        epilog=TOOL_EPILOG,
     )
     status.add_argument("source", metavar="SOURCE", help="redis://HOST:PORT/DB")
     add_format(status)

@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from faultlab.cli.common import Commands, load_system, positive_float
+from faultlab.cli.common import TOOL_EPILOG, Commands, load_system, positive_float
 from faultlab.errors import EXIT_OK, ExecutionError, UsageError
 
 
@@ -26,6 +26,7 @@ def register(commands: Commands) -> None:
                     "hand: faultlab worker accept --directory DIR --system S --operation-id ID "
                     "--payload JSON. Exit 0 on success, 2 on bad input (nothing is left "
                     "behind).",
+        epilog=TOOL_EPILOG,
     )
     parser.add_argument("directory", type=Path, metavar="DIR",
                         help="the directory for the stores: new, or existing and empty")
@@ -71,13 +72,15 @@ def cmd_init(args: argparse.Namespace) -> int:
         directory.mkdir()
     try:
         system.initialise(directory)
-    except (ExecutionError, UsageError, OSError) as error:
+    except BaseException as error:  # an interruption too: no half-initialised directory
         if create:
             shutil.rmtree(directory, ignore_errors=True)
         else:
             for child in directory.iterdir():
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
-        raise UsageError(f"init {directory}: {error}") from None
+        if isinstance(error, (ExecutionError, UsageError, OSError)):
+            raise UsageError(f"init {directory}: {error}") from None
+        raise
     files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
     print(f"initialised {system.name} in {directory}: {', '.join(files) or 'no files'}")
     print(f"next: python -m faultlab worker accept --directory {directory} --system "

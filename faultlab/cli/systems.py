@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from faultlab.cli.common import Commands, add_format, check_format, positive_float
+from faultlab.cli.common import TOOL_EPILOG, Commands, add_format, check_format, positive_float
 from faultlab.errors import EXIT_OK
 
 
@@ -13,6 +13,7 @@ def register(commands: Commands) -> None:
         "systems", help="list systems, or one system's crash points",
         description="Without --system: every built-in system. With --system: its crash points "
                     "and the outcome a correct system shows at each.",
+        epilog=TOOL_EPILOG,
     )
     parser.add_argument("--system", metavar="NAME")
     parser.add_argument(
