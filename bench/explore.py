@@ -128,8 +128,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0,
                         help="exploration time per measurement (default 10)")
-    parser.add_argument("--repeat", type=int, default=2,
-                        help="measurements per mode, alternated (default 2)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="measurements per mode, alternated (default 3)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, help="also write the figures as JSON")
     args = parser.parse_args()
