@@ -279,6 +279,11 @@ class LaneExecutor:
     def _spawn(self, number: int, spec: WorkerSpec) -> Lane:
         if self.clock is None:
             raise ExecutionError("the lane executor is not open")
+        forks = (not isinstance(self.system, CommandSystem) and self.spawn == "fork"
+                 and self.wall is None)  # a preload needs an exec
+        if forks and readers_are_kept():  # SQLite: no open connection may cross a fork
+            raise ExecutionError("cannot fork a lane while snapshot connections are kept "
+                                 "open (a sequential executor is open in this process)")
         decide_r, decide_w = os.pipe()
         announce_r, announce_w = os.pipe()
         out_r, out_w = os.pipe()
@@ -291,10 +296,7 @@ class LaneExecutor:
         go = CONTINUE
         if isinstance(self.system, CommandSystem):
             pid, go = self._spawn_program(spec, (decide_r, announce_w), out_w, err_w)
-        elif self.spawn == "fork" and self.wall is None:  # a preload needs an exec
-            if readers_are_kept():  # SQLite: no open connection may cross a fork
-                raise ExecutionError("cannot fork a lane while snapshot connections are kept "
-                                     "open (a sequential executor is open in this process)")
+        elif forks:
             pid = os.fork()
             if pid == 0:  # child: never returns
                 for fd in (decide_w, announce_r, out_r, err_r):

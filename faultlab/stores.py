@@ -222,7 +222,7 @@ class KeptReaders:
     """Read-only connections kept open across queries while one trace runs.
 
     The executor snapshots both stores after every step; opening a connection (and
-    checking the marker) cost about a third of faultlab's own CPU per step. Each query
+    checking the marker) cost about a fifth of faultlab's own CPU per step. Each query
     still runs in its own read transaction, so it sees every commit a worker made
     since, and a hot journal a SIGKILLed worker left is rolled back by it as by a fresh
     connection. A connection is reused only while the path still names the file it

@@ -433,8 +433,10 @@ def test_no_lane_forks_while_snapshot_connections_are_kept_open(reference: Syste
     from faultlab.stores import readers_kept_open
 
     with LaneExecutor(reference, concurrency=1) as ex:
+        descriptors = set(os.listdir("/proc/self/fd"))
         with readers_kept_open(), pytest.raises(ExecutionError, match="kept open"):
             ex.run(LaneStep("run", 1, "accept", OP, P))
         assert ex.lanes == {}
+        assert set(os.listdir("/proc/self/fd")) <= descriptors | {"listing"}  # no pipe left
         observation = ex.run(LaneStep("run", 1, "accept", OP, P))
         assert [op.id for op in observation.snapshot.operations] == [OP]
