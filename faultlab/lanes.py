@@ -419,6 +419,11 @@ class LaneExecutor:
                 break
             time.sleep(0.0005)
         os.close(lane.decide)
+        if os.WIFSIGNALED(status):
+            # killed with its group: a dispatcher's service that was running comes to this
+            # process (a child subreaper) to be reaped; now, not when the trace ends, since
+            # the lane may start another worker and close() only knows the current one
+            reap_group(lane.pid, wait=2.0)
         stdout = b"".join(lane.chunks["stdout"]).decode("utf-8", "replace")
         lane.record = ProcessRecord(
             pid=lane.pid, exit_code=os.waitstatus_to_exitcode(status),

@@ -440,3 +440,46 @@ def test_no_lane_forks_while_snapshot_connections_are_kept_open(reference: Syste
         assert set(os.listdir("/proc/self/fd")) <= descriptors | {"listing"}  # no pipe left
         observation = ex.run(LaneStep("run", 1, "accept", OP, P))
         assert [op.id for op in observation.snapshot.operations] == [OP]
+
+
+def _zombie_children() -> list[int]:
+    me = os.getpid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] == "Z" and int(fields[1]) == me:
+                found.append(int(entry))
+    return found
+
+
+def test_a_dispatcher_killed_while_its_service_waits_leaves_no_zombie(
+    reference: System,
+) -> None:
+    """A dispatcher whose service waits for the downstream lock (held by a direct delivery
+    in lane 2, at its point inside the transaction) is blocked; kill it: its service (same
+    group) dies too and, this process being a child subreaper as the faultlab program is,
+    comes here to be reaped. It must be reaped then, not only when the trace ends: the lane
+    starts another worker, and a long exploration would pile up zombies."""
+    from faultlab.process import become_subreaper
+
+    become_subreaper()
+    before = set(_zombie_children())
+    with LaneExecutor(reference, concurrency=2) as ex:
+        ex.run(LaneStep("run", 1, "accept", OP, P))
+        ex.run(LaneStep("start", 2, "service", OP, P))
+        while ex.lanes[2].point != "service_before_commit":
+            ex.run(LaneStep("release", 2))
+        ex.run(LaneStep("start", 1, "dispatch"))
+        while ex.lanes[1].status == "held":
+            ex.run(LaneStep("release", 1))
+        assert ex.lanes[1].status == "blocked", ex.lanes[1].points
+        assert len(os.listdir(f"/proc/{ex.lanes[1].pid}/task")) >= 1
+        ex.run(LaneStep("kill", 1))
+        ex.run(LaneStep("finish", 2))
+        ex.run(LaneStep("run", 1, "dispatch"))  # lane 1 starts its next worker
+        time.sleep(0.2)  # a zombie would have been reparented by now
+        assert set(_zombie_children()) - before == set()
