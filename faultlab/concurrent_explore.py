@@ -566,6 +566,12 @@ def explore_concurrent(
             f"{trace.expected.describe() if trace.expected else 'nothing'}: not reported"
         )
         return result
+    if replay.verdict.clean:
+        # Hypothesis ended the search with an error (Flaky, under a time budget) while the
+        # last recorded example failed nothing: a clean trace is never a finding
+        result.notes.append(f"the search ended with {type(failure).__name__}, but no "
+                            "recorded example failed an invariant: nothing reported")
+        return result
     trace, replay = minimise(system, trace, replay, spawn=spawn, deadline=deadline)
     result.trace, result.replay = trace, replay
     return result
