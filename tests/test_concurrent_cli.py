@@ -41,7 +41,7 @@ def test_explore_concurrency_finds_shrinks_saves_and_replays_20_times(tmp_path: 
     for _ in range(20):
         code, out, _ = cli("replay", str(path))
         assert code == 0 and "every outcome matches" in out
-        tables.add(re.sub(r"\b\d{4,}\b", "PID", out))  # the same table but for PIDs
+        tables.add(re.sub(r"\b\d{3,}\b", "PID", out))  # the same table but for PIDs (300 and up)
     assert len(tables) == 1
     code, out, _ = cli("replay", str(path), "--against", "reference")
     assert code == 0 and "verdict: clean" in out
