@@ -48,7 +48,9 @@ from faultlab.machine import (
     PAYLOADS,
     InvariantFailure,
     StopExploration,
+    ended_by_stop,
     machine_settings,
+    should_stop,
     swarm,
 )
 from faultlab.records import DEFAULT_DEADLINE, SpawnMode
@@ -148,7 +150,7 @@ class ConcurrentMachine(RuleBasedStateMachine):
     # -- helpers -----------------------------------------------------------------------
 
     def execute(self, step: LaneStep) -> None:
-        if self.recorder.stop is not None and self.recorder.stop():
+        if should_stop(self.recorder.stop, self.recorder.first_failure_examples is not None):
             self.stopped = True
             raise StopExploration  # a time budget spent, or another job found something
         observation = self.executor.run(step)
@@ -531,13 +533,13 @@ def explore_concurrent(
             run_state_machine_as_test(  # type: ignore[no-untyped-call,unused-ignore]
                 seed(seed_value)(machine), settings=chosen
             )
-    except (InvariantFailure, Flaky) as error:
+    except (InvariantFailure, Flaky, StopExploration) as error:
+        if ended_by_stop(error):
+            result = ConcurrentExploration(system.ref, deduplication, concurrency, seed_value,
+                                           recorder, time.monotonic() - started, stopped=True)
+            interrupt.check()
+            return result
         failure = error
-    except StopExploration:
-        result = ConcurrentExploration(system.ref, deduplication, concurrency, seed_value,
-                                       recorder, time.monotonic() - started, stopped=True)
-        interrupt.check()
-        return result
     interrupt.check()  # an interrupted search reports nothing
     result = ConcurrentExploration(system.ref, deduplication, concurrency, seed_value, recorder,
                                    time.monotonic() - started)
@@ -567,8 +569,8 @@ def explore_concurrent(
         )
         return result
     if replay.verdict.clean:
-        # Hypothesis ended the search with an error (Flaky, under a time budget) while the
-        # last recorded example failed nothing: a clean trace is never a finding
+        # Hypothesis ended the search with an error (Flaky) while the last recorded example
+        # failed nothing: a clean trace is never a finding
         result.notes.append(f"the search ended with {type(failure).__name__}, but no "
                             "recorded example failed an invariant: nothing reported")
         return result

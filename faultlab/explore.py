@@ -28,6 +28,7 @@ from faultlab.machine import (
     Recorder,
     StopExploration,
     Weights,
+    ended_by_stop,
     machine_settings,
     outbox_machine,
 )
@@ -185,10 +186,11 @@ def explore(
             run_state_machine_as_test(  # type: ignore[no-untyped-call,unused-ignore]
                 seed(seed_value)(machine), settings=settings
             )
-    except (InvariantFailure, Flaky) as error:
-        failure = error
-    except StopExploration:
-        stopped = True
+    except (InvariantFailure, Flaky, StopExploration) as error:
+        if ended_by_stop(error):
+            stopped = True  # told to stop; Hypothesis may have called that flaky
+        else:
+            failure = error
     except Exception:
         interrupt.check()  # Hypothesis can trip over a KeyboardInterrupt in its own setup
         if recorder.run_error is not None:
@@ -227,17 +229,23 @@ def explore(
         system, trace.steps, spawner, deduplication=deduplication, settle=trace.settle,
         deadline=deadline,
     )
+    # A finding is a failure its replay reproduces: anything else is a note, never a trace.
     if replay.verdict != trace.expected:
         result.notes.append(
             f"replay showed {replay.verdict.describe()}, recorded "
-            f"{trace.expected.describe() if trace.expected else 'nothing'}"
+            f"{trace.expected.describe() if trace.expected else 'nothing'}: not reported"
         )
-    elif not replay.verdict.clean:
-        def run(steps: list[Step]) -> Execution:
-            return execute(system, steps, spawner, deduplication=deduplication,
-                           settle=trace.settle, deadline=deadline)
+        return result
+    if replay.verdict.clean:
+        result.notes.append(f"the search ended with {type(failure).__name__}, but no "
+                            "recorded example failed an invariant: nothing reported")
+        return result
 
-        trace, replay = minimise(trace, replay, run)
+    def run(steps: list[Step]) -> Execution:
+        return execute(system, steps, spawner, deduplication=deduplication,
+                       settle=trace.settle, deadline=deadline)
+
+    trace, replay = minimise(trace, replay, run)
     result.trace, result.replay = trace, replay
     return result
 

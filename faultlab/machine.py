@@ -73,7 +73,36 @@ REUSE_ONE_IN = 6
 class StopExploration(BaseException):
     """Raised before a step when the exploration was told to stop (time budget spent, or
     another job found something). A BaseException, so Hypothesis does not take it for a
-    failure: it leaves the run at once, and the unfinished example is not reported."""
+    failure: it leaves the run at once, and the unfinished example is not reported.
+
+    Hypothesis may still notice that the cut-short example drew less than an earlier one
+    with the same start, and end the search with FlakyStrategyDefinition raised while
+    handling this: :func:`ended_by_stop` recognises that as the stop it is."""
+
+
+def ended_by_stop(error: BaseException) -> bool:
+    """Whether ``error`` is a :class:`StopExploration`, or was raised while handling one.
+
+    Seen with ``explore --duration``: the stop cut an example short, Hypothesis found that
+    a run with the same choices had gone on drawing, and raised FlakyStrategyDefinition
+    (5 runs in 12 of ``explore --duration 1.5``, each then reported a clean trace as a
+    finding). A stop is only asked for while no example has failed (:func:`should_stop`),
+    so a search that ended this way has found nothing."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, StopExploration):
+            return True
+        seen = seen.__context__
+    return False
+
+
+def should_stop(stop: Callable[[], bool] | None, failure_seen: bool) -> bool:
+    """Whether to stop before the next step: asked only until an example has failed.
+
+    Once one has (``report_multiple_bugs`` is off), Hypothesis generates nothing new and
+    runs the failing example once more to report it; stopping that run would lose the
+    finding, so it runs to its end, even past a time budget."""
+    return stop is not None and not failure_seen and stop()
 
 
 class InvariantFailure(Exception):
@@ -189,8 +218,7 @@ class OutboxMachine(RuleBasedStateMachine):
         self.enabled_points: tuple[str, ...] | None = None
 
     def execute(self, step: Step) -> Observation:
-        stop = self.recorder.stop
-        if stop is not None and stop():
+        if should_stop(self.recorder.stop, self.recorder.first_failure_examples is not None):
             self.stopped = True
             raise StopExploration
         try:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -93,6 +95,52 @@ def test_duration_runs_rounds_until_the_budget(tmp_path: Path) -> None:
     assert 3.0 <= float(rows["wall time (s)"]) < 3.0 + 20  # one step past the budget
     assert took < 60
     assert not (tmp_path / "c").exists()  # nothing found, nothing saved
+
+
+def _stopping_after(calls: int) -> Callable[[], bool]:
+    """A stop that says yes from its ``calls``-th question on (it is asked before each
+    step): a time budget that runs out at a chosen step, the same in every run."""
+    asked = itertools.count()
+    return lambda: next(asked) >= calls
+
+
+def test_a_stop_mid_example_is_a_stop_never_a_finding(
+    fork_spawner: Spawner, reference: System,
+) -> None:
+    """Stopped at step 130, 137, ... of a clean exploration: a stop each time, no note, no
+    trace. Before the fix, 5 of these 10 ended with Hypothesis's FlakyStrategyDefinition
+    (the cut example drew less than an earlier one with the same start) and the clean
+    last example was reported as a finding (``explore --duration``: FOUND: clean, exit 1)."""
+    for calls in range(130, 200, 7):
+        result = explore(reference, fork_spawner, examples=50, seed_value=0,
+                         stop=_stopping_after(calls))
+        assert result.stopped and result.trace is None, (calls, result.notes)
+        assert result.notes == [], (calls, result.notes)
+        assert 0 < result.recorder.examples < 50, calls  # stopped before the end
+
+
+def test_a_stop_after_a_failure_does_not_lose_the_finding(
+    fork_spawner: Spawner, reference: System,
+) -> None:
+    """The negative control fails in its first example; Hypothesis then runs that example
+    once more to report it. A stop asked for during that run is not honoured: the finding
+    is reported whenever the budget ran out after the failure (before the fix, a stop at
+    that run's last step ended the search with no finding, and earlier ones left a note
+    of a flaky failure)."""
+    found = explore(reference, fork_spawner, deduplication=False, examples=50, seed_value=0)
+    assert found.trace is not None and found.recorder.first_failure_examples == 1
+    assert found.trace.expected is not None and found.trace.expected.step is not None
+    failing_steps = found.trace.expected.step + 1  # the first example's, to its failure
+    for calls in range(2 * failing_steps + 1):
+        result = explore(reference, fork_spawner, deduplication=False, examples=50,
+                         seed_value=0, stop=_stopping_after(calls))
+        assert result.notes == [], (calls, result.notes)
+        if calls < failing_steps:  # the budget ran out before the failing step
+            assert result.stopped and result.trace is None, calls
+        else:
+            assert result.trace is not None and not result.stopped, calls
+            assert result.trace.expected == found.trace.expected, calls
+            assert len(result.trace.steps) == len(found.trace.steps), calls
 
 
 def test_shards_are_reproducible_and_different(tmp_path: Path) -> None:
