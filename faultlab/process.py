@@ -461,31 +461,39 @@ def run_command(
     before this returns; a program that cannot be started raises ExecutionError.
     """
     began = time.monotonic()
+    child: subprocess.Popen[bytes] | None = None
+    fds: dict[int, str] = {}
     try:
-        child = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=None if env is None else dict(env),
-            cwd=cwd,
-            pass_fds=tuple(pass_fds),
-            start_new_session=new_group,
-        )
-    except OSError as error:
-        raise ExecutionError(f"cannot run {argv[0]}: {error.strerror or error}") from None
-    if child.stdout is None or child.stderr is None:
-        raise ExecutionError("worker pipes were not created")
-    fds = {os.dup(child.stdout.fileno()): "stdout", os.dup(child.stderr.fileno()): "stderr"}
-    child.stdout.close()
-    child.stderr.close()
-    try:
+        # deferred: a signal as the child starts is raised once it is known here, so the
+        # handler below kills and reaps it (it ran on, unreaped, when the signal came first)
+        with interrupt.deferred():
+            try:
+                child = subprocess.Popen(
+                    list(argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=None if env is None else dict(env),
+                    cwd=cwd,
+                    pass_fds=tuple(pass_fds),
+                    start_new_session=new_group,
+                )
+            except OSError as error:
+                raise ExecutionError(
+                    f"cannot run {argv[0]}: {error.strerror or error}") from None
+            if child.stdout is None or child.stderr is None:
+                raise ExecutionError("worker pipes were not created")
+            fds = {os.dup(child.stdout.fileno()): "stdout",
+                   os.dup(child.stderr.fileno()): "stderr"}
+            child.stdout.close()
+            child.stderr.close()
         if started is not None:
             started(child.pid)
     except BaseException:
-        _kill(child.pid, new_group)
-        _collect(child.pid, fds, deadline, new_group)
-        child.returncode = -signal.SIGKILL
+        if child is not None:
+            _kill(child.pid, new_group)
+            _collect(child.pid, fds, deadline, new_group)
+            child.returncode = -signal.SIGKILL
         raise
     try:
         outputs, status, timed_out = _collect(child.pid, fds, deadline, new_group)
@@ -730,7 +738,10 @@ class Spawner:
         if self.mode == "exec" or spec.environment:
             return exec_worker(spec, new_group=True)
         if self._server is None:
-            self._server = ForkServer()
+            # deferred: a signal as the server starts is raised once it is known here, so
+            # close() ends and reaps it (seen: it was left a zombie of the caller)
+            with interrupt.deferred():
+                self._server = ForkServer()
         return self._server.run(spec)
 
     def close(self) -> None:

@@ -219,6 +219,68 @@ def test_an_interrupted_request_never_yields_a_stale_reply(tmp_path: Path) -> No
     assert group_members == []
 
 
+class _SignalledPopen(subprocess.Popen):  # type: ignore[type-arg]
+    """subprocess.Popen that sends this process a real SIGINT the moment its child exists
+    (before the caller has stored the object): the narrowest window to be interrupted in."""
+
+    started: list[subprocess.Popen[bytes]] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _SignalledPopen.started.append(self)
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def _gone(child: subprocess.Popen[bytes]) -> bool:
+    """Reaped by faultlab: no longer a child of this process, and no such process."""
+    try:
+        os.waitpid(child.pid, os.WNOHANG)
+    except ChildProcessError:
+        return not Path(f"/proc/{child.pid}").exists()
+    return False
+
+
+def _end(child: subprocess.Popen[bytes]) -> None:
+    """After a failed check: stop and reap the child faultlab left (ours, unreaped)."""
+    try:
+        if os.waitpid(child.pid, os.WNOHANG) == (0, 0):
+            os.killpg(child.pid, signal.SIGKILL)
+            os.waitpid(child.pid, 0)
+    except (ChildProcessError, ProcessLookupError):
+        pass
+
+
+@pytest.mark.parametrize("mode", ["fork", "exec"])
+def test_a_signal_as_a_process_starts_still_ends_and_reaps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str,
+) -> None:
+    """A real SIGINT just after the fork server (fork mode) or an exec'd worker (exec mode)
+    was started, before faultlab held on to it: the run ends with Interrupted, and the
+    process is ended and reaped, not left running (exec) or a zombie of the caller (the
+    fork server: seen once in the slow random-moment interrupt test)."""
+    from faultlab.process import spawner
+    from faultlab.system import load_system
+
+    load_system("reference").initialise(tmp_path)
+    spec = WorkerSpec(system="reference", role="accept", directory=str(tmp_path),
+                      operation_id="op-1", payload='{"title":"x"}', spawn=mode)
+    started: list[subprocess.Popen[bytes]] = []
+    monkeypatch.setattr(_SignalledPopen, "started", started)
+    monkeypatch.setattr(subprocess, "Popen", _SignalledPopen)
+    try:
+        with interrupt.handling(), pytest.raises(interrupt.Interrupted):
+            with spawner(mode) as runner:
+                runner.run(spec)
+    finally:
+        interrupt.reset()
+        monkeypatch.undo()
+    (child,) = started
+    try:
+        assert _gone(child), child.pid
+    finally:
+        _end(child)
+
+
 def _ppid(pid: str) -> int:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
