@@ -82,7 +82,8 @@ def register(commands: Commands) -> None:
     parser.add_argument("--duration", type=positive_float, metavar="SECONDS",
                         help="explore until this time budget is spent, in rounds of --examples "
                              "examples with seeds derived from --seed (the step in flight "
-                             "finishes; the unfinished example is not counted)")
+                             "finishes; the unfinished example is not counted; a failure "
+                             "found before the end is still replayed, shrunk and reported)")
     parser.add_argument("--jobs", type=positive_int, default=1, metavar="N",
                         help="N explorations in parallel, each a process with its own fork "
                              "server and its own seed stream; without --duration they share "
