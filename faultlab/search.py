@@ -264,12 +264,15 @@ def run_jobs(
                                  name=f"faultlab-explore-job-{job}")
                  for job in range(plan.jobs)]
     started = time.monotonic()
-    for process in processes:
-        process.start()
     live: dict[int, Totals] = {}
     results: dict[int, StreamResult] = {}
     errors: list[str] = []
     try:
+        for process in processes:
+            # deferred: a signal as a job starts is raised once it is known, so the handler
+            # below ends it (a job started before the signal ran on to its end)
+            with interrupt.deferred():
+                process.start()
         while len(results) + len(errors) < len(processes):
             try:
                 kind, job, payload = messages.get(timeout=0.5)
@@ -311,7 +314,8 @@ def run_jobs(
             except queue.Empty:
                 pass
         for process in processes:
-            process.join()
+            if process.pid is not None:  # started
+                process.join()
         messages.close()
         messages.join_thread()
     if errors:

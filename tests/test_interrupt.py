@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -279,6 +280,43 @@ def test_a_signal_as_a_process_starts_still_ends_and_reaps_it(
         assert _gone(child), child.pid
     finally:
         _end(child)
+
+
+def test_a_signal_as_the_first_job_starts_ends_that_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """explore --jobs 2 --duration 60 interrupted by a real SIGINT the moment its first job
+    process has started: run_jobs raises Interrupted and every job it started has ended
+    (before the fix the start loop was outside the handler: the job explored on for its
+    whole minute, and the caller waited for it at exit)."""
+    import multiprocessing.context
+
+    from faultlab.search import Plan, run_jobs
+
+    started: list[Any] = []
+    real_start = multiprocessing.context.SpawnProcess.start
+
+    def start_then_signal(process: Any) -> None:
+        real_start(process)
+        started.append(process)
+        if len(started) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start_then_signal)
+    plan = Plan("reference", True, 0, 20, 10, True, False, "fork", jobs=2, duration=60.0)
+    began = time.monotonic()
+    try:
+        with interrupt.handling(), pytest.raises(interrupt.Interrupted):
+            run_jobs(plan)
+        left = [process.pid for process in started if process.exitcode is None]
+    finally:
+        interrupt.reset()
+        for process in started:  # after a failed check: end what was left
+            if process.is_alive():
+                process.kill()
+                process.join()
+    assert started and left == []
+    assert time.monotonic() - began < 30
 
 
 def _ppid(pid: str) -> int:
