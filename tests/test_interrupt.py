@@ -103,15 +103,23 @@ def test_a_signal_at_any_moment_is_all_or_nothing(tmp_path: Path) -> None:
     """Delays over the whole run (about a second: start-up, search, shrink, corpus write, and
     past it): either the run is interrupted (and
     nothing was saved or reported), or it had already committed its finding (exit 1,
-    one complete corpus file that replays). Never half of each."""
+    one complete corpus file that replays). Never half of each. The delays spread over
+    1.2 times an uninterrupted run's time on this machine (a fixed 1.2 s interrupted too
+    few runs on a fast one: 9 in 30)."""
+    command = ["explore", "--no-deduplication", "--examples", "200"]
+    began = time.monotonic()
+    whole = subprocess.run([sys.executable, "-m", "faultlab", *command, "--corpus",
+                            str(tmp_path / "uninterrupted")], cwd=ROOT, capture_output=True)
+    took = time.monotonic() - began
+    assert whole.returncode == 1, whole.stderr
     chooser = random.Random(10)
     outcomes = {"interrupted": 0, "committed": 0}
     for attempt in range(30):
         sig = "INT" if attempt % 2 else "TERM"
         corpus = tmp_path / f"corpus-{attempt}"
         result = interrupted_run(
-            ["explore", "--no-deduplication", "--examples", "200", "--corpus", str(corpus)],
-            sig, "ready", delay=chooser.uniform(0.0, 1.2),
+            [*command, "--corpus", str(corpus)], sig, "ready",
+            delay=chooser.uniform(0.0, 1.2 * took),
         )
         assert result["leftovers"] == {} and result["run_directories"] == [], result
         if result["returncode"] == STATUS[sig]:
