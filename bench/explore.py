@@ -21,10 +21,17 @@ hits both alike, it explores the reference for ``--seconds`` each time (``explor
   dispatcher's service runs while this process judges the last step). On a virtual
   machine the CPU time may include time the hypervisor gave to others, so ``2 / B`` is
   a rough bound, not a limit a measurement cannot pass;
+* the same for two jobs (every process of the run, start-up included, over the whole
+  run's time): how much of the machine two jobs use, and whether a step costs more CPU
+  when two jobs share the cores;
 * the parent's CPU per step with one job: user + system time of this process alone
   (Hypothesis, the state machine, the invariants, the executor's bookkeeping);
 * the bare fork floor: ``os.fork()`` + ``os._exit`` + ``os.waitpid()`` from this
-  process before it explores, the least a step that is a real process can cost.
+  process before it explores, the least a step that is a real process can cost;
+* how fork-bound work scales on this machine: loops of bare fork + exit + wait, two at
+  once against one (alternated with the explorations, 2 s each). About half of a step's
+  CPU is the kernel's (fork, copy-on-write faults, exit), and that part may scale worse
+  than plain computation does on a virtual machine's cores.
 
 Exit status 0 when ``--jobs 2`` reaches 1.5x, 1 when not, 2 on bad options.
 """
@@ -71,6 +78,30 @@ def fork_floor_ms(count: int = 200) -> float:
     return statistics.median(samples)
 
 
+def fork_loops_rate(loops: int, seconds: float = 2.0) -> float:
+    """Bare fork + exit + wait iterations per second of ``loops`` processes at once."""
+    read, write = os.pipe()
+    pids = []
+    for _ in range(loops):
+        pid = os.fork()
+        if pid == 0:  # a loop: fork a child that exits at once, wait for it, again
+            count, ends = 0, time.monotonic() + seconds
+            while time.monotonic() < ends:
+                child = os.fork()
+                if child == 0:
+                    os._exit(0)
+                os.waitpid(child, 0)
+                count += 1
+            os.write(write, f"{count}\n".encode())
+            os._exit(0)
+        pids.append(pid)
+    os.close(write)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    with os.fdopen(read, "rb") as counts:
+        return sum(int(n) for n in counts.read().split()) / seconds
+
+
 @dataclass
 class Measurement:
     """One exploration: steps, the exploring window and the whole run's wall time."""
@@ -114,14 +145,20 @@ def one_job(seconds: float, seed: int) -> Measurement:
 
 
 def two_jobs(seconds: float, seed: int) -> Measurement:
+    """Two job processes; their CPU (with their fork servers' and workers', which each job
+    reaps) is counted once they are joined, with this process's own."""
     plan = Plan("reference", True, seed, ROUND_EXAMPLES, 10, True, False, "fork",
                 duration=seconds, jobs=2)
     began = time.monotonic()
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     results = run_jobs(plan)
     wall = time.monotonic() - began
+    everything = (_cpu(resource.getrusage(resource.RUSAGE_SELF)) - _cpu(own)
+                  + _cpu(resource.getrusage(resource.RUSAGE_CHILDREN)) - _cpu(children))
     steps = sum(result.totals.steps for result in results)
     window = max(r.ended for r in results) - min(r.began for r in results)
-    return Measurement(steps, window, wall)
+    return Measurement(steps, window, wall, all_cpu=everything)
 
 
 def main() -> int:
@@ -138,6 +175,7 @@ def main() -> int:
     floor = fork_floor_ms()  # before exploring: a small process, as the fork server is
     single: list[Measurement] = []
     double: list[Measurement] = []
+    fork_scaling: list[float] = []
     for index in range(args.repeat):
         order = ("1", "2") if index % 2 == 0 else ("2", "1")
         for mode in order:
@@ -147,6 +185,7 @@ def main() -> int:
                 double.append(two_jobs(args.seconds, args.seed + index))
             print(f"bench: jobs {mode} measured ({index + 1}/{args.repeat})", file=sys.stderr,
                   flush=True)
+        fork_scaling.append(fork_loops_rate(2) / fork_loops_rate(1))
     median = statistics.median
     one, two = median(m.rate for m in single), median(m.rate for m in double)
     speedup = median(b.rate / a.rate for a, b in zip(single, double, strict=True))
@@ -154,6 +193,9 @@ def main() -> int:
     parent = median(m.parent_cpu / m.steps * 1000 for m in single)
     every = median(m.all_cpu / m.steps * 1000 for m in single)
     busy = median(m.all_cpu / m.window for m in single)
+    # two jobs: their whole run's CPU (start-up included) over the whole run's time
+    every_two = median(m.all_cpu / m.steps * 1000 for m in double)
+    busy_two = median(m.all_cpu / m.wall for m in double)
     cores = os.cpu_count() or 1
     print(f"faultlab {__version__}, Python {platform.python_version()}, {platform.platform()}, "
           f"{cores} CPUs; {args.repeat} x {args.seconds:g} s per mode, alternated")
@@ -169,9 +211,12 @@ def main() -> int:
         ["CPU per step, all processes, --jobs 1 (ms)", f"{every:.2f}"],
         ["cores busy, --jobs 1", f"{busy:.2f}"],
         [f"{cores} cores / cores busy", f"{cores / busy:.2f}x"],
+        ["CPU per step, all processes, --jobs 2 (ms)", f"{every_two:.2f}"],
+        ["cores busy, --jobs 2 (whole run)", f"{busy_two:.2f}"],
         ["parent CPU per step, --jobs 1 (ms)", f"{parent:.2f}"],
         ["bare fork + wait floor (ms)", f"{floor:.3f}"],
         ["parent CPU per step / fork floor", f"{parent / floor:.1f}x"],
+        ["bare fork loops, 2 at once / 1", f"{median(fork_scaling):.2f}x"],
     ]
     print(tabulate(rows, headers=["median", "value"], tablefmt="github"))
     holds = speedup >= TARGET_SPEEDUP
@@ -183,6 +228,8 @@ def main() -> int:
             "jobs_1": [vars(m) for m in single], "jobs_2": [vars(m) for m in double],
             "fork_floor_ms": floor, "speedup": speedup, "speedup_end_to_end": end_to_end,
             "cpu_ms_per_step": every, "cores_busy_one_job": busy,
+            "cpu_ms_per_step_two_jobs": every_two, "cores_busy_two_jobs": busy_two,
+            "fork_loops_2_over_1": fork_scaling,
         }
         args.output.write_text(json.dumps(figures, indent=2) + "\n")
     return 0 if holds else 1
