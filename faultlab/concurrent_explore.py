@@ -50,6 +50,7 @@ from faultlab.machine import (
     StopExploration,
     ended_by_stop,
     machine_settings,
+    not_a_finding,
     should_stop,
     swarm,
 )
@@ -562,17 +563,9 @@ def explore_concurrent(
     replay = execute_concurrent(system, trace.steps, concurrency=concurrency,
                                 deduplication=deduplication, spawn=spawn, deadline=deadline,
                                 statement_points=statement_points)
-    if replay.verdict != trace.expected:
-        result.notes.append(
-            f"replay showed {replay.verdict.describe()}, recorded "
-            f"{trace.expected.describe() if trace.expected else 'nothing'}: not reported"
-        )
-        return result
-    if replay.verdict.clean:
-        # Hypothesis ended the search with an error (Flaky) while the last recorded example
-        # failed nothing: a clean trace is never a finding
-        result.notes.append(f"the search ended with {type(failure).__name__}, but no "
-                            "recorded example failed an invariant: nothing reported")
+    refused = not_a_finding(trace.expected, replay.verdict, failure)
+    if refused is not None:
+        result.notes.append(refused)
         return result
     trace, replay = minimise(system, trace, replay, spawn=spawn, deadline=deadline)
     result.trace, result.replay = trace, replay

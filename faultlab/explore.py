@@ -30,6 +30,7 @@ from faultlab.machine import (
     Weights,
     ended_by_stop,
     machine_settings,
+    not_a_finding,
     outbox_machine,
 )
 from faultlab.process import Spawner
@@ -229,16 +230,9 @@ def explore(
         system, trace.steps, spawner, deduplication=deduplication, settle=trace.settle,
         deadline=deadline,
     )
-    # A finding is a failure its replay reproduces: anything else is a note, never a trace.
-    if replay.verdict != trace.expected:
-        result.notes.append(
-            f"replay showed {replay.verdict.describe()}, recorded "
-            f"{trace.expected.describe() if trace.expected else 'nothing'}: not reported"
-        )
-        return result
-    if replay.verdict.clean:
-        result.notes.append(f"the search ended with {type(failure).__name__}, but no "
-                            "recorded example failed an invariant: nothing reported")
+    refused = not_a_finding(trace.expected, replay.verdict, failure)
+    if refused is not None:
+        result.notes.append(refused)
         return result
 
     def run(steps: list[Step]) -> Execution:

@@ -96,6 +96,22 @@ def ended_by_stop(error: BaseException) -> bool:
     return False
 
 
+def not_a_finding(recorded: Verdict | None, replayed: Verdict,
+                  failure: BaseException) -> str | None:
+    """Why the example a search ended on is not reported, or None when it is a finding.
+
+    A finding is a failure that its replay reproduces. A search can also end on an error
+    of Hypothesis's own (Flaky) with a clean or different last example: that is a note,
+    never a corpus file (a clean one was once printed as "FOUND: clean")."""
+    if replayed != recorded:
+        shown = recorded.describe() if recorded else "nothing"
+        return f"replay showed {replayed.describe()}, recorded {shown}: not reported"
+    if replayed.clean:
+        return (f"the search ended with {type(failure).__name__}, but no recorded example "
+                "failed an invariant: nothing reported")
+    return None
+
+
 def should_stop(stop: Callable[[], bool] | None, failure_seen: bool) -> bool:
     """Whether to stop before the next step: asked only until an example has failed.
 
