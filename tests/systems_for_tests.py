@@ -63,6 +63,29 @@ class ForgetfulOutbox(ReferenceOutbox):
         return {"operation_id": operation_id, "result": {"ticket_id": ticket_id}, "replayed": False}
 
 
+class OnceForgetfulOutbox(ReferenceOutbox):
+    """The receiver forgets its receipts once: while the file named by
+    ``FAULTLAB_TEST_ONCE_FLAG`` exists, a repeated delivery makes a new ticket and removes
+    the file. The failure it causes does not happen again when the trace is replayed."""
+
+    name = "once-forgetful"
+
+    def service(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        flag = os.environ.get("FAULTLAB_TEST_ONCE_FLAG")
+        if flag and os.path.exists(flag):
+            connection = context.connect("downstream.sqlite")
+            try:
+                seen = connection.execute(
+                    "SELECT COUNT(*) FROM tickets WHERE operation_id = ?", (operation_id,)
+                ).fetchone()[0]
+            finally:
+                connection.close()
+            if seen:
+                os.unlink(flag)
+                return ForgetfulOutbox.service(self, context, operation_id, payload)
+        return super().service(context, operation_id, payload)
+
+
 class EscapingOutbox(ReferenceOutbox):
     """accept starts a grandchild that leaves the worker's process group (setsid) while
     still holding the worker's stdout and stderr, says its PID, then hangs.

@@ -145,6 +145,29 @@ def test_a_stop_after_a_failure_does_not_lose_the_finding(
             assert len(result.trace.steps) == len(found.trace.steps), calls
 
 
+def test_a_failure_its_replay_does_not_reproduce_is_a_note_never_a_finding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A receiver that duplicated a ticket once (and never again): exploration sees ONE
+    fail, but neither Hypothesis's own rerun nor faultlab's replay shows it again. That is
+    not a finding: a note, no trace (before, the sequential explorer reported the clean
+    last example as one: FOUND: clean)."""
+    from faultlab.process import spawner
+    from faultlab.system import load_system
+
+    flag = tmp_path / "forget-once"
+    flag.touch()
+    monkeypatch.setenv("FAULTLAB_TEST_ONCE_FLAG", str(flag))  # read by the fork server's workers
+    system = load_system("systems_for_tests:OnceForgetfulOutbox")
+    with spawner("fork") as runner:
+        result = explore(system, runner, examples=100, seed_value=0)
+    assert not flag.exists()  # the receiver did forget once: a duplicate ticket was made
+    assert result.recorder.first_failure_examples is not None
+    assert result.trace is None and result.replay is None
+    assert any(note.endswith(("not reported", "nothing reported")) for note in result.notes), (
+        result.notes)
+
+
 def test_shards_are_reproducible_and_different(tmp_path: Path) -> None:
     def counts(shard: str) -> tuple[str, str, str]:
         done = run_cli("explore", "--shard", shard, "--examples", "8", "--seed", "4",
