@@ -299,6 +299,7 @@ def test_a_signal_as_the_first_job_starts_ends_that_job(
     whole minute, and the caller waited for it at exit)."""
     import multiprocessing.context
 
+    from faultlab.process import stop_resource_tracker
     from faultlab.search import Plan, run_jobs
 
     started: list[Any] = []
@@ -323,6 +324,7 @@ def test_a_signal_as_the_first_job_starts_ends_that_job(
             if process.is_alive():
                 process.kill()
                 process.join()
+        stop_resource_tracker()  # the queue's tracker, as the faultlab command does at exit
     assert started and left == []
     assert time.monotonic() - began < 30
 
