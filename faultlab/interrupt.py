@@ -25,7 +25,7 @@ This module imports nothing from faultlab: every layer may use it.
 from __future__ import annotations
 
 import signal
-import threading
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -91,13 +91,26 @@ def check() -> None:
         raise Interrupted(_state.received)
 
 
+def in_main_thread() -> bool:
+    """Whether this is the main thread, without importing :mod:`threading`.
+
+    A process that never imported :mod:`threading` started no thread through it, so it
+    runs in its main thread. Not importing it matters in the fork server: every module
+    loaded there is loaded in every worker, and :mod:`threading` registers an after-fork
+    hook whose Python code costs each forked child about 120 copy-on-write page faults
+    (half a millisecond; ``bench/spawn.py``).
+    """
+    threading = sys.modules.get("threading")
+    return threading is None or threading.current_thread() is threading.main_thread()
+
+
 @contextmanager
 def deferred() -> Iterator[None]:
     """Run a short critical section to its end; a signal during it is raised afterwards.
 
     Outside the main thread (where no handler runs) this only adds the check at the end.
     """
-    main = threading.current_thread() is threading.main_thread()
+    main = in_main_thread()
     if main:
         _state.deferring += 1
     try:
@@ -139,7 +152,7 @@ def handling(*, restore: bool = True) -> Iterator[None]:
     traceback, no death by the default action during interpreter shutdown. Only the main
     thread can install handlers; elsewhere this changes nothing.
     """
-    if threading.current_thread() is not threading.main_thread():
+    if not in_main_thread():
         yield
         return
     reset()

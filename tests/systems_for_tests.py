@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 import time
 from typing import Any
 
@@ -84,6 +85,18 @@ class OnceForgetfulOutbox(ReferenceOutbox):
                 os.unlink(flag)
                 return ForgetfulOutbox.service(self, context, operation_id, payload)
         return super().service(context, operation_id, payload)
+
+
+class ChattyOutbox(ReferenceOutbox):
+    """accept prints one line to sys.stdout and one to sys.stderr (no flush: the worker's
+    exit flushes them), then accepts as the reference does."""
+
+    name = "chatty"
+
+    def accept(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        print(f"chatty stdout {operation_id} pid {os.getpid()}")
+        print(f"chatty stderr {operation_id} pid {os.getpid()}", file=sys.stderr)
+        return super().accept(context, operation_id, payload)
 
 
 class EscapingOutbox(ReferenceOutbox):

@@ -275,12 +275,31 @@ def test_the_deadline_bounds_the_wait_even_when_a_process_escapes_the_group(
     assert wait_until(lambda: escaped not in processes())
 
 
+def test_what_a_forked_worker_prints_is_in_its_own_record_once(
+    fork_spawner: Spawner, tmp_path: Path
+) -> None:
+    """Spares take text streams their fork server built and never wrote: each worker's
+    print() reaches its own record, once, and no earlier worker's line comes with it."""
+    load_system("systems_for_tests:ChattyOutbox").initialise(tmp_path)
+    for number in range(1, 4):
+        record = fork_spawner.run(WorkerSpec(
+            system="systems_for_tests:ChattyOutbox", role="accept", directory=str(tmp_path),
+            operation_id=f"op-{number}", payload='{"title":"chatty"}', crash=None,
+        ))
+        assert record.exit_code == 0, record.stderr
+        lines = record.stdout.splitlines()  # the response is written unbuffered, print()
+        assert lines[1:] == [f"chatty stdout op-{number} pid {record.pid}"]  # flushed at exit
+        assert record.response is not None and record.response["operation_id"] == f"op-{number}"
+        assert record.stderr == f"chatty stderr op-{number} pid {record.pid}\n"
+
+
 _IMPORTS_PROBE = """
 import json, sys
 from faultlab.records import WorkerSpec
 from faultlab.worker import preload
 from faultlab.system import load_system
 preload()
+costly = sorted(name for name in ("threading", "subprocess") if name in sys.modules)
 from faultlab.worker import run_worker
 imported = set()
 for system, directory in json.loads(sys.argv[1]).items():
@@ -293,7 +312,7 @@ for system, directory in json.loads(sys.argv[1]).items():
         run_worker(WorkerSpec(system=system, role=role, directory=directory,
                               operation_id=operation_id, payload=payload, crash=None))
     imported |= set(sys.modules) - before
-print(json.dumps({"imported": sorted(imported)}))
+print(json.dumps({"imported": sorted(imported), "costly": costly}))
 """
 
 
@@ -317,6 +336,28 @@ def test_a_fork_mode_worker_imports_nothing_the_fork_server_did_not(tmp_path: Pa
     assert completed.returncode == 0, completed.stderr
     response = parse_response(completed.stdout)
     assert response is not None and "imported" in response, completed.stdout
+    assert response["imported"] == []
+
+
+def test_the_reference_fork_server_does_not_import_threading(tmp_path: Path) -> None:
+    """:mod:`threading` registers an after-fork hook, Python code run in every forked child.
+
+    In the fork server it cost each worker about 120 copy-on-write page faults (over half
+    a millisecond of CPU, measured with ``bench/spawn.py``); :mod:`subprocess` imports it,
+    so the process layer imports :mod:`subprocess` only where it starts a program.
+    """
+    directory = tmp_path / "reference"
+    directory.mkdir()
+    load_system("reference").initialise(directory)
+    completed = subprocess.run(
+        [sys.executable, "-c", _IMPORTS_PROBE, json.dumps({"reference": str(directory)}),
+         json.dumps({"title": "imports"})],
+        capture_output=True, text=True, env=child_environment(), timeout=120, check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    response = parse_response(completed.stdout)
+    assert response is not None, completed.stdout
+    assert response["costly"] == []
     assert response["imported"] == []
 
 
