@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from faultlab.nemesis.crash import kill_self
+from faultlab.records import ProcessRecord
 from faultlab.system.contract import WorkerContext
 from faultlab.system.reference import CLAIM_SQL, ReferenceOutbox
 
@@ -88,15 +89,36 @@ class OnceForgetfulOutbox(ReferenceOutbox):
 
 
 class ChattyOutbox(ReferenceOutbox):
-    """accept prints one line to sys.stdout and one to sys.stderr (no flush: the worker's
-    exit flushes them), then accepts as the reference does."""
+    """accept and service print one line to sys.stdout and one to sys.stderr (no flush:
+    the process's exit flushes them), then do as the reference does; dispatch adds what
+    its service child printed to its response."""
 
     name = "chatty"
 
     def accept(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
-        print(f"chatty stdout {operation_id} pid {os.getpid()}")
-        print(f"chatty stderr {operation_id} pid {os.getpid()}", file=sys.stderr)
+        _chat("accept", operation_id)
         return super().accept(context, operation_id, payload)
+
+    def service(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        _chat("service", operation_id)
+        return super().service(context, operation_id, payload)
+
+    def dispatch(self, context: WorkerContext) -> dict[str, Any]:
+        outputs: list[list[str]] = []
+        call = context.call_service
+
+        def call_and_keep(operation_id: str, payload: str) -> ProcessRecord:
+            record = call(operation_id, payload)
+            outputs.append([record.stdout, record.stderr, str(record.pid)])
+            return record
+
+        context.call_service = call_and_keep  # type: ignore[method-assign]
+        return {**super().dispatch(context), "service_outputs": outputs}
+
+
+def _chat(role: str, operation_id: str) -> None:
+    print(f"chatty {role} stdout {operation_id} pid {os.getpid()}")
+    print(f"chatty {role} stderr {operation_id} pid {os.getpid()}", file=sys.stderr)
 
 
 class EscapingOutbox(ReferenceOutbox):

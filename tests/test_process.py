@@ -278,19 +278,32 @@ def test_the_deadline_bounds_the_wait_even_when_a_process_escapes_the_group(
 def test_what_a_forked_worker_prints_is_in_its_own_record_once(
     fork_spawner: Spawner, tmp_path: Path
 ) -> None:
-    """Spares take text streams their fork server built and never wrote: each worker's
-    print() reaches its own record, once, and no earlier worker's line comes with it."""
-    load_system("systems_for_tests:ChattyOutbox").initialise(tmp_path)
+    """Workers and their service children take text streams their fork server built and
+    never wrote: each process's print() reaches its own record, once, and no other
+    process's line comes with it."""
+    system = "systems_for_tests:ChattyOutbox"
+    load_system(system).initialise(tmp_path)
     for number in range(1, 4):
+        operation_id = f"op-{number}"
         record = fork_spawner.run(WorkerSpec(
-            system="systems_for_tests:ChattyOutbox", role="accept", directory=str(tmp_path),
-            operation_id=f"op-{number}", payload='{"title":"chatty"}', crash=None,
+            system=system, role="accept", directory=str(tmp_path),
+            operation_id=operation_id, payload='{"title":"chatty"}', crash=None,
         ))
         assert record.exit_code == 0, record.stderr
         lines = record.stdout.splitlines()  # the response is written unbuffered, print()
-        assert lines[1:] == [f"chatty stdout op-{number} pid {record.pid}"]  # flushed at exit
-        assert record.response is not None and record.response["operation_id"] == f"op-{number}"
-        assert record.stderr == f"chatty stderr op-{number} pid {record.pid}\n"
+        assert lines[1:] == [f"chatty accept stdout {operation_id} pid {record.pid}"]
+        assert record.response is not None and record.response["operation_id"] == operation_id
+        assert record.stderr == f"chatty accept stderr {operation_id} pid {record.pid}\n"
+        dispatcher = fork_spawner.run(WorkerSpec(
+            system=system, role="dispatch", directory=str(tmp_path), crash=None,
+        ))
+        assert dispatcher.exit_code == 0, dispatcher.stderr
+        assert dispatcher.stderr == ""
+        assert dispatcher.response is not None
+        [[stdout, stderr, pid]] = dispatcher.response["service_outputs"]
+        assert pid != str(dispatcher.pid)
+        assert stdout.splitlines()[1:] == [f"chatty service stdout {operation_id} pid {pid}"]
+        assert stderr == f"chatty service stderr {operation_id} pid {pid}\n"
 
 
 _IMPORTS_PROBE = """
