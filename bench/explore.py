@@ -2,12 +2,13 @@
 
     python bench/explore.py [--seconds S] [--repeat N] [--seed S] [--output FILE]
 
-In one run, alternating the two (jobs 1, jobs 2, jobs 2, jobs 1, ...) so machine noise
-hits both alike, it explores the reference for ``--seconds`` each time (``explore
---duration``, rounds of 20 examples) and measures:
+In one run, alternating three modes (``--jobs 1``, ``--jobs 2``, ``--jobs 2 --no-pin``,
+each first in turn) so machine noise hits them alike, it explores the reference for
+``--seconds`` each time (``explore --duration``, rounds of 20 examples) and measures:
 
 * steps/s while exploring, with ``--jobs 1`` (in this process) and ``--jobs 2`` (two
-  job processes, each with its own fork server): steps over the time from the first
+  job processes, each with its own fork server, each pinned to one CPU as ``explore``
+  does): steps over the time from the first
   stream's start to the last one's end (each job stamps its stream with the machine's
   monotonic clock), so interpreter and fork-server start-up, which a long run pays once,
   is left out of both alike; ``--jobs 2 / --jobs 1`` is the median of the ratios of
@@ -24,6 +25,8 @@ hits both alike, it explores the reference for ``--seconds`` each time (``explor
 * the same for two jobs (every process of the run, start-up included, over the whole
   run's time): how much of the machine two jobs use, and whether a step costs more CPU
   when two jobs share the cores;
+* the same three figures for two jobs left to the scheduler (``--no-pin``), which
+  shows what pinning each job to its own CPU gains (see ``faultlab/affinity.py``);
 * the parent's CPU per step with one job: user + system time of this process alone
   (Hypothesis, the state machine, the invariants, the executor's bookkeeping);
 * the bare fork floor: ``os.fork()`` + ``os._exit`` + ``os.waitpid()`` from this
@@ -144,11 +147,12 @@ def one_job(seconds: float, seed: int) -> Measurement:
                        everything)
 
 
-def two_jobs(seconds: float, seed: int) -> Measurement:
-    """Two job processes; their CPU (with their fork servers' and workers', which each job
-    reaps) is counted once they are joined, with this process's own."""
+def two_jobs(seconds: float, seed: int, pin: bool = True) -> Measurement:
+    """Two job processes, pinned one CPU each (as ``explore --jobs 2``) or not (as with
+    ``--no-pin``); their CPU (with their fork servers' and workers', which each job reaps)
+    is counted once they are joined, with this process's own."""
     plan = Plan("reference", True, seed, ROUND_EXAMPLES, 10, True, False, "fork",
-                duration=seconds, jobs=2)
+                duration=seconds, jobs=2, pin=pin)
     began = time.monotonic()
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -165,8 +169,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0,
                         help="exploration time per measurement (default 10)")
-    parser.add_argument("--repeat", type=int, default=3,
-                        help="measurements per mode, alternated (default 3)")
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="measurements per mode, alternated (default 5: the host's "
+                             "speed drifts by a fifth within a run)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, help="also write the figures as JSON")
     args = parser.parse_args()
@@ -175,20 +180,25 @@ def main() -> int:
     floor = fork_floor_ms()  # before exploring: a small process, as the fork server is
     single: list[Measurement] = []
     double: list[Measurement] = []
+    unpinned: list[Measurement] = []
     fork_scaling: list[float] = []
+    modes = ["1", "2", "2 --no-pin"]
     for index in range(args.repeat):
-        order = ("1", "2") if index % 2 == 0 else ("2", "1")
-        for mode in order:
+        for mode in modes[index % 3:] + modes[:index % 3]:  # each mode first in turn
             if mode == "1":
                 single.append(one_job(args.seconds, args.seed + index))
-            else:
+            elif mode == "2":
                 double.append(two_jobs(args.seconds, args.seed + index))
+            else:
+                unpinned.append(two_jobs(args.seconds, args.seed + index, pin=False))
             print(f"bench: jobs {mode} measured ({index + 1}/{args.repeat})", file=sys.stderr,
                   flush=True)
         fork_scaling.append(fork_loops_rate(2) / fork_loops_rate(1))
     median = statistics.median
     one, two = median(m.rate for m in single), median(m.rate for m in double)
     speedup = median(b.rate / a.rate for a, b in zip(single, double, strict=True))
+    free = median(m.rate for m in unpinned)
+    free_speedup = median(b.rate / a.rate for a, b in zip(single, unpinned, strict=True))
     end_to_end = median(b.end_to_end / a.end_to_end for a, b in zip(single, double, strict=True))
     parent = median(m.parent_cpu / m.steps * 1000 for m in single)
     every = median(m.all_cpu / m.steps * 1000 for m in single)
@@ -196,6 +206,8 @@ def main() -> int:
     # two jobs: their whole run's CPU (start-up included) over the whole run's time
     every_two = median(m.all_cpu / m.steps * 1000 for m in double)
     busy_two = median(m.all_cpu / m.wall for m in double)
+    every_free = median(m.all_cpu / m.steps * 1000 for m in unpinned)
+    busy_free = median(m.all_cpu / m.wall for m in unpinned)
     cores = os.cpu_count() or 1
     print(f"faultlab {__version__}, Python {platform.python_version()}, {platform.platform()}, "
           f"{cores} CPUs; {args.repeat} x {args.seconds:g} s per mode, alternated")
@@ -203,6 +215,7 @@ def main() -> int:
         ["steps/s exploring, --jobs 1", f"{one:.1f}"],
         ["steps/s exploring, --jobs 2", f"{two:.1f}"],
         ["--jobs 2 / --jobs 1, exploring", f"{speedup:.2f}x"],
+        ["--jobs 2 / --jobs 1, ratio of the medians above", f"{two / one:.2f}x"],
         ["steps/s end to end, --jobs 1", f"{median(m.end_to_end for m in single):.1f}"],
         ["steps/s end to end, --jobs 2", f"{median(m.end_to_end for m in double):.1f}"],
         ["--jobs 2 / --jobs 1, end to end", f"{end_to_end:.2f}x"],
@@ -213,6 +226,10 @@ def main() -> int:
         [f"{cores} cores / cores busy", f"{cores / busy:.2f}x"],
         ["CPU per step, all processes, --jobs 2 (ms)", f"{every_two:.2f}"],
         ["cores busy, --jobs 2 (whole run)", f"{busy_two:.2f}"],
+        ["steps/s exploring, --jobs 2 --no-pin", f"{free:.1f}"],
+        ["--jobs 2 --no-pin / --jobs 1, exploring", f"{free_speedup:.2f}x"],
+        ["CPU per step, all processes, --jobs 2 --no-pin (ms)", f"{every_free:.2f}"],
+        ["cores busy, --jobs 2 --no-pin (whole run)", f"{busy_free:.2f}"],
         ["parent CPU per step, --jobs 1 (ms)", f"{parent:.2f}"],
         ["bare fork + wait floor (ms)", f"{floor:.3f}"],
         ["parent CPU per step / fork floor", f"{parent / floor:.1f}x"],
@@ -226,6 +243,7 @@ def main() -> int:
     if args.output is not None:
         figures: dict[str, Any] = {
             "jobs_1": [vars(m) for m in single], "jobs_2": [vars(m) for m in double],
+            "jobs_2_no_pin": [vars(m) for m in unpinned], "speedup_no_pin": free_speedup,
             "fork_floor_ms": floor, "speedup": speedup, "speedup_end_to_end": end_to_end,
             "cpu_ms_per_step": every, "cores_busy_one_job": busy,
             "cpu_ms_per_step_two_jobs": every_two, "cores_busy_two_jobs": busy_two,

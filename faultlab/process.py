@@ -778,6 +778,11 @@ class Spawner:
                 self._server = ForkServer()
         return self._server.run(spec)
 
+    @property
+    def server_pid(self) -> int | None:
+        """The fork server's pid while it runs (it starts with the first forked worker)."""
+        return self._server.pid if self._server is not None else None
+
     def close(self) -> None:
         if self._server is not None:
             self._server.close()

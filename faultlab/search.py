@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from faultlab import interrupt
+from faultlab.affinity import allowed_cpus, pin_job
 from faultlab.concurrent_explore import (
     ConcurrentExploration,
     ConcurrentRecorder,
@@ -70,6 +71,14 @@ class Plan:
     concurrency: int = 1
     #: Concurrent traces also hold workers at sql:K / commit:K.
     statement_points: bool = False
+    #: Jobs may be pinned, one CPU each (see :mod:`faultlab.affinity`); ``--no-pin`` clears it.
+    pin: bool = True
+
+    @property
+    def pinned(self) -> bool:
+        """Whether each job is confined to one CPU: several sequential jobs (a concurrent
+        job's lanes run at once, so they keep every CPU)."""
+        return self.pin and self.jobs > 1 and self.concurrency == 1
 
     @property
     def streams(self) -> int:
@@ -137,6 +146,9 @@ class StreamResult:
     #: start-up, which a long run pays once.
     began: float = 0.0
     ended: float = 0.0
+    #: The CPUs the stream's processes could run on (its fork server's, as its workers
+    #: inherit them), or None where the platform cannot say.
+    cpus: list[int] | None = None
 
 
 def run_stream(
@@ -233,6 +245,7 @@ def _job_main(plan: Plan, job: int, messages: Any, stop_event: Any) -> None:
     from faultlab.system import load_system
 
     interrupt.install()  # SIGINT (the terminal's group) or SIGTERM (the parent) end it cleanly
+    cpus = pin_job(job, plan.jobs) if plan.pinned else allowed_cpus()
     system = load_system(plan.system)
     last = [0.0]
 
@@ -246,6 +259,8 @@ def _job_main(plan: Plan, job: int, messages: Any, stop_event: Any) -> None:
         with spawner(plan.spawn) as runner:
             result, _ = run_stream(system, runner, plan, job, stop=stop_event.is_set,
                                    on_failure=stop_event.set, progress=progress)
+            server = runner.server_pid  # alive until the block ends: still ours to ask
+            result.cpus = allowed_cpus(server) if server is not None else cpus
         messages.put(("done", job, result))
     except BaseException as error:  # reported to the parent, which stops with an error
         stop_event.set()

@@ -9,15 +9,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from conftest import ROOT
 
+from faultlab.affinity import allowed_cpus
 from faultlab.errors import UsageError
 from faultlab.explore import explore
 from faultlab.process import Spawner
-from faultlab.search import Plan
+from faultlab.search import Plan, run_jobs
 from faultlab.streams import Shard, parse_shard, round_seed
 from faultlab.system import System
 
@@ -197,6 +199,23 @@ def test_jobs_find_the_negative_control_and_the_trace_replays(tmp_path: Path) ->
     assert trace["meta"]["jobs"] == 2 and trace["meta"]["shard"] == "0/1"
     replayed = run_cli("replay", *map(str, files))
     assert replayed.returncode == 0, replayed.stdout
+
+
+@pytest.mark.skipif(len(allowed_cpus() or []) < 2,
+                    reason="needs CPU affinity (Linux) and at least 2 CPUs to pin 2 jobs")
+def test_jobs_are_pinned_one_cpu_each_and_no_pin_leaves_them_free() -> None:
+    """Each job's fork server (which forks its workers) runs on its own single CPU;
+    ``--no-pin`` (the negative control) leaves every fork server on every CPU."""
+    cpus = allowed_cpus()
+    assert cpus is not None
+    plan = Plan("reference", True, 5, 4, 5, True, False, "fork", jobs=2)
+    assert plan.pinned
+    pinned = [r.cpus for r in run_jobs(plan)]
+    assert pinned == [[cpus[0]], [cpus[1]]]
+    free = [r.cpus for r in run_jobs(replace(plan, pin=False))]
+    assert free == [cpus, cpus]
+    assert not replace(plan, concurrency=2).pinned  # lanes run at once: never pinned
+    assert not replace(plan, jobs=1).pinned
 
 
 def test_scale_examples_use_real_flags() -> None:
