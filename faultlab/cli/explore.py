@@ -91,7 +91,7 @@ def register(commands: Commands) -> None:
     parser.add_argument("--no-pin", dest="pin", action="store_false",
                         help="with --jobs: let the OS move jobs between CPUs (default: when "
                              "there is a CPU for every job, job K and every process it "
-                             "starts run on the K-th CPU, which measured 14-22%% more "
+                             "starts run on the K-th CPU, which measured 9-22%% more "
                              "steps/s with 2 jobs on 2 cores; concurrent explorations are "
                              "never pinned)")
     parser.add_argument("--shard", type=_shard, default=Shard(), metavar="K/N",
