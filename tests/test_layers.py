@@ -17,7 +17,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                 "faultlab.records", "faultlab.defaults", "faultlab.messages", "faultlab.clock",
                 "faultlab.pgstores", "faultlab.interrupt", "faultlab.inputs", "faultlab.output",
                 "faultlab.wall_clock"}),
-    ("process", {"faultlab.process"}),
+    ("process", {"faultlab.process", "faultlab.affinity"}),
     ("nemesis", {"faultlab.nemesis", "faultlab.nemesis.crash", "faultlab.nemesis.announce",
                  "faultlab.nemesis.schedule", "faultlab.pgcrash"}),
     ("checks", {"faultlab.invariants", "faultlab.history"}),
