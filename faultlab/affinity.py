@@ -6,13 +6,12 @@ dispatcher's service) runs while the job waits. Left to the scheduler, two such 
 two CPUs keep less than both CPUs busy (most likely because a woken or newly forked
 process is often placed on the CPU already running the other chain while the second CPU
 idles, and a chain that moves finds its copy-on-write pages cold in the new CPU's
-caches). Confining
-job k, and so everything it starts (affinity is inherited across fork), to CPU k gives
-each chain a CPU of its own. Measured side by side on 2 cores (``python
-bench/explore.py`` runs two pinned and two unpinned jobs in one run): the cores kept
-busy rose from 1.79-1.82 to 1.93-1.96 in five runs, and ``--jobs 2`` read 1.41x to 1.69x
-the steps/s of ``--jobs 1`` pinned against 1.16x to 1.47x unpinned (9% to 22% more in
-every run).
+caches). Confining job k, and so everything it starts (affinity is inherited across
+fork), to CPU k gives each chain a CPU of its own. Measured side by side on 2 cores
+(``python bench/explore.py`` runs two pinned and two unpinned jobs in one run): the
+cores kept busy rose from 1.79-1.82 to 1.93-1.96 in five runs, and ``--jobs 2`` read
+1.41x to 1.69x the steps/s of ``--jobs 1`` pinned against 1.16x to 1.47x unpinned (9%
+to 22% more in every run).
 
 Pinning applies only where each job gets a CPU of its own and the job's processes run
 one at a time: with more jobs than CPUs the scheduler balances better than a fixed map,
