@@ -184,7 +184,8 @@ def main() -> int:
     fork_scaling: list[float] = []
     modes = ["1", "2", "2 --no-pin"]
     for index in range(args.repeat):
-        for mode in modes[index % 3:] + modes[:index % 3]:  # each mode first in turn
+        first = index % len(modes)  # each mode first in turn
+        for mode in modes[first:] + modes[:first]:
             if mode == "1":
                 single.append(one_job(args.seconds, args.seed + index))
             elif mode == "2":
