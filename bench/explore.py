@@ -26,7 +26,7 @@ each first in turn) so machine noise hits them alike, it explores the reference 
   run's time): how much of the machine two jobs use, and whether a step costs more CPU
   when two jobs share the cores;
 * the same three figures for two jobs left to the scheduler (``--no-pin``), which
-  shows what pinning each job to its own CPU gains (see ``faultlab/affinity.py``);
+  shows what pinning each job to its own CPU gains (see ``faultlab/process/affinity.py``);
 * the parent's CPU per step with one job: user + system time of this process alone
   (Hypothesis, the state machine, the invariants, the executor's bookkeeping);
 * the bare fork floor: ``os.fork()`` + ``os._exit`` + ``os.waitpid()`` from this
@@ -60,8 +60,8 @@ if importlib.util.find_spec("faultlab") is None:  # run from a checkout without 
 from tabulate import tabulate  # noqa: E402
 
 from faultlab import __version__  # noqa: E402
-from faultlab.process import spawner  # noqa: E402
-from faultlab.search import Plan, run_jobs, run_stream  # noqa: E402
+from faultlab.process.spawn import spawner  # noqa: E402
+from faultlab.search.rounds import Plan, run_jobs, run_stream  # noqa: E402
 from faultlab.system import load_system  # noqa: E402
 
 TARGET_SPEEDUP = 1.5

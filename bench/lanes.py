@@ -27,9 +27,9 @@ if importlib.util.find_spec("faultlab") is None:  # pragma: no cover - uninstall
 from tabulate import tabulate  # noqa: E402
 
 from faultlab import __version__  # noqa: E402
-from faultlab.concurrent_explore import explore_concurrent  # noqa: E402
-from faultlab.explore import HYPOTHESIS_VERSION, explore  # noqa: E402
-from faultlab.process import spawner  # noqa: E402
+from faultlab.process.spawn import spawner  # noqa: E402
+from faultlab.search.explore import HYPOTHESIS_VERSION, explore  # noqa: E402
+from faultlab.search.schedules import explore_concurrent  # noqa: E402
 from faultlab.system import load_system  # noqa: E402
 
 

@@ -35,11 +35,12 @@ if importlib.util.find_spec("faultlab") is None:  # run from a checkout without 
 
 from tabulate import tabulate  # noqa: E402
 
-from faultlab import __version__, pgstores  # noqa: E402
-from faultlab.errors import UsageError  # noqa: E402
-from faultlab.executor import execute  # noqa: E402
-from faultlab.process import Spawner, spawner  # noqa: E402
-from faultlab.stores import scratch_directory  # noqa: E402
+from faultlab import __version__
+from faultlab.base.errors import UsageError  # noqa: E402
+from faultlab.process.spawn import Spawner, spawner  # noqa: E402
+from faultlab.run.executor import execute  # noqa: E402
+from faultlab.stores import postgres as pgstores  # noqa: E402
+from faultlab.stores.sqlite import scratch_directory  # noqa: E402
 from faultlab.system import System, load_system  # noqa: E402
 from faultlab.trace import Step  # noqa: E402
 

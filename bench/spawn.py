@@ -45,11 +45,11 @@ if importlib.util.find_spec("faultlab") is None:  # run from a checkout without 
 from tabulate import tabulate  # noqa: E402
 
 from faultlab import __version__  # noqa: E402
-from faultlab.process import Spawner, spawner  # noqa: E402
-from faultlab.records import SPAWN_MODES, SpawnMode, WorkerSpec  # noqa: E402
-from faultlab.scenarios import SCENARIOS  # noqa: E402
-from faultlab.stores import scratch_directory  # noqa: E402
+from faultlab.process.records import SPAWN_MODES, SpawnMode, WorkerSpec  # noqa: E402
+from faultlab.process.spawn import Spawner, spawner  # noqa: E402
+from faultlab.stores.sqlite import scratch_directory  # noqa: E402
 from faultlab.system import System, load_system  # noqa: E402
+from faultlab.trials.scenarios import SCENARIOS  # noqa: E402
 
 PAYLOAD = '{"priority":"normal","project":"bench","title":"one transaction"}'
 DEFAULT_REPEAT = 30

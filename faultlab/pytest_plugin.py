@@ -9,7 +9,7 @@ Installing faultlab gives every pytest run:
   command line only the corpus is collected, so ``pytest --faultlab-corpus
   corpus`` runs from any directory.
 * ``--faultlab-examples N`` and ``--faultlab-seed S`` for state-machine tests
-  built with :func:`faultlab.machine.outbox_machine` (its ``TestCase``), and the
+  built with :func:`faultlab.search.machine.outbox_machine` (its ``TestCase``), and the
   marker ``@pytest.mark.faultlab(examples=..., seed=..., steps=...)``, as
   Hypothesis's own plugin does for its settings. A marker wins over an option,
   an option over what ``outbox_machine`` was given.
@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from faultlab.errors import ExecutionError, UsageError
+from faultlab.base.errors import ExecutionError, UsageError
 
 _CORPUS_KEY = pytest.StashKey[list[Path]]()
 _SPAWNER_KEY = pytest.StashKey[contextlib.ExitStack]()
@@ -99,7 +99,7 @@ def _spawner(config: pytest.Config) -> Any:
     """One spawner (fork server) for every replay of the session, closed at the end."""
     stack = config.stash.get(_SPAWNER_KEY, None)
     if stack is None:
-        from faultlab.process import spawner
+        from faultlab.process.spawn import spawner
 
         stack = contextlib.ExitStack()
         config.stash[_SPAWNER_KEY] = stack
@@ -144,8 +144,8 @@ class TraceItem(pytest.Item):
     """Replay one trace on fresh stores; pass when the verdict matches the recording."""
 
     def runtest(self) -> None:
-        from faultlab.concurrent_trace import load
-        from faultlab.replaying import plan, replay
+        from faultlab.corpus.replay import plan, replay
+        from faultlab.trace import load
 
         trace = load(self.path)
         planned = plan(self.path, trace, _system_for(trace.system, self.path))
@@ -174,7 +174,7 @@ def _machine_of(item: pytest.Item) -> Any:
     machine = getattr(run, "_hypothesis_state_machine_class", None)
     if machine is None:
         return None
-    from faultlab.machine import OutboxMachine
+    from faultlab.search.machine import OutboxMachine
 
     return machine if isinstance(machine, type) and issubclass(machine, OutboxMachine) else None
 

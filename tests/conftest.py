@@ -26,7 +26,7 @@ if str(TESTS) not in sys.path:
 if importlib.util.find_spec("faultlab") is None:  # pragma: no cover - uninstalled checkout
     sys.path.insert(0, str(ROOT))
 
-from faultlab.process import Spawner, spawner  # noqa: E402
+from faultlab.process.spawn import Spawner, spawner  # noqa: E402
 from faultlab.system import System, load_system  # noqa: E402
 
 

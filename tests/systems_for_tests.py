@@ -13,9 +13,9 @@ import time
 from typing import Any
 
 from faultlab.nemesis.crash import kill_self
-from faultlab.records import ProcessRecord
+from faultlab.process.records import ProcessRecord
+from faultlab.system.builtin.reference import CLAIM_SQL, ReferenceOutbox
 from faultlab.system.contract import WorkerContext
-from faultlab.system.reference import CLAIM_SQL, ReferenceOutbox
 
 
 class HangingOutbox(ReferenceOutbox):
@@ -155,7 +155,7 @@ class HangsWhenExploredOutbox(ReferenceOutbox):
 
 
 class DeclaredDataOutbox(ReferenceOutbox):
-    """The reference, declaring its own payloads and operation ids (faultlab.data)."""
+    """The reference, declaring its own payloads and operation ids (faultlab.search.data)."""
 
     name = "declared-data"
 
@@ -172,7 +172,7 @@ class DeclaredDataOutbox(ReferenceOutbox):
 
 
 def _lingering_pg() -> type[Any]:
-    from faultlab.system.reference_pg import ReferencePg
+    from faultlab.system.builtin.reference_pg import ReferencePg
 
     class LingeringPg(ReferencePg):
         """accept locks its row, hands its connection to a child that outlives it, dies.

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from conftest import ROOT
 
+from faultlab.base.output import write_json
 from faultlab.cli import main
-from faultlab.output import write_json
-from faultlab.process import child_environment
+from faultlab.process.spawn import child_environment
 
 STANDALONE = ROOT / "examples" / "standalone_outbox" / "system.json"
 

@@ -22,14 +22,14 @@ from typing import Any
 
 import pytest
 
+from faultlab.base.errors import ExecutionError, UsageError
 from faultlab.cli import main
-from faultlab.errors import ExecutionError, UsageError
-from faultlab.executor import Executor, execute
-from faultlab.process import Spawner, child_environment
-from faultlab.scenarios import SCENARIOS, scenario_names
+from faultlab.process.spawn import Spawner, child_environment
+from faultlab.run.executor import Executor, execute
 from faultlab.system import System, load_system
 from faultlab.system.command import CommandSystem, load_command_system, substitute
 from faultlab.trace import Step
+from faultlab.trials.scenarios import SCENARIOS, scenario_names
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "standalone_outbox"

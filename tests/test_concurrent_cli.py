@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from faultlab.cli import main
-from faultlab.concurrent_trace import ConcurrentTrace, load
 from faultlab.system import load_system
-from faultlab.system.concurrency_mutants import CONCURRENCY_MUTANT_CLASSES, ConcurrencyMutant
+from faultlab.system.builtin.race_mutants import CONCURRENCY_MUTANT_CLASSES, ConcurrencyMutant
+from faultlab.trace import ConcurrentTrace, load
 
 
 def cli(*args: str) -> tuple[int, str, str]:
@@ -78,7 +78,7 @@ def test_bad_concurrency_is_refused_and_creates_nothing(tmp_path: Path, args: li
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [cls.name for cls in CONCURRENCY_MUTANT_CLASSES if cls.judged])
 def test_explore_concurrency_catches_each_mutant_at_its_minimum(tmp_path: Path, name: str) -> None:
-    from faultlab.concurrent_explore import explore_concurrent
+    from faultlab.search.schedules import explore_concurrent
 
     system = load_system(name)
     assert isinstance(system, ConcurrencyMutant)
@@ -90,7 +90,7 @@ def test_explore_concurrency_catches_each_mutant_at_its_minimum(tmp_path: Path, 
 
 @pytest.mark.slow
 def test_explore_concurrency_reference_clean_100_examples() -> None:
-    from faultlab.concurrent_explore import explore_concurrent
+    from faultlab.search.schedules import explore_concurrent
 
     result = explore_concurrent(load_system("reference"), concurrency=2, examples=100,
                                 seed_value=0)
@@ -100,7 +100,7 @@ def test_explore_concurrency_reference_clean_100_examples() -> None:
 
 @pytest.mark.slow
 def test_ten_thousand_concurrent_steps_on_the_reference_stay_clean() -> None:
-    from faultlab.concurrent_explore import explore_concurrent
+    from faultlab.search.schedules import explore_concurrent
 
     result = explore_concurrent(load_system("reference"), concurrency=2, examples=1000,
                                 seed_value=0)
@@ -127,7 +127,7 @@ def test_enumerate_concurrency_finds_the_shortest_interleaving(tmp_path: Path) -
 def test_enumerate_concurrency_holds_acceptors_for_relay_cursor() -> None:
     """relay-cursor needs two acceptances committing out of position order: enumerate
     finds it with two held acceptors, and without them (acceptors=0) not within the bound."""
-    from faultlab.concurrent_enumeration import enumerate_concurrent
+    from faultlab.search.schedule_enumeration import enumerate_concurrent
 
     system = load_system("relay-cursor")
     found = enumerate_concurrent(system, concurrency=2, max_steps=2)
@@ -148,7 +148,7 @@ def test_enumerate_concurrency_reference_clean_within_two_choices(tmp_path: Path
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [cls.name for cls in CONCURRENCY_MUTANT_CLASSES if cls.judged])
 def test_enumerate_concurrency_catches_each_mutant(name: str) -> None:
-    from faultlab.concurrent_enumeration import enumerate_concurrent
+    from faultlab.search.schedule_enumeration import enumerate_concurrent
 
     system = load_system(name)
     assert isinstance(system, ConcurrencyMutant)
@@ -159,7 +159,7 @@ def test_enumerate_concurrency_catches_each_mutant(name: str) -> None:
 
 @pytest.mark.slow
 def test_enumerate_concurrency_reference_clean_within_three_choices() -> None:
-    from faultlab.concurrent_enumeration import enumerate_concurrent
+    from faultlab.search.schedule_enumeration import enumerate_concurrent
 
     result = enumerate_concurrent(load_system("reference"), concurrency=2, max_steps=3)
     assert result.finding is None and result.sequences > 50 and result.pruned > 0

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from faultlab.concurrent_trace import ConcurrentTrace, load
+from faultlab.trace import ConcurrentTrace, load
 
 
 def faultlab(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -130,7 +130,7 @@ def test_corpus_files_read_back_to_the_same_document(path: Path) -> None:
 
 
 def test_statement_points_must_be_a_boolean(tmp_path: Path) -> None:
-    from faultlab.errors import UsageError
+    from faultlab.base.errors import UsageError
 
     path = next(p for p in sorted((ROOT / "corpus").glob("*.json"))
                 if json.loads(p.read_text())["version"] == 2)

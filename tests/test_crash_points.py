@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from faultlab.errors import UsageError
-from faultlab.executor import Observation, execute
-from faultlab.process import Spawner
-from faultlab.stores import Snapshot
+from faultlab.base.errors import UsageError
+from faultlab.process.spawn import Spawner
+from faultlab.run.executor import Observation, execute
+from faultlab.stores.sqlite import Snapshot
 from faultlab.system import System
 from faultlab.trace import Step
 

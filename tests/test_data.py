@@ -1,4 +1,4 @@
-"""Generated data (faultlab/data.py): each kind of awkward value is really drawn, payloads
+"""Generated data (faultlab/search/data.py): each kind of awkward value is really drawn, payloads
 are judged by canonical JSON, and shrunk findings come back with simple data."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
-from faultlab import data
-from faultlab.canonical import canonical_json
-from faultlab.errors import UsageError
-from faultlab.executor import execute
-from faultlab.process import Spawner
-from faultlab.simplify import simplify_data
+from faultlab.base.canonical import canonical_json
+from faultlab.base.errors import UsageError
+from faultlab.process.spawn import Spawner
+from faultlab.run.executor import execute
+from faultlab.search import data
+from faultlab.search.simplify import simplify_data
 from faultlab.system import System, load_system
 from faultlab.system.command import CommandSystem
 from faultlab.trace import Step

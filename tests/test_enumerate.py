@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from faultlab.cli import main
-from faultlab.enumeration import enumerate_system
-from faultlab.executor import execute
-from faultlab.process import Spawner
-from faultlab.stores import scratch_directory
+from faultlab.process.spawn import Spawner
+from faultlab.run.executor import execute
+from faultlab.search.enumeration import enumerate_system
+from faultlab.stores.sqlite import scratch_directory
 from faultlab.system import System, load_system
-from faultlab.system.mutants import MUTANT_CLASSES, Mutant
+from faultlab.system.builtin.mutants import MUTANT_CLASSES, Mutant
 from faultlab.trace import Trace
 
 

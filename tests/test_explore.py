@@ -11,11 +11,11 @@ import hypothesis
 import pytest
 from conftest import ROOT
 
-from faultlab.explore import Exploration, explore, share_at_least
-from faultlab.machine import SUITE_WEIGHTS, InvariantFailure, outbox_machine, run_example
-from faultlab.process import Spawner, child_environment
-from faultlab.scenarios import SCENARIOS
+from faultlab.process.spawn import Spawner, child_environment
+from faultlab.search.explore import Exploration, explore, share_at_least
+from faultlab.search.machine import SUITE_WEIGHTS, InvariantFailure, outbox_machine, run_example
 from faultlab.system import System
+from faultlab.trials.scenarios import SCENARIOS
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -82,7 +82,7 @@ def test_negative_control_is_caught_by_one_in_exactly_three_steps(
 def test_scenarios_are_explicit_examples_of_the_machine(
     scenario: object, fork_spawner: Spawner
 ) -> None:
-    from faultlab.scenarios import Scenario
+    from faultlab.trials.scenarios import Scenario
 
     assert isinstance(scenario, Scenario)
     machine = outbox_machine(deduplication=scenario.deduplication, spawner=fork_spawner)
@@ -190,8 +190,8 @@ import json, sys
 if len(sys.argv) > 1:  # load a module Hypothesis counts as local, full of literals
     sys.path.insert(0, sys.argv[1])
     import faultlab_test_literals  # noqa: F401
-from faultlab.explore import explore
-from faultlab.process import spawner
+from faultlab.search.explore import explore
+from faultlab.process.spawn import spawner
 from faultlab.system import load_system
 with spawner("fork") as runner:
     result = explore(load_system("reference"), runner, examples=15, steps=6, seed_value=3)

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from conftest import require_service
 
-from faultlab import html_report
-from faultlab.executor import execute
-from faultlab.process import Spawner, child_environment
+from faultlab.process.spawn import Spawner, child_environment
+from faultlab.report import html as html_report
+from faultlab.run.executor import execute
 from faultlab.system import load_system
 from faultlab.trace import Step, Trace
 

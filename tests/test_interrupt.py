@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 from conftest import ROOT, TESTS
 
-from faultlab import interrupt
-from faultlab.errors import ExecutionError
-from faultlab.output import write_json
-from faultlab.process import ForkServer, child_environment
-from faultlab.records import WorkerSpec
+from faultlab.base import interrupt
+from faultlab.base.errors import ExecutionError
+from faultlab.base.output import write_json
+from faultlab.process.records import WorkerSpec
+from faultlab.process.spawn import ForkServer, child_environment
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
 
@@ -267,7 +267,7 @@ def test_a_signal_as_a_process_starts_still_ends_and_reaps_it(
     was started, before faultlab held on to it: the run ends with Interrupted, and the
     process is ended and reaped, not left running (exec) or a zombie of the caller (the
     fork server: seen once in the slow random-moment interrupt test)."""
-    from faultlab.process import spawner
+    from faultlab.process.spawn import spawner
     from faultlab.system import load_system
 
     load_system("reference").initialise(tmp_path)
@@ -299,8 +299,8 @@ def test_a_signal_as_the_first_job_starts_ends_that_job(
     whole minute, and the caller waited for it at exit)."""
     import multiprocessing.context
 
-    from faultlab.process import stop_resource_tracker
-    from faultlab.search import Plan, run_jobs
+    from faultlab.process.spawn import stop_resource_tracker
+    from faultlab.search.rounds import Plan, run_jobs
 
     started: list[Any] = []
     real_start = multiprocessing.context.SpawnProcess.start

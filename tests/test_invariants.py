@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from faultlab.invariants import (
+from faultlab.checks.invariants import (
     BY_NAME,
     INVARIANTS,
     STEP_INVARIANTS,
@@ -16,8 +16,8 @@ from faultlab.invariants import (
     check_live,
     check_step,
 )
-from faultlab.records import ProcessRecord
-from faultlab.stores import Operation, OutboxRow, Receipt, Snapshot, Ticket
+from faultlab.process.records import ProcessRecord
+from faultlab.stores.sqlite import Operation, OutboxRow, Receipt, Snapshot, Ticket
 
 P = '{"title":"a"}'
 Q = '{"title":"b"}'

@@ -10,19 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from faultlab.concurrent_explore import executed
-from faultlab.concurrent_trace import ConcurrentTrace, LaneStep, load
-from faultlab.errors import UsageError
-from faultlab.lanes import LaneExecutor, execute_concurrent
-from faultlab.stores import BUSY_TIMEOUT
+from faultlab.base.errors import UsageError
+from faultlab.run.interleaving import LaneExecutor, execute_concurrent
+from faultlab.search.schedules import executed
+from faultlab.stores.sqlite import BUSY_TIMEOUT
 from faultlab.system import System, concurrency_mutant_all_names, load_system
-from faultlab.system.concurrency_mutants import (
+from faultlab.system.builtin.race_mutants import (
     CONCURRENCY_MUTANT_CLASSES,
     OP,
     ConcurrencyMutant,
 )
-from faultlab.system.reference import LEASE_TICKS
-from faultlab.trace import Trace, Verdict
+from faultlab.system.builtin.reference import LEASE_TICKS
+from faultlab.trace import ConcurrentTrace, LaneStep, Trace, Verdict, load
 
 ROOT = Path(__file__).resolve().parent.parent
 P = {"title": "backlog"}
@@ -201,7 +200,7 @@ def test_every_concurrency_mutant_is_judged() -> None:
 def test_minimiser_turns_a_held_start_released_to_its_end_into_a_run() -> None:
     """stale-rescue found with its acceptance held and then released (4 choices) shrinks
     to its minimal 3, the acceptance as a run: deletion alone cannot merge the two."""
-    from faultlab.concurrent_explore import minimise
+    from faultlab.search.schedules import minimise
 
     system = load_system("stale-rescue")
     assert isinstance(system, ConcurrencyMutant)
@@ -366,7 +365,7 @@ def test_quiet_judges_a_solitary_dispatcher_in_a_concurrent_trace(reference: Sys
 
 
 def test_concurrent_explore_prints_invariant_coverage(tmp_path: Path) -> None:
-    from faultlab.concurrent_explore import explore_concurrent
+    from faultlab.search.schedules import explore_concurrent
 
     result = explore_concurrent(load_system("reference"), concurrency=2, examples=10,
                                 seed_value=0)
@@ -429,8 +428,8 @@ def test_a_lane_closed_right_after_its_fork_is_killed_and_reaped(reference: Syst
 def test_no_lane_forks_while_snapshot_connections_are_kept_open(reference: System) -> None:
     """SQLite forbids carrying an open connection across fork(): a fork-mode lane refuses
     to start inside a sequential executor's kept-readers block, and starts outside it."""
-    from faultlab.errors import ExecutionError
-    from faultlab.stores import readers_kept_open
+    from faultlab.base.errors import ExecutionError
+    from faultlab.stores.sqlite import readers_kept_open
 
     with LaneExecutor(reference, concurrency=1) as ex:
         descriptors = set(os.listdir("/proc/self/fd"))
@@ -464,7 +463,7 @@ def test_a_dispatcher_killed_while_its_service_waits_leaves_no_zombie(
     group) dies too and, this process being a child subreaper as the faultlab program is,
     comes here to be reaped. It must be reaped then, not only when the trace ends: the lane
     starts another worker, and a long exploration would pile up zombies."""
-    from faultlab.process import become_subreaper
+    from faultlab.process.spawn import become_subreaper
 
     become_subreaper()
     before = set(_zombie_children())

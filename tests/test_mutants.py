@@ -12,14 +12,14 @@ from contextlib import redirect_stdout
 
 import pytest
 
+from faultlab.base.errors import UsageError
+from faultlab.checks.invariants import BY_NAME
 from faultlab.cli import main
-from faultlab.errors import UsageError
-from faultlab.executor import execute, validate_step
-from faultlab.invariants import BY_NAME
-from faultlab.process import Spawner
+from faultlab.process.spawn import Spawner
+from faultlab.run.executor import execute, validate_step
 from faultlab.system import System, builtin_names, load_system
-from faultlab.system.mutants import CHANGED, MUTANTS, OP, PAYLOAD, Mutant
-from faultlab.system.reference import REFERENCE_POINTS
+from faultlab.system.builtin.mutants import CHANGED, MUTANTS, OP, PAYLOAD, Mutant
+from faultlab.system.builtin.reference import REFERENCE_POINTS
 from faultlab.trace import Step
 
 NAMES = list(MUTANTS)

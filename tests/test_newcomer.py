@@ -24,7 +24,7 @@ import hypothesis
 import pytest
 import tabulate
 
-from faultlab.process import child_environment
+from faultlab.process.spawn import child_environment
 from faultlab.system import load_system
 
 ROOT = Path(__file__).resolve().parent.parent

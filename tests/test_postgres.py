@@ -20,18 +20,17 @@ from typing import Any
 import pytest
 from conftest import ROOT, require_service
 
-from faultlab import pgstores
-from faultlab.concurrent_explore import executed
-from faultlab.concurrent_trace import LaneStep
-from faultlab.errors import ExecutionError, UsageError
-from faultlab.executor import Executor, execute
-from faultlab.lanes import LaneExecutor, execute_concurrent
-from faultlab.process import Spawner, child_environment
-from faultlab.scenarios import SCENARIOS
-from faultlab.stores import StoreError
+from faultlab.base.errors import ExecutionError, UsageError
+from faultlab.process.spawn import Spawner, child_environment
+from faultlab.run.executor import Executor, execute
+from faultlab.run.interleaving import LaneExecutor, execute_concurrent
+from faultlab.search.schedules import executed
+from faultlab.stores import postgres as pgstores
+from faultlab.stores.sqlite import StoreError
 from faultlab.system import load_system
-from faultlab.system.reference import LEASE_TICKS
-from faultlab.trace import Step
+from faultlab.system.builtin.reference import LEASE_TICKS
+from faultlab.trace import LaneStep, Step
+from faultlab.trials.scenarios import SCENARIOS
 
 try:
     import psycopg

@@ -16,9 +16,9 @@ import pytest
 from conftest import ROOT
 from test_postgres import server  # noqa: F401 - the fixture
 
-from faultlab.errors import UsageError
-from faultlab.executor import Executor
-from faultlab.process import Spawner, child_environment
+from faultlab.base.errors import UsageError
+from faultlab.process.spawn import Spawner, child_environment
+from faultlab.run.executor import Executor
 from faultlab.system.command import load_command_system
 from faultlab.trace import Step
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from faultlab.base.errors import ExecutionError
 from faultlab.cli import main
-from faultlab.errors import ExecutionError
-from faultlab.executor import execute
-from faultlab.process import Spawner, child_environment
-from faultlab.records import ProcessRecord, WorkerSpec, parse_response
+from faultlab.process.records import ProcessRecord, WorkerSpec, parse_response
+from faultlab.process.spawn import Spawner, child_environment
+from faultlab.run.executor import execute
 from faultlab.system import System, builtin_names, load_system
 from faultlab.trace import Step
 
@@ -308,12 +308,12 @@ def test_what_a_forked_worker_prints_is_in_its_own_record_once(
 
 _IMPORTS_PROBE = """
 import json, sys
-from faultlab.records import WorkerSpec
-from faultlab.worker import preload
+from faultlab.process.records import WorkerSpec
+from faultlab.run.worker import preload
 from faultlab.system import load_system
 preload()
 costly = sorted(name for name in ("threading", "subprocess") if name in sys.modules)
-from faultlab.worker import run_worker
+from faultlab.run.worker import run_worker
 imported = set()
 for system, directory in json.loads(sys.argv[1]).items():
     load_system(system)  # as the fork server does before it forks the system's workers
@@ -379,7 +379,7 @@ def test_the_parent_makes_a_forked_child_lead_its_own_group_at_once() -> None:
     (here it sleeps first): the parent sets the group too. Without it, no such group."""
     import signal
 
-    from faultlab.process import lead_own_group
+    from faultlab.process.spawn import lead_own_group
 
     for parent_sets_group in (False, True):
         pid = os.fork()

@@ -8,12 +8,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from faultlab.enumeration import state_key
-from faultlab.executor import Execution, Observation
-from faultlab.invariants import Model, Violation
-from faultlab.records import ProcessRecord
-from faultlab.shrink import machine_could_draw, minimise
-from faultlab.stores import Operation, Snapshot
+from faultlab.checks.invariants import Model, Violation
+from faultlab.process.records import ProcessRecord
+from faultlab.run.executor import Execution, Observation
+from faultlab.search.enumeration import state_key
+from faultlab.search.shrink import machine_could_draw, minimise
+from faultlab.stores.sqlite import Operation, Snapshot
 from faultlab.trace import Step, Trace
 
 RECORD = ProcessRecord(pid=1, exit_code=0, response=None, stdout="", stderr="", elapsed=0.0)

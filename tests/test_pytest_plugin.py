@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from faultlab.process import child_environment
+from faultlab.process.spawn import child_environment
 
 pytest_plugins = ["pytester"]
 
@@ -93,7 +93,7 @@ from pathlib import Path
 
 import pytest
 
-from faultlab.machine import Recorder, outbox_machine
+from faultlab.search.machine import Recorder, outbox_machine
 
 PLAIN = Recorder()
 MARKED = Recorder()

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from faultlab.errors import UsageError
-from faultlab.executor import execute
-from faultlab.process import Spawner, child_environment
-from faultlab.scenarios import SCENARIOS
+from faultlab.base.errors import UsageError
+from faultlab.process.spawn import Spawner, child_environment
+from faultlab.run.executor import execute
 from faultlab.system import System, load_system
 from faultlab.trace import Step
+from faultlab.trials.scenarios import SCENARIOS
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # examples/ is importable from the repository root

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from conftest import ROOT, require_service
 
-from faultlab.errors import UsageError
-from faultlab.redis_corpus import parse_url
+from faultlab.base.errors import UsageError
+from faultlab.corpus.redis_store import parse_url
 
 HOST, PORT = "127.0.0.1", 6379
 

@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from faultlab.concurrent_trace import load
-from faultlab.process import Spawner
-from faultlab.replaying import plan, replay
+from faultlab.corpus.replay import plan, replay
+from faultlab.process.spawn import Spawner
 from faultlab.system import load_system
-from faultlab.trace import Step, Trace, Verdict
+from faultlab.trace import Step, Trace, Verdict, load
 
 CORPUS = sorted((ROOT / "corpus").glob("*.json"))
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from faultlab.errors import UsageError
-from faultlab.process import child_environment
-from faultlab.records import ProcessRecord
+from faultlab.base.errors import UsageError
+from faultlab.process.records import ProcessRecord
+from faultlab.process.spawn import child_environment
 from faultlab.system.command import load_command_system
 from faultlab.system.fields import (
     DEFAULTS,

@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 
-from faultlab.process import Spawner
-from faultlab.scenarios import FIXTURE_PAYLOAD, OPERATION_ID, SCENARIOS, Outcome
+from faultlab.process.spawn import Spawner
 from faultlab.system import System, load_system
+from faultlab.trials.scenarios import FIXTURE_PAYLOAD, OPERATION_ID, SCENARIOS, Outcome
 
-# Copied from docs/system.md by hand, not from faultlab.scenarios, so a drift in either shows.
+# Copied from the docs by hand, not from faultlab.trials.scenarios, so a drift in either
+# shows.
 SPEC_SUMMARIES: dict[str, dict[str, Any]] = {
     "crash_before_dispatch": {
         "crash_exit": -9, "tickets_before": 0, "tickets_after": 1,

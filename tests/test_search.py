@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from faultlab.affinity import allowed_cpus
-from faultlab.errors import UsageError
-from faultlab.explore import explore
-from faultlab.process import Spawner
-from faultlab.search import Plan, run_jobs
-from faultlab.streams import Shard, parse_shard, round_seed
+from faultlab.base.errors import UsageError
+from faultlab.process.affinity import allowed_cpus
+from faultlab.process.spawn import Spawner
+from faultlab.search.explore import explore
+from faultlab.search.rounds import Plan, run_jobs
+from faultlab.search.streams import Shard, parse_shard, round_seed
 from faultlab.system import System
 
 
@@ -154,7 +154,7 @@ def test_a_failure_its_replay_does_not_reproduce_is_a_note_never_a_finding(
     fail, but neither Hypothesis's own rerun nor faultlab's replay shows it again. That is
     not a finding: a note, no trace (before, the sequential explorer reported the clean
     last example as one: FOUND: clean)."""
-    from faultlab.process import spawner
+    from faultlab.process.spawn import spawner
     from faultlab.system import load_system
 
     flag = tmp_path / "forget-once"
@@ -241,7 +241,7 @@ def test_a_stopped_round_cleans_up_and_reports_nothing(
     directory behind, counts no unfinished example and reports no finding."""
     import tempfile
 
-    from faultlab import executor
+    from faultlab.run import executor
 
     made: list[str] = []
     real = tempfile.mkdtemp

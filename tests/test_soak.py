@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from test_process import descendants, open_fds
 
-from faultlab.explore import explore
-from faultlab.process import spawner
+from faultlab.process.spawn import spawner
+from faultlab.search.explore import explore
 from faultlab.system import System
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs Linux /proc")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from faultlab.canonical import canonical_json, parse_payload
-from faultlab.errors import UsageError
-from faultlab.stores import (
+from faultlab.base.canonical import canonical_json, parse_payload
+from faultlab.base.errors import UsageError
+from faultlab.stores.sqlite import (
     APPLICATION_ID,
     Operation,
     OutboxRow,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from faultlab.cli import main
-from faultlab.process import child_environment
+from faultlab.process.spawn import child_environment
 
 PASS_LINE = "PASS: 5 scenarios; real SIGKILL, separate caller and downstream stores"
 SUMMARY_LINES = [

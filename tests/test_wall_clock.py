@@ -16,16 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from faultlab import wall_clock
-from faultlab.clock import SETTLE_HORIZON
-from faultlab.concurrent_trace import LaneStep
-from faultlab.errors import UsageError
-from faultlab.executor import Execution, execute
-from faultlab.lanes import LaneExecutor, execute_concurrent
-from faultlab.process import spawner
-from faultlab.stores import scratch_directory
+from faultlab.base import wall_clock
+from faultlab.base.clock import SETTLE_HORIZON
+from faultlab.base.errors import UsageError
+from faultlab.process.spawn import spawner
+from faultlab.run.executor import Execution, execute
+from faultlab.run.interleaving import LaneExecutor, execute_concurrent
+from faultlab.stores.sqlite import scratch_directory
 from faultlab.system import load_system
-from faultlab.trace import Step
+from faultlab.trace import LaneStep, Step
 from tests.conftest import require_service
 
 P = {"title": "backlog"}

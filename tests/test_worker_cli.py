@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from faultlab.process import child_environment
+from faultlab.process.spawn import child_environment
 from faultlab.system import System
 
 PAYLOAD = '{"project":"demo-agent","title":"worker cli","priority":"normal"}'
@@ -114,7 +114,7 @@ def test_unknown_crash_point_is_refused(stores: Path, role: str, point: str) -> 
 
 def test_unknown_system_is_refused(stores: Path) -> None:
     before = tree(stores)
-    for system in ("no-such-system", "no_such_module:Thing", "faultlab.stores:Snapshot"):
+    for system in ("no-such-system", "no_such_module:Thing", "faultlab.stores.sqlite:Snapshot"):
         result = faultlab("worker", "dispatch", "--directory", str(stores), "--system", system)
         assert_refused(result, system)
     assert tree(stores) == before

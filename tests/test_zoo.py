@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from faultlab.executor import execute
-from faultlab.explore import explore
-from faultlab.process import Spawner
+from faultlab.process.spawn import Spawner
+from faultlab.run.executor import execute
+from faultlab.search.explore import explore
 from faultlab.system import load_system
-from faultlab.system.mutants import MUTANTS
+from faultlab.system.builtin.mutants import MUTANTS
 
 QUICK = [
     "split-accept", "caller-overwrite", "no-payload-check", "idle-resend", "non-canonical-retry",

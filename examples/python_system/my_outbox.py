@@ -19,8 +19,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from faultlab import stores
-from faultlab.stores import Snapshot
+from faultlab.stores import sqlite as stores
+from faultlab.stores.sqlite import Snapshot
 from faultlab.system import CrashPoint, Refusal, System, WorkerContext
 
 JOBS = "jobs.sqlite"

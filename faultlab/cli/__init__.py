@@ -13,12 +13,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from faultlab import __version__, interrupt
+from faultlab.base import interrupt
+from faultlab.base.errors import EXIT_RUN_FAILED, EXIT_USAGE, ExecutionError, UsageError
+from faultlab.base.messages import printable
+from faultlab.base.version import __version__
 from faultlab.cli import corpus, enumeration, explore, init, mutants, replay, suite, systems, worker
 from faultlab.cli.common import Parser
-from faultlab.errors import EXIT_RUN_FAILED, EXIT_USAGE, ExecutionError, UsageError
-from faultlab.messages import printable
-from faultlab.stores import StoreError
+from faultlab.stores.sqlite import StoreError
 
 #: Every command, in the order ``--help`` lists them.
 COMMANDS = {
@@ -59,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if worker_process:  # a worker is ended by SIGKILL only
         return _run(argv, worker_process)
     if program:
-        from faultlab.process import become_subreaper
+        from faultlab.process.spawn import become_subreaper
 
         become_subreaper()
     try:
@@ -77,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if program:
         # the exception and its frames are gone, so multiprocessing's semaphores are
         # released: end its resource tracker too, rather than leave it to outlive us
-        from faultlab.process import stop_resource_tracker
+        from faultlab.process.spawn import stop_resource_tracker
 
         stop_resource_tracker()
     return code
@@ -97,7 +98,7 @@ def _run(argv: list[str], worker_process: bool) -> int:
 
             set_init_deadline(args.deadline)  # a command-line system's init obeys it too
         if getattr(args, "postgres", None) is not None:
-            from faultlab import pgstores
+            from faultlab.stores import postgres as pgstores
 
             pgstores.configure(args.postgres)
         result: int = args.handler(args)
@@ -119,7 +120,7 @@ def _run(argv: list[str], worker_process: bool) -> int:
 
 def _close_postgres() -> None:
     """Drop every PostgreSQL database this run created (only if one was used at all)."""
-    pgstores = sys.modules.get("faultlab.pgstores")
+    pgstores = sys.modules.get("faultlab.stores.postgres")
     if pgstores is None:
         return
     for problem in pgstores.close_run():

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TypeAlias
 
-from faultlab import output
 from faultlab import system as registry
-from faultlab.errors import UsageError
-from faultlab.records import DEFAULT_DEADLINE, SPAWN_MODES
+from faultlab.base import output
+from faultlab.base.errors import UsageError
+from faultlab.process.records import DEFAULT_DEADLINE, SPAWN_MODES
 from faultlab.system.contract import System
 
 #: The object ``add_subparsers`` returns: each command module registers itself on it.
@@ -163,12 +163,12 @@ def check_format(fmt: str) -> None:
 
 def check_output_path(path: Path, option: str = "--output") -> None:
     """Refuse an output path we could not write or must not replace, before running anything
-    (:mod:`faultlab.output`)."""
+    (:mod:`faultlab.base.output`)."""
     output.check_output_file(path, option)
 
 
 def add_html(parser: argparse.ArgumentParser, help_text: str) -> None:
-    """``--html FILE``: a self-contained page of the executed traces (faultlab.html_report)."""
+    """``--html FILE``: a self-contained page of the executed traces (faultlab.report.html)."""
     parser.add_argument("--html", type=Path, metavar="FILE",
                         help=help_text + " (overwritten; written atomically; no network fetches)")
 

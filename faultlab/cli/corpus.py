@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from faultlab.base.errors import EXIT_OK, UsageError
 from faultlab.cli.common import TOOL_EPILOG, Commands, add_format, check_format
-from faultlab.errors import EXIT_OK, UsageError
 
 
 def register(commands: Commands) -> None:
@@ -50,7 +50,7 @@ def _no_action(args: argparse.Namespace) -> int:
 
 
 def _open(source: str) -> Any:
-    from faultlab.redis_corpus import RedisCorpus, is_redis_url
+    from faultlab.corpus.redis_store import RedisCorpus, is_redis_url
 
     if not is_redis_url(source):
         raise UsageError(f"SOURCE {source!r}: expected redis://HOST:PORT/DB")
@@ -58,7 +58,7 @@ def _open(source: str) -> Any:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from faultlab.redis_corpus import export
+    from faultlab.corpus.redis_store import export
 
     if args.directory.exists() and not args.directory.is_dir():
         raise UsageError(f"{args.directory}: exists and is not a directory")
@@ -75,7 +75,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from faultlab import report
+    from faultlab.report import tables as report
 
     check_format(args.format)
     corpus = _open(args.source)

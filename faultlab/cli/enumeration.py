@@ -1,4 +1,4 @@
-"""``enumerate``: bounded exhaustive crash exploration (see :mod:`faultlab.enumeration`)."""
+"""``enumerate``: bounded exhaustive crash exploration (see :mod:`faultlab.search.enumeration`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from faultlab import defaults
+from faultlab.base.errors import EXIT_FOUND, EXIT_OK, UsageError
 from faultlab.cli.common import (
     Commands,
     add_format,
@@ -20,8 +20,8 @@ from faultlab.cli.common import (
     load_system,
     positive_int,
 )
-from faultlab.corpus import DEFAULT_CORPUS, check_corpus_directory
-from faultlab.errors import EXIT_FOUND, EXIT_OK, UsageError
+from faultlab.corpus.files import DEFAULT_CORPUS, check_corpus_directory
+from faultlab.search import defaults
 
 MAX_JOBS = 8
 
@@ -83,12 +83,14 @@ def _progress(message: str) -> None:
 
 def cmd_enumerate(args: argparse.Namespace) -> int:
     if args.concurrency > 1:
-        from faultlab.cli.concurrent import cmd_enumerate_concurrent
+        from faultlab.cli.interleavings import cmd_enumerate_concurrent
 
         return cmd_enumerate_concurrent(args)
-    from faultlab import __version__, corpus, report
-    from faultlab.enumeration import confirm, enumerate_system
-    from faultlab.process import Spawner
+    from faultlab.base.version import __version__
+    from faultlab.corpus import files as corpus
+    from faultlab.process.spawn import Spawner
+    from faultlab.report import tables as report
+    from faultlab.search.enumeration import confirm, enumerate_system
     from faultlab.trace import Trace
 
     check_format(args.format)

@@ -1,8 +1,8 @@
 """``explore``: search for a violating trace with Hypothesis; shrink and save a finding.
 
 One stream of rounds in this process, or ``--jobs`` streams in processes
-(:mod:`faultlab.search`); a directory corpus or a Redis one
-(:mod:`faultlab.redis_corpus`); the summary, coverage and finding tables. With
+(:mod:`faultlab.search.rounds`); a directory corpus or a Redis one
+(:mod:`faultlab.corpus.redis_store`); the summary, coverage and finding tables. With
 ``--concurrency N`` (N >= 2) each round is a concurrent exploration and a finding
 a version 2 trace; everything else (streams, jobs, shards, the time budget, the
 corpus, the HTML page) is the same code.
@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from faultlab import defaults
+from faultlab.base.errors import EXIT_FOUND, EXIT_OK, UsageError
 from faultlab.cli.common import (
     Commands,
     add_format,
@@ -31,19 +31,19 @@ from faultlab.cli.common import (
     positive_float,
     positive_int,
 )
-from faultlab.corpus import DEFAULT_CORPUS, check_corpus_directory
-from faultlab.coverage import Coverage
-from faultlab.errors import EXIT_FOUND, EXIT_OK, UsageError
-from faultlab.redis_corpus import RedisCorpus, is_redis_url
-from faultlab.streams import Shard, parse_shard
+from faultlab.corpus.files import DEFAULT_CORPUS, check_corpus_directory
+from faultlab.corpus.redis_store import RedisCorpus, is_redis_url
+from faultlab.search import defaults
+from faultlab.search.coverage import Coverage
+from faultlab.search.streams import Shard, parse_shard
 from faultlab.system.contract import System
 from faultlab.trace import Trace
 
 if TYPE_CHECKING:
-    from faultlab.concurrent_trace import ConcurrentTrace
-    from faultlab.executor import Execution
-    from faultlab.lanes import ConcurrentExecution
-    from faultlab.search import Plan, StreamResult, Totals
+    from faultlab.run.executor import Execution
+    from faultlab.run.interleaving import ConcurrentExecution
+    from faultlab.search.rounds import Plan, StreamResult, Totals
+    from faultlab.trace import ConcurrentTrace
 
 
 def _shard(text: str) -> Shard:
@@ -153,7 +153,7 @@ class Sink:
         })
 
     def save(self, trace: Trace | ConcurrentTrace, system: System) -> str:
-        from faultlab import corpus
+        from faultlab.corpus import files as corpus
 
         if self.redis is None:
             return str(corpus.save(trace, Path(self.target), system.name))
@@ -182,11 +182,11 @@ def _announce_failure() -> None:
 
 
 def cmd_explore(args: argparse.Namespace) -> int:
-    from faultlab import report
-    from faultlab.concurrent_trace import from_document
-    from faultlab.explore import HYPOTHESIS_VERSION
-    from faultlab.process import spawner
-    from faultlab.search import Plan, Totals, run_jobs, run_stream
+    from faultlab.process.spawn import spawner
+    from faultlab.report import tables as report
+    from faultlab.search.explore import HYPOTHESIS_VERSION
+    from faultlab.search.rounds import Plan, Totals, run_jobs, run_stream
+    from faultlab.trace import from_document
 
     check_format(args.format)
     concurrent = args.concurrency > 1
@@ -240,7 +240,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
                              key=lambda r: r.seconds_until_found or 0.0)
             trace = from_document(finders[0].trace) if finders else None
             if trace is not None and replay is None:  # found in a job process: run it here
-                from faultlab import replaying
+                from faultlab.corpus import replay as replaying
 
                 replay = replaying.replay(replaying.plan(Path("finding"), trace, system),
                                           runner, deadline=args.deadline).execution
@@ -271,8 +271,8 @@ def cmd_explore(args: argparse.Namespace) -> int:
             for line in _finding_table(replay, plan.concurrency, args.format):
                 print(line)
         if args.html is not None and replay is not None:
-            from faultlab import html_report
-            from faultlab.corpus import finding_name
+            from faultlab.corpus.files import finding_name
+            from faultlab.report import html as html_report
 
             html_report.write(args.html, [html_report.TraceReport(
                 title=f"explore finding: {finding_name(trace, system.name)}", execution=replay,
@@ -293,9 +293,9 @@ def cmd_explore(args: argparse.Namespace) -> int:
 def _finding_table(replay: Execution | ConcurrentExecution, concurrency: int,
                    fmt: str) -> list[str]:
     """The finding's replay as ``replay`` prints it: a row per step (a column per lane)."""
-    from faultlab import report
-    from faultlab.lane_report import concurrent_table, concurrent_violation_lines
-    from faultlab.lanes import ConcurrentExecution
+    from faultlab.report import tables as report
+    from faultlab.report.columns import concurrent_table, concurrent_violation_lines
+    from faultlab.run.interleaving import ConcurrentExecution
 
     if isinstance(replay, ConcurrentExecution):
         return [concurrent_table(replay, concurrency, fmt), *concurrent_violation_lines(replay)]
@@ -305,10 +305,10 @@ def _finding_table(replay: Execution | ConcurrentExecution, concurrency: int,
 def _executed(replay: Execution | ConcurrentExecution) -> int:
     """Steps up to the failing check: executed steps (recovery included) of a sequential
     trace, the trace's own scheduling choices of a concurrent one."""
-    from faultlab.lanes import ConcurrentExecution
+    from faultlab.run.interleaving import ConcurrentExecution
 
     if isinstance(replay, ConcurrentExecution):
-        from faultlab.concurrent_explore import executed
+        from faultlab.search.schedules import executed
 
         return len(executed(replay))
     return len(replay.executed_prefix())
@@ -318,10 +318,10 @@ def _print_coverage(results: list[StreamResult], system: System, plan: Plan,
                     fmt: str) -> None:
     """Sequential: crash points armed and fired, invariants checked non-vacuously (steps).
     Concurrent: per invariant, the examples that checked it non-vacuously."""
-    from faultlab import report
+    from faultlab.report import tables as report
 
     if plan.concurrency > 1:
-        from faultlab.concurrent_explore import COVERED
+        from faultlab.search.schedules import COVERED
 
         checked: Counter[str] = Counter()
         for r in results:
@@ -371,7 +371,7 @@ def _summary_rows(system: System, args: argparse.Namespace, plan: Plan, totals: 
         ["invariant checks", totals.checks],
     ]
     if plan.concurrency == 1:
-        from faultlab.explore import share_at_least
+        from faultlab.search.explore import share_at_least
 
         rows += [
             ["examples with 3+ operations (%)", share_at_least(totals.operations, 3)],

@@ -14,8 +14,8 @@ import os
 import shutil
 from pathlib import Path
 
+from faultlab.base.errors import EXIT_OK, ExecutionError, UsageError
 from faultlab.cli.common import TOOL_EPILOG, Commands, load_system, positive_float
-from faultlab.errors import EXIT_OK, ExecutionError, UsageError
 
 
 def register(commands: Commands) -> None:

@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from faultlab import defaults
+from faultlab.base.errors import EXIT_FOUND, EXIT_OK, UsageError
+from faultlab.base.messages import plural
 from faultlab.cli.common import (
     Commands,
     add_format,
@@ -18,9 +19,8 @@ from faultlab.cli.common import (
     count,
     positive_int,
 )
-from faultlab.corpus import DEFAULT_CORPUS, check_corpus_directory
-from faultlab.errors import EXIT_FOUND, EXIT_OK, UsageError
-from faultlab.messages import plural
+from faultlab.corpus.files import DEFAULT_CORPUS, check_corpus_directory
+from faultlab.search import defaults
 
 
 def register(commands: Commands) -> None:
@@ -60,11 +60,11 @@ def register(commands: Commands) -> None:
 
 
 def cmd_mutants(args: argparse.Namespace) -> int:
-    from faultlab import report
-    from faultlab.concurrent_zoo import REFERENCE_CONCURRENT
+    from faultlab.report import tables as report
     from faultlab.system import builtin_names, concurrency_mutant_names
     from faultlab.trace import write_json_atomically
-    from faultlab.zoo import Budget, Judgement, judge_all, timing_summary
+    from faultlab.trials.race_zoo import REFERENCE_CONCURRENT
+    from faultlab.trials.zoo import Budget, Judgement, judge_all, timing_summary
 
     check_format(args.format)
     check_corpus_directory(args.corpus)

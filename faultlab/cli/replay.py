@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from faultlab.base.errors import EXIT_FOUND, EXIT_OK
+from faultlab.base.messages import plural
 from faultlab.cli.common import (
     REPLAY_EPILOG,
     Commands,
@@ -16,8 +18,6 @@ from faultlab.cli.common import (
     check_output_path,
     load_system,
 )
-from faultlab.errors import EXIT_FOUND, EXIT_OK
-from faultlab.messages import plural
 
 
 def register(commands: Commands) -> None:
@@ -44,9 +44,9 @@ def register(commands: Commands) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from faultlab.concurrent_trace import load
-    from faultlab.process import spawner
-    from faultlab.replaying import plan, replay
+    from faultlab.corpus.replay import plan, replay
+    from faultlab.process.spawn import spawner
+    from faultlab.trace import load
 
     check_format(args.format)
     if args.html is not None:
@@ -67,7 +67,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             mismatches += not outcome.matches
             replayed.append(outcome)
     if args.html is not None:
-        from faultlab import html_report
+        from faultlab.report import html as html_report
 
         html_report.write(args.html, [
             html_report.TraceReport(

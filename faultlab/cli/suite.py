@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from faultlab.base.errors import EXIT_FOUND, EXIT_OK
 from faultlab.cli.common import (
     SUITE_EPILOG,
     Commands,
@@ -20,7 +21,6 @@ from faultlab.cli.common import (
     check_output_path,
     load_system,
 )
-from faultlab.errors import EXIT_FOUND, EXIT_OK
 
 
 def register(commands: Commands) -> None:
@@ -49,11 +49,11 @@ def register(commands: Commands) -> None:
 
 
 def cmd_suite(args: argparse.Namespace) -> int:
-    from faultlab import report
-    from faultlab.explore import suite_exploration
-    from faultlab.output import write_json
-    from faultlab.process import spawner
-    from faultlab.scenarios import SCENARIOS
+    from faultlab.base.output import write_json
+    from faultlab.process.spawn import spawner
+    from faultlab.report import tables as report
+    from faultlab.search.explore import suite_exploration
+    from faultlab.trials.scenarios import SCENARIOS
 
     check_format(args.format)
     system = load_system(args.system)
@@ -106,7 +106,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
 
 def print_scenarios(outcomes: Sequence[Any], fmt: str) -> None:
     """The scenario table, the seed's summary lines, and every failed or unknown check."""
-    from faultlab import report
+    from faultlab.report import tables as report
 
     print(report.scenario_table(outcomes, fmt))
     print()

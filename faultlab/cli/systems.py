@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from faultlab.base.errors import EXIT_OK
 from faultlab.cli.common import TOOL_EPILOG, Commands, add_format, check_format, positive_float
-from faultlab.errors import EXIT_OK
 
 
 def register(commands: Commands) -> None:
@@ -26,7 +26,7 @@ def register(commands: Commands) -> None:
 
 
 def cmd_systems(args: argparse.Namespace) -> int:
-    from faultlab import report
+    from faultlab.report import tables as report
     from faultlab.system import builtin_names, load_system
 
     check_format(args.format)
@@ -40,7 +40,7 @@ def cmd_systems(args: argparse.Namespace) -> int:
     for name in builtin_names():
         system = load_system(name)
         rows.append([name, str(len(system.crash_points)), system.description])
-    from faultlab.system.reference_pg import POSTGRES_SYSTEMS  # listed without psycopg
+    from faultlab.system.builtin.reference_pg import POSTGRES_SYSTEMS  # listed without psycopg
 
     for name, cls in POSTGRES_SYSTEMS.items():
         rows.append([name, str(len(cls.crash_points)), f"{cls.description} (PostgreSQL)"])

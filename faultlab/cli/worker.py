@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from faultlab.base.errors import UsageError
 from faultlab.cli.common import Commands, add_spawn, add_system, load_system
-from faultlab.errors import UsageError
 
 
 def register(commands: Commands) -> None:
@@ -31,11 +31,11 @@ def register(commands: Commands) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from faultlab.canonical import parse_payload
-    from faultlab.inputs import check_operation_id
-    from faultlab.records import WorkerSpec
+    from faultlab.base.canonical import parse_payload
+    from faultlab.base.inputs import check_operation_id
+    from faultlab.process.records import WorkerSpec
+    from faultlab.run.worker import run_worker
     from faultlab.system.contract import check_crash_point
-    from faultlab.worker import run_worker
 
     system = load_system(args.system, args.deduplication)
     directory = Path(args.directory)

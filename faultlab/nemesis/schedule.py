@@ -5,7 +5,7 @@ moves: each worker stops at every named point it reaches (the points it
 declares as crash points), announces ``held POINT`` on its control pipe and
 blocks until faultlab answers one byte. ``c`` lets it run to its next point;
 faultlab kills a worker where it is held with SIGKILL from outside (see
-:mod:`faultlab.lanes`), so a kill needs nothing from the worker. A worker also
+:mod:`faultlab.run.interleaving`), so a kill needs nothing from the worker. A worker also
 announces the claims it takes (``claim OPERATION TOKEN``), which the fencing
 invariant checks.
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from faultlab.errors import UsageError
+from faultlab.base.errors import UsageError
 from faultlab.system.contract import (
     CrashPoint,
     Refusal,
@@ -32,7 +32,7 @@ REFERENCE = "reference"
 
 
 def _reference() -> System:
-    from faultlab.system.reference import ReferenceOutbox
+    from faultlab.system.builtin.reference import ReferenceOutbox
 
     return ReferenceOutbox()
 
@@ -44,13 +44,13 @@ def _builtins() -> dict[str, Callable[[], System]]:
     its mutants declare their minimal traces with): a fork server that runs the
     reference stays that much smaller, so each worker forks and exits faster.
     """
-    from faultlab.system.mutants import MUTANTS
+    from faultlab.system.builtin.mutants import MUTANTS
 
     return {REFERENCE: _reference, **MUTANTS}
 
 
 def _concurrency_builtins() -> dict[str, Callable[[], System]]:
-    from faultlab.system.concurrency_mutants import CONCURRENCY_MUTANTS
+    from faultlab.system.builtin.race_mutants import CONCURRENCY_MUTANTS
 
     return dict(CONCURRENCY_MUTANTS)
 
@@ -73,13 +73,13 @@ def builtin_names() -> list[str]:
 
 def postgres_names() -> list[str]:
     """Built-in systems on PostgreSQL (``reference-pg`` and its zoo); they need psycopg."""
-    from faultlab.system.reference_pg import POSTGRES_SYSTEMS
+    from faultlab.system.builtin.reference_pg import POSTGRES_SYSTEMS
 
     return list(POSTGRES_SYSTEMS)
 
 
 def _postgres(name: str) -> System:
-    from faultlab.system.reference_pg import POSTGRES_SYSTEMS
+    from faultlab.system.builtin.reference_pg import POSTGRES_SYSTEMS
 
     return POSTGRES_SYSTEMS[name]()
 

@@ -54,13 +54,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from faultlab.errors import ExecutionError, UsageError
-from faultlab.messages import printable
+from faultlab.base.errors import ExecutionError, UsageError
+from faultlab.base.messages import printable
 from faultlab.nemesis import crash
 from faultlab.nemesis.announce import ANNOUNCE_FD_VARIABLE, RESUME_FD_VARIABLE, Announcements
-from faultlab.process import Spawner, run_command
-from faultlab.records import DEFAULT_DEADLINE, ProcessRecord, WorkerSpec
-from faultlab.stores import BUSY_TIMEOUT, TABLES, Snapshot, uri
+from faultlab.process.records import DEFAULT_DEADLINE, ProcessRecord, WorkerSpec
+from faultlab.process.spawn import Spawner, run_command
+from faultlab.stores.sqlite import BUSY_TIMEOUT, TABLES, Snapshot, uri
 from faultlab.system.contract import ROLES, Refusal, StepRunner, System, WorkerContext
 from faultlab.system.description import (
     COLUMNS,
@@ -120,7 +120,7 @@ class CommandSystem(System):
         reader = Reader(description.path)
         self.programs = {role: resolve_program(reader, description, role) for role in COMMANDS}
         if description.postgres:
-            from faultlab import pgstores
+            from faultlab.stores import postgres as pgstores
 
             pgstores.psycopg_module()  # a one-line error now if psycopg is missing
             self.store_kind = "postgres"
@@ -233,7 +233,7 @@ class CommandSystem(System):
 
     def release(self, directory: Path) -> None:
         if self.config.postgres:
-            from faultlab import pgstores
+            from faultlab.stores import postgres as pgstores
 
             pgstores.release_stores(directory)
 

@@ -3,7 +3,7 @@
 A store declared ``{"kind": "postgres"}`` in the system file is a database
 faultlab creates: the system's ``init`` command runs *once per run*, against
 empty marked template databases (``{dsn:STORE}`` is each one's libpq connection
-string); every trace then gets clones of them (:mod:`faultlab.pgstores`). Worker
+string); every trace then gets clones of them (:mod:`faultlab.stores.postgres`). Worker
 commands get their trace's databases through the same ``{dsn:STORE}``
 placeholders, whose ``application_name`` lets faultlab see in
 ``pg_stat_activity`` when a killed worker's backend is gone. Snapshot queries
@@ -17,11 +17,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from faultlab import pgstores
-from faultlab.errors import UsageError
-from faultlab.process import run_command
-from faultlab.records import DEFAULT_DEADLINE
-from faultlab.stores import TABLES, Snapshot, StoreError
+from faultlab.base.errors import UsageError
+from faultlab.process.records import DEFAULT_DEADLINE
+from faultlab.process.spawn import run_command
+from faultlab.stores import postgres as pgstores
+from faultlab.stores.sqlite import TABLES, Snapshot, StoreError
 from faultlab.system.description import COLUMNS, Description
 
 

@@ -2,7 +2,7 @@
 
 faultlab drives a system only through this class: it initialises the stores,
 runs each worker role (accept, dispatch, service) in a real process, and reads
-both stores back as the four-table model of :mod:`faultlab.stores`. The system
+both stores back as the four-table model of :mod:`faultlab.stores.sqlite`. The system
 marks its crash points by calling ``context.crash_point(name)`` in worker code;
 when that point is armed, the call SIGKILLs the worker's own process.
 """
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from faultlab.errors import UsageError
+from faultlab.base.errors import UsageError
 from faultlab.nemesis.crash import is_statement_point
-from faultlab.records import ProcessRecord, WorkerSpec
-from faultlab.stores import Snapshot
+from faultlab.process.records import ProcessRecord, WorkerSpec
+from faultlab.stores.sqlite import Snapshot
 
 if TYPE_CHECKING:
     import psycopg
@@ -112,10 +112,10 @@ class WorkerContext(Protocol):
         """Open a store in the run directory that faultlab initialised (marker checked)."""
 
     def connect_postgres(self, store: str) -> psycopg.Connection[Any]:
-        """Open a PostgreSQL store of this trace (marker checked; see faultlab.pgstores).
+        """Open a PostgreSQL store of this trace (marker checked; see faultlab.stores.postgres).
 
         Only for systems whose ``initialise`` made PostgreSQL stores
-        (``faultlab.pgstores.create_stores``); the connection is psycopg's default
+        (``faultlab.stores.postgres.create_stores``); the connection is psycopg's default
         (a transaction starts with the first statement; ``commit()`` ends it).
         """
 
@@ -157,11 +157,11 @@ class System(ABC):
     #: operations of one key in acceptance order. Concurrent traces check it (``ORDER``).
     ordering_key: str | None = None
     #: where the stores live: "sqlite" (files in the run directory) or "postgres"
-    #: (databases cloned per trace; see faultlab.pgstores)
+    #: (databases cloned per trace; see faultlab.stores.postgres)
     store_kind: str = "sqlite"
     #: True: in every trace, sequential or concurrent, workers run under libfaketime, so
     #: ``time.time()``, ``datetime.now()`` and ``clock_gettime`` read faultlab's virtual
-    #: clock (tick t is 2026-01-01T00:00:00Z + t s; see :mod:`faultlab.wall_clock`).
+    #: clock (tick t is 2026-01-01T00:00:00Z + t s; see :mod:`faultlab.base.wall_clock`).
     virtual_wall_clock: bool = False
     ref: str = ""
 

@@ -3,7 +3,7 @@
 The file (see examples/README.md for every key) says how to run each role, how a
 crash point is armed, which crash points exist, and how to read the two SQLite
 stores into faultlab's four-table model. :func:`read_description` turns it into a
-:class:`Description` or raises a one-line :class:`~faultlab.errors.UsageError`
+:class:`Description` or raises a one-line :class:`~faultlab.base.errors.UsageError`
 naming the file and the key; running the system is :mod:`faultlab.system.command`'s.
 """
 
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from faultlab.errors import UsageError
-from faultlab.inputs import read_json_file
+from faultlab.base.errors import UsageError
+from faultlab.base.inputs import read_json_file
 from faultlab.nemesis.announce import ANNOUNCE_FD_VARIABLE, RESUME_FD_VARIABLE
-from faultlab.stores import TABLES
+from faultlab.stores.sqlite import TABLES
 from faultlab.system.contract import ROLES, CrashPoint, crash_point_problem
 from faultlab.system.fields import ResponseFields
 
@@ -115,13 +115,14 @@ class Description:
     no_deduplication: Switch | None
     environment: tuple[tuple[str, str], ...] = field(default=())
     response_fields: ResponseFields = field(default_factory=ResponseFields)
-    #: A JSON Schema for payloads and a regular expression for ids (faultlab.data draws them).
+    #: A JSON Schema for payloads and a regular expression for ids (faultlab.search.data draws
+    #: them).
     payload_schema: Any = None
     operation_id_pattern: str | None = None
     #: stores that are PostgreSQL databases (faultlab clones one per trace; commands get
     #: its libpq connection string as ``{dsn:STORE}``); the others are SQLite files
     postgres: tuple[str, ...] = field(default=())
-    #: Run the programs under libfaketime, in every trace (:mod:`faultlab.wall_clock`).
+    #: Run the programs under libfaketime, in every trace (:mod:`faultlab.base.wall_clock`).
     virtual_wall_clock: bool = False
 
     @property

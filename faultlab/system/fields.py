@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from faultlab.records import ProcessRecord
+from faultlab.process.records import ProcessRecord
 
 #: Each field faultlab reads, and where faultlab's own workers print it.
 DEFAULTS: dict[str, str] = {

@@ -1,0 +1,189 @@
+"""faultlab from Python: explore a system, replay a trace, or get a Hypothesis state machine.
+
+These functions are what the command line does, as calls that return data instead
+of printing and exiting. Settings are arguments (never module globals), so two
+calls in one process do not influence each other. Every call runs real worker
+processes on fresh real stores and cleans up after itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from faultlab.base.errors import UsageError
+from faultlab.checks.invariants import Violation
+from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
+from faultlab.search import defaults
+from faultlab.system import load_system
+from faultlab.system.contract import System
+from faultlab.trace import ConcurrentTrace, Trace, Verdict
+
+if TYPE_CHECKING:
+    from faultlab.search.machine import OutboxMachine
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an exploration or a replay showed.
+
+    ``clean`` is True only when something was tested and no invariant failed. ``trace`` is
+    the shrunk trace of a finding (``None`` when clean); ``violations`` the invariant
+    failures its replay showed; ``path`` the corpus file a finding was saved to, if any;
+    ``notes`` anything the run wants a reader to know (for example a failure whose replay
+    did not reproduce it, which is never reported as a finding).
+    """
+
+    clean: bool
+    trace: Trace | ConcurrentTrace | None = None
+    violations: tuple[Violation, ...] = ()
+    path: Path | None = None
+    notes: tuple[str, ...] = ()
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        """True when clean, so ``assert faultlab.explore(...)`` reads as intended."""
+        return self.clean
+
+
+def _system(system: str | Path | System) -> System:
+    if isinstance(system, System):
+        if not system.ref:
+            raise UsageError(
+                f"system {system.name!r} has no ref: worker processes find a system by "
+                "reference, so pass it as 'package.module:attribute'")
+        return system
+    if isinstance(system, Path):
+        system = str(system)
+    if not isinstance(system, str):
+        raise UsageError(f"a system is a name, a path or a faultlab.System, not {system!r}")
+    return load_system(system)
+
+
+def explore(
+    system: str | Path | System,
+    *,
+    examples: int = defaults.EXAMPLES,
+    seed: int = 0,
+    steps: int = defaults.STEPS,
+    concurrency: int = 1,
+    deduplication: bool = True,
+    corpus: str | Path | None = None,
+    spawn: SpawnMode = "fork",
+    deadline: float = DEFAULT_DEADLINE,
+    statement_points: bool | None = None,
+    progress: Callable[[Any], None] | None = None,
+) -> Outcome:
+    """Search for a trace that breaks an invariant of ``system``; shrink and confirm it.
+
+    ``concurrency=1`` explores sequential traces; ``concurrency=N`` (N >= 2) runs up to N
+    workers at once and searches their interleavings. A finding is replayed before it is
+    reported, and saved under ``corpus`` when one is given.
+
+    >>> import faultlab
+    >>> found = faultlab.explore("no-dedup", examples=50, seed=0)   # doctest: +SKIP
+    >>> found.clean, len(found.trace.steps)                         # doctest: +SKIP
+    (False, 3)
+    >>> faultlab.explore("reference", examples=20).clean            # doctest: +SKIP
+    True
+    """
+    from faultlab.process.spawn import spawner
+
+    chosen = _system(system)
+    if concurrency < 1:
+        raise UsageError(f"concurrency must be at least 1, not {concurrency}")
+    if examples < 1 or steps < 1:
+        raise UsageError("examples and steps must be at least 1")
+    found: Trace | ConcurrentTrace | None
+    if concurrency == 1:
+        from faultlab.search.explore import explore as explore_sequential
+
+        with spawner(spawn) as runner:
+            result = explore_sequential(
+                chosen, runner, deduplication=deduplication, examples=examples, steps=steps,
+                seed_value=seed, deadline=deadline, progress=progress,
+                statement_crashes=True if statement_points is None else statement_points,
+            )
+        found, stats, notes = result.trace, result.stats(), result.notes
+        checked = result.recorder.checks
+        violations = tuple(result.replay.violations) if result.replay else ()
+    else:
+        from faultlab.search.schedules import explore_concurrent
+
+        concurrent = explore_concurrent(
+            chosen, concurrency=concurrency, deduplication=deduplication, examples=examples,
+            steps=steps, seed_value=seed, spawn=spawn, deadline=deadline, progress=progress,
+            statement_points=bool(statement_points),
+        )
+        found, stats, notes = concurrent.trace, concurrent.stats(), concurrent.notes
+        checked = concurrent.recorder.steps
+        violations = tuple(concurrent.replay.violations) if concurrent.replay else ()
+    path = None
+    if found is not None and corpus is not None:
+        from faultlab.corpus import files
+
+        path = files.save(found, Path(corpus))
+    if found is None and not checked:
+        notes = [*notes, "nothing was checked: the run is not clean"]
+    return Outcome(clean=found is None and bool(checked), trace=found, violations=violations,
+                   path=path, notes=tuple(notes), stats=stats)
+
+
+def replay(trace_or_path: Trace | ConcurrentTrace | str | Path, *,
+           system: str | Path | System | None = None, spawn: SpawnMode = "fork",
+           deadline: float = DEFAULT_DEADLINE) -> Outcome:
+    """Run a saved trace again on fresh stores; ``clean`` when no invariant fails.
+
+    A trace file is data: it never chooses what code runs. Built-in systems are found by
+    the name the trace records; any other system must be given as ``system``.
+
+    >>> outcome = faultlab.replay("corpus/no-dedup-RCPT-baa0069205.json")   # doctest: +SKIP
+    >>> outcome.clean                                                       # doctest: +SKIP
+    False
+    """
+    from faultlab.corpus.replay import plan
+    from faultlab.corpus.replay import replay as replay_planned
+    from faultlab.process.spawn import spawner
+    from faultlab.system import builtin_names, concurrency_mutant_names, postgres_names
+    from faultlab.trace import load
+
+    if isinstance(trace_or_path, (str, Path)):
+        path = Path(trace_or_path)
+        trace = load(path)
+    else:
+        path, trace = Path("<trace>"), trace_or_path
+    if system is None:
+        if trace.system not in {*builtin_names(), *concurrency_mutant_names(),
+                                *postgres_names()}:
+            raise UsageError(
+                f"{path}: the trace names system {trace.system!r}, which is not built in: "
+                f"name it, e.g. faultlab.replay({str(path)!r}, system={trace.system!r})")
+        chosen = load_system(trace.system)
+    else:
+        chosen = _system(system)
+    planned = plan(path, trace, chosen)
+    with spawner(spawn) as runner:
+        replayed = replay_planned(planned, runner, deadline=deadline)
+    verdict: Verdict = replayed.verdict
+    executed = replayed.execution
+    return Outcome(clean=verdict.clean, trace=trace if not verdict.clean else None,
+                   violations=tuple(executed.violations) if executed is not None else (),
+                   path=path)
+
+
+def state_machine(system: str | Path | System, *, deduplication: bool = True,
+                  examples: int = defaults.EXAMPLES, steps: int = defaults.STEPS,
+                  deadline: float = DEFAULT_DEADLINE) -> type[OutboxMachine]:
+    """A Hypothesis ``RuleBasedStateMachine`` over ``system``; its ``TestCase`` runs under
+    pytest or unittest.
+
+    >>> TestMyOutbox = faultlab.state_machine("reference", examples=20).TestCase  # doctest: +SKIP
+    """
+    from faultlab.search.machine import machine_settings, outbox_machine
+
+    chosen = _system(system)
+    machine = outbox_machine(chosen.ref, deduplication=deduplication, deadline=deadline,
+                             examples=examples, steps=steps)
+    machine.TestCase.settings = machine_settings(examples, steps)
+    return machine

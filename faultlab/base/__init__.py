@@ -1,0 +1,2 @@
+"""Ground floor: errors, canonical JSON, messages, interrupts, untrusted input, output files,
+clocks."""

@@ -1,0 +1,246 @@
+"""Invariants over the history of a concurrent trace, not only its latest snapshot.
+
+Most concurrency bugs still leave "one ticket per operation" true when the
+receiver deduplicates; what they break is how the stores change over time and
+who changed them. These checks keep a little state across steps:
+
+* ``TERM``: a terminal state never changes. Once an operation is complete its
+  row stays complete with the same result, and so does its outbox row.
+* ``EXCL``: a claim is exclusive while its lease runs: no worker claims an
+  operation while another live worker holds an unexpired lease on it.
+* ``ORDER``: where the system declares an ordering key (a payload field), the
+  operations of one key get their tickets in acceptance order. An operation
+  delivered straight to the receiver (a ``service`` step) is exempt: that
+  delivery is the caller's own, not the relay's.
+* ``FENCE``: a dispatcher whose claim was superseded (its lease lapsed and
+  another dispatcher claimed the same operation with a higher token) never
+  changes the caller store afterwards, and never reports completing that
+  operation. Claims are what workers announce with ``context.claimed``.
+* ``SKIP``: no committed outbox row is skipped for good. A relay (dispatcher)
+  that reports it found nothing to do, while it was the only worker alive,
+  leaves no committed outbox row pending that it could have claimed: one with
+  no unexpired lease, whose ordering key no unexpired lease holds. Unlike
+  ``LIVE`` (judged once, over acknowledged operations, after recovery) it names
+  the relay that passed the row over, counts rows whose acceptor never replied,
+  and is judged at every idle relay, recovery's included.
+
+Each has a vacuity rule (:meth:`History.vacuous`): ``TERM`` has nothing to check
+until some operation is complete; ``EXCL`` until a claim is taken while another
+live worker holds a claim on the same operation; ``ORDER`` until one key has two
+relayed operations and a ticket among them; ``FENCE`` until some claim was
+superseded; ``SKIP`` until a relay alone reports idle with a committed outbox row
+pending.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from faultlab.checks.invariants import Violation
+from faultlab.process.records import ProcessRecord
+from faultlab.stores.sqlite import Snapshot
+
+HISTORY_INVARIANTS: dict[str, str] = {
+    "TERM": "a complete operation (and its outbox row) stays complete with the same result",
+    "EXCL": "no worker claims an operation while another live worker holds an unexpired "
+            "lease on it",
+    "ORDER": "the operations of one ordering key get their tickets in acceptance order",
+    "FENCE": "a dispatcher whose claim was superseded never changes the caller store "
+             "afterwards, nor reports completing the operation",
+    "SKIP": "no committed outbox row is skipped for good: a relay alone never reports idle "
+            "while a committed row is pending that no unexpired lease holds",
+}
+
+
+@dataclass(frozen=True)
+class Claim:
+    worker: int  # faultlab's serial number for the worker process
+    lane: int
+    pid: int
+    operation_id: str
+    token: int
+    lease_until: float | None = None
+    at: int = 0  # the virtual clock when the claim was announced
+
+
+@dataclass
+class History:
+    """What earlier steps established: terminal results, claims and who superseded whom."""
+
+    terminal: dict[str, str | None] = field(default_factory=dict)
+    terminal_outbox: set[str] = field(default_factory=set)
+    claims: list[Claim] = field(default_factory=list)
+    ordering_key: str | None = None
+    direct: set[str] = field(default_factory=set)  # operations delivered by a service step
+    ordered: bool = False  # ORDER had something to check at some step
+    contested: int = 0  # claims taken while another live worker held one on the operation
+    idle_with_pending: int = 0  # SKIP had something to check: a lone idle relay, rows pending
+    _exclusion: list[str] = field(default_factory=list)
+
+    def claim(self, claim: Claim, *, alive: set[int]) -> None:
+        """Record a claim; ``alive`` are the workers still running when it was taken."""
+        held = [c for c in self.claims if c.operation_id == claim.operation_id
+                and c.worker != claim.worker and c.worker in alive]
+        if held:
+            self.contested += 1
+        for other in held:
+            if other.lease_until is not None and other.lease_until > claim.at:
+                self._exclusion.append(
+                    f"lane {claim.lane} (pid {claim.pid}) claimed {claim.operation_id} at tick "
+                    f"{claim.at} while lane {other.lane} (pid {other.pid}) held it leased until "
+                    f"{other.lease_until:g}"
+                )
+        self.claims.append(claim)
+
+    def superseded(self, worker: int) -> list[tuple[Claim, Claim]]:
+        """This worker's claims that a later, higher token on the same operation replaced."""
+        found = []
+        for mine in (c for c in self.claims if c.worker == worker):
+            later = [c for c in self.claims if c.operation_id == mine.operation_id
+                     and c.token > mine.token and c.worker != worker]
+            if later:
+                found.append((mine, max(later, key=lambda c: c.token)))
+        return found
+
+    def vacuous(self, name: str) -> bool:
+        if name == "TERM":
+            return not self.terminal
+        if name == "ORDER":
+            return not self.ordered
+        if name == "EXCL":
+            return not self.contested
+        if name == "FENCE":
+            return not any(self.superseded(c.worker) for c in self.claims)
+        if name == "SKIP":
+            return not self.idle_with_pending
+        return False
+
+    def check(
+        self, before: Snapshot, after: Snapshot, *, alone: int | None,
+        exited: list[tuple[int, ProcessRecord]], acknowledged: dict[str, str] | None = None,
+        now: float | None = None, solitary: bool = False,
+    ) -> list[Violation]:
+        """Check one step. ``alone`` is the worker that was the only one running during the
+        step (so a change of the stores is its doing), ``exited`` the workers that ended;
+        ``solitary`` says no other worker was alive at all (not even held or paused), so
+        every claim on the stores was announced; ``now`` is the virtual clock."""
+        found = [Violation("TERM", m) for m in self._terminal(after)]
+        found += [Violation("EXCL", m) for m in self._exclusion]
+        self._exclusion = []
+        found += [Violation("ORDER", m) for m in self._order(after, acknowledged or {})]
+        fence: list[str] = []
+        caller_changed = (before.operations, before.outbox) != (after.operations, after.outbox)
+        if alone is not None and caller_changed:
+            for mine, theirs in self.superseded(alone):
+                fence.append(
+                    f"lane {mine.lane} (pid {mine.pid}) changed the caller store after its "
+                    f"claim on {mine.operation_id} (token {mine.token}) was superseded by "
+                    f"lane {theirs.lane}'s token {theirs.token}"
+                )
+        for worker, record in exited:
+            response = record.response or {}
+            if record.exit_code != 0 or "result" not in response:
+                continue
+            for mine, theirs in self.superseded(worker):
+                if response.get("operation_id") == mine.operation_id:
+                    fence.append(
+                        f"lane {mine.lane} (pid {mine.pid}) reported completing "
+                        f"{mine.operation_id} after its claim (token {mine.token}) was "
+                        f"superseded by token {theirs.token}"
+                    )
+        found += [Violation("FENCE", m) for m in dict.fromkeys(fence)]
+        if solitary and now is not None:
+            found += [Violation("SKIP", m) for m in self._skipped(before, after, alone,
+                                                                  exited, now)]
+        self._remember(after)
+        return found
+
+    def _skipped(self, before: Snapshot, after: Snapshot, alone: int | None,
+                 exited: list[tuple[int, ProcessRecord]], now: float) -> list[str]:
+        """Rows a lone relay passed over: pending before and after its idle run, no
+        unexpired lease on them or on their ordering key."""
+        idle = [worker for worker, record in exited
+                if worker == alone and record.exit_code == 0
+                and (record.response or {}).get("idle") is True]
+        still = {row.operation_id for row in after.pending_outbox()}
+        pending = [row.operation_id for row in before.pending_outbox()
+                   if row.operation_id in still]
+        if not idle or not pending or not self.claims:
+            return []  # a system that announces no claims tells faultlab of no lease
+        self.idle_with_pending += 1
+        payloads = {row.id: row.payload for row in after.operations}
+        leased = {c.operation_id for c in self.claims
+                  if c.lease_until is None or c.lease_until > now}
+        held_keys = {canonical_key(self._key(payloads[op])) for op in leased
+                     if op in payloads and op in pending and self.ordering_key is not None}
+        found = []
+        for operation_id in pending:
+            key = (canonical_key(self._key(payloads[operation_id]))
+                   if operation_id in payloads and self.ordering_key is not None else None)
+            if operation_id in leased or (key is not None and key in held_keys):
+                continue
+            found.append(f"a relay (worker {idle[0]}) reported idle at tick {now:g} while "
+                         f"committed outbox row {operation_id} was pending and unleased")
+        return found
+
+    def _key(self, payload: str) -> Any:
+        try:
+            value = json.loads(payload)
+        except ValueError:
+            return None
+        return value.get(self.ordering_key) if isinstance(value, dict) else None
+
+    def _order(self, after: Snapshot, acknowledged: dict[str, str]) -> list[str]:
+        """Within each key, in acceptance (acknowledgement) order, no relayed operation has a
+        ticket while an earlier one has none or a later-numbered one."""
+        if self.ordering_key is None:
+            return []
+        first: dict[str, int] = {}
+        for ticket in after.tickets:
+            first[ticket.operation_id] = min(first.get(ticket.operation_id, ticket.id), ticket.id)
+        keyed: dict[str, list[str]] = {}
+        for operation_id, payload in acknowledged.items():
+            key = self._key(payload)
+            if key is not None and operation_id not in self.direct:
+                keyed.setdefault(canonical_key(key), []).append(operation_id)
+        found = []
+        for key, operations in keyed.items():
+            if len(operations) > 1 and any(op in first for op in operations):
+                self.ordered = True
+            for index, later in enumerate(operations):
+                if later not in first:
+                    continue
+                for earlier in operations[:index]:
+                    if earlier not in first or first[earlier] > first[later]:
+                        shown = f"ticket {first[earlier]}" if earlier in first else "no ticket"
+                        found.append(
+                            f"{later} (key {key}) got ticket {first[later]} while {earlier}, "
+                            f"accepted before it with the same key, has {shown}"
+                        )
+        return found
+
+    def _terminal(self, after: Snapshot) -> list[str]:
+        found = []
+        for operation_id, result in sorted(self.terminal.items()):
+            row = after.operation(operation_id)
+            if row is None or row.state != "complete" or row.result != result:
+                state = "missing" if row is None else f"{row.state} with result {row.result}"
+                found.append(f"complete operation {operation_id} (result {result}) is now {state}")
+        for operation_id in sorted(self.terminal_outbox):
+            outbox = after.outbox_row(operation_id)
+            if outbox is None or outbox.state != "complete":
+                state = "missing" if outbox is None else outbox.state
+                found.append(f"complete outbox row {operation_id} is now {state}")
+        return found
+
+    def _remember(self, after: Snapshot) -> None:
+        for row in after.operations:
+            if row.state == "complete":
+                self.terminal.setdefault(row.id, row.result)
+        self.terminal_outbox |= {r.operation_id for r in after.outbox if r.state == "complete"}
+
+
+def canonical_key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))

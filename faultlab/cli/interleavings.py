@@ -1,0 +1,89 @@
+"""``enumerate --concurrency N`` (N >= 2). (``explore --concurrency N`` is ``explore`` itself:
+its rounds are concurrent explorations, :mod:`faultlab.search.rounds`.)"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from faultlab.base.errors import EXIT_FOUND, EXIT_OK, UsageError
+from faultlab.cli.common import check_format, load_system
+from faultlab.trace import ConcurrentTrace
+
+
+def cmd_enumerate_concurrent(args: argparse.Namespace) -> int:
+    import time
+
+    from faultlab.base.version import __version__
+    from faultlab.corpus import files as corpus
+    from faultlab.report import tables as report
+    from faultlab.report.columns import concurrent_table, concurrent_violation_lines
+    from faultlab.run.interleaving import execute_concurrent
+    from faultlab.search.schedule_enumeration import ACCEPTORS, enumerate_concurrent
+
+    check_format(args.format)
+    directory = _corpus_directory(args)
+    system = load_system(args.system, args.deduplication)
+    max_steps: int = args.max_steps or 3
+    result = enumerate_concurrent(
+        system, concurrency=args.concurrency, operations=args.operations, max_steps=max_steps,
+        crashes=args.crashes, deduplication=args.deduplication, spawn=args.spawn,
+        deadline=args.deadline, progress=None if args.quiet else _enumerate_progress,
+    )
+    rows: list[list[Any]] = [
+        ["system", f"{system.ref}{'' if args.deduplication else ' (deduplication off)'}"],
+        ["budget", f"{args.concurrency} lanes, {args.operations} operations, "
+                   f"{args.crashes} kills, 1 tick, {ACCEPTORS} held acceptors, "
+                   f"{max_steps} choices"],
+        ["sequences run", result.sequences],
+        ["not extended (state already explored)", result.pruned],
+        ["distinct states", result.states],
+        ["steps executed", result.steps],
+        ["wall time (s)", round(result.seconds, 2)],
+    ]
+    print(report.table(rows, ["enumerate", "value"], args.format))
+    if result.finding is None or result.execution is None:
+        print(f"\nclean: no invariant failed in {result.sequences} sequences")
+        return EXIT_OK
+    confirmed = execute_concurrent(
+        system, result.finding, concurrency=args.concurrency,
+        deduplication=args.deduplication, spawn=args.spawn, deadline=args.deadline,
+    )
+    if confirmed.verdict != result.execution.verdict:
+        print(f"\nnote: a finding ({result.execution.verdict.describe()}) showed "
+              f"{confirmed.verdict.describe()} on fresh stores; not reported")
+        return EXIT_OK
+    trace = ConcurrentTrace(
+        system=system.ref, deduplication=args.deduplication, concurrency=args.concurrency,
+        steps=list(result.finding), expected=confirmed.verdict,
+        violations=list(confirmed.violations),
+        meta={"found_by": "enumerate", "operations": args.operations, "crashes": args.crashes,
+              "max_steps": max_steps, "faultlab": __version__,
+              "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+    )
+    path = corpus.save(trace, directory, system.name)
+    print(f"\nFOUND: {confirmed.verdict.describe()} with {len(result.finding) - args.operations} "
+          f"scheduling choices after {args.operations} accepts; saved {path}")
+    print(concurrent_table(confirmed, args.concurrency, args.format))
+    for line in concurrent_violation_lines(confirmed):
+        print(line)
+    print(f"replay with: python -m faultlab replay {path}")
+    return EXIT_FOUND
+
+
+def _enumerate_progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _corpus_directory(args: argparse.Namespace) -> Path:
+    """Concurrent findings go to a corpus directory (not yet to a Redis corpus)."""
+    from faultlab.corpus.files import check_corpus_directory
+
+    target = str(args.corpus)
+    if "://" in target:
+        raise UsageError(f"--corpus {target}: concurrent findings go to a directory, not yet "
+                         "to a Redis corpus")
+    check_corpus_directory(Path(target))
+    return Path(target)

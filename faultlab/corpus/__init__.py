@@ -1,0 +1,1 @@
+"""The corpus: trace files, the shared Redis corpus, replaying."""

@@ -1,0 +1,100 @@
+"""Replaying a saved trace, of either format version: what ``replay``, the pytest plugin and
+the tests all do with a corpus file.
+
+A trace is checked against its system before anything runs (:func:`plan`), then
+executed on fresh stores by the executor its version needs (:func:`replay`): the
+sequential executor for version 1, the lane executor for version 2. The outcome
+carries its table and verdict line, so every caller prints the same thing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from faultlab.base.errors import UsageError
+from faultlab.process.spawn import Spawner
+from faultlab.report import tables as report
+from faultlab.report.columns import concurrent_table, concurrent_violation_lines
+from faultlab.run.executor import Execution, execute, validate_step
+from faultlab.run.interleaving import ConcurrentExecution, execute_concurrent
+from faultlab.system.contract import System
+from faultlab.trace import ConcurrentTrace, Trace, Verdict
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One trace file, its trace and the system it will run on (checked)."""
+
+    path: Path
+    trace: Trace | ConcurrentTrace
+    system: System
+    against: bool = False  # replayed on another system than recorded: expect clean
+
+
+def plan(path: Path, trace: Trace | ConcurrentTrace, system: System, *,
+         against: bool = False) -> Plan:
+    """Refuse, before anything runs, a trace its system cannot run (one line naming the file)."""
+    try:
+        system.require_deduplication_switch(trace.deduplication)
+        if isinstance(trace, Trace):
+            for step in trace.steps:
+                validate_step(system, step)
+    except UsageError as error:
+        raise UsageError(f"{path}: {error}") from None
+    return Plan(Path(path), trace, system, against)
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """What one replay showed, and whether it matches what was expected."""
+
+    plan: Plan
+    verdict: Verdict
+    expected_text: str
+    matches: bool
+    table: str
+    violation_lines: list[str]
+    execution: Execution | ConcurrentExecution | None  # what ran (a page is drawn from it)
+
+    @property
+    def status(self) -> str:
+        return "matches" if self.matches else "DIFFERS"
+
+    def lines(self) -> list[str]:
+        """The header, the table, the violations and the verdict line, as ``replay`` prints."""
+        trace, system = self.plan.trace, self.plan.system
+        header = f"{self.plan.path}: {system.ref}" + (
+            "" if trace.deduplication else " (deduplication off)")
+        return [header, self.table, *self.violation_lines,
+                f"verdict: {self.verdict.describe()}; expected {self.expected_text}: "
+                f"{self.status}"]
+
+
+def replay(planned: Plan, runner: Spawner, *, deadline: float, fmt: str = "simple") -> Replayed:
+    """Execute one planned trace on fresh stores and judge it."""
+    trace, system = planned.trace, planned.system
+    execution: Execution | ConcurrentExecution | None = None
+    if isinstance(trace, ConcurrentTrace):
+        concurrent = execute_concurrent(
+            system, trace.steps, concurrency=trace.concurrency,
+            deduplication=trace.deduplication, settle=trace.settle, spawn=runner.mode,
+            deadline=deadline, statement_points=trace.statement_points,
+        )
+        execution, verdict = concurrent, concurrent.verdict
+        table = concurrent_table(concurrent, trace.concurrency, fmt)
+        violations = concurrent_violation_lines(concurrent)
+    else:
+        execution = execute(system, trace.steps, runner, deduplication=trace.deduplication,
+                            settle=trace.settle, deadline=deadline)
+        verdict = execution.verdict
+        table = report.execution_table(execution, fmt)
+        violations = report.violation_lines(execution)
+    if planned.against:
+        expected_text = f"clean (replayed --against {system.ref})"
+        matches = verdict.clean
+    else:
+        expected = trace.expected if trace.expected is not None else Verdict()
+        expected_text = expected.describe() if trace.expected else "clean (nothing recorded)"
+        matches = verdict == expected
+    return Replayed(planned, verdict, expected_text, matches, table, violations, execution)

@@ -1,0 +1,1 @@
+"""Processes: worker specs and records, the fork server, exec, deadlines, reaping, CPU pinning."""

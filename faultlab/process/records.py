@@ -1,0 +1,109 @@
+"""What a worker is asked to do and how it ended: plain data, shared by every layer.
+
+These records cross process boundaries (the fork server's pipe, exec-mode
+command lines, corpus evidence), so they hold only JSON-able fields. They live
+apart from the spawning machinery in :mod:`faultlab.process.spawn` so that the
+checker, the trace format and the systems can name them without depending on
+how a process is started.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Any, Literal
+
+SpawnMode = Literal["fork", "exec"]
+SPAWN_MODES: tuple[SpawnMode, ...] = ("fork", "exec")
+#: Seconds a worker may run before faultlab kills its process group.
+DEFAULT_DEADLINE = 15.0
+#: The exit code a parent observes for a child killed by SIGKILL (``-9`` on Linux).
+KILLED = -int(signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker process needs: which system, which role, where, armed how."""
+
+    system: str
+    role: str
+    directory: str
+    operation_id: str | None = None
+    payload: str | None = None
+    crash: str | None = None
+    deduplication: bool = True
+    spawn: SpawnMode = "fork"
+    deadline: float = DEFAULT_DEADLINE
+    #: Extra environment for the worker (the virtual clock's and libfaketime's variables).
+    #: A worker with any always starts by exec: a preload reaches only an exec'd process.
+    environment: tuple[tuple[str, str], ...] = ()
+
+    def argv(self) -> list[str]:
+        """The ``python -m faultlab worker`` command line for this spec (exec mode)."""
+        args = [sys.executable, "-m", "faultlab", "worker", self.role]
+        args += ["--directory", self.directory, "--system", self.system]
+        args += ["--spawn", self.spawn, "--deadline", repr(self.deadline)]
+        if self.operation_id is not None:
+            args += ["--operation-id", self.operation_id]
+        if self.payload is not None:
+            args += ["--payload", self.payload]
+        if self.crash is not None:
+            args += ["--crash", self.crash]
+        if not self.deduplication:
+            args.append("--no-deduplication")
+        return args
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """How one worker process ended: exit code is -N when killed by signal N."""
+
+    pid: int
+    exit_code: int
+    response: dict[str, Any] | None
+    stdout: str
+    stderr: str
+    elapsed: float
+    timed_out: bool = False
+    #: command-line systems (system/fields.py): fields the response lacked, and what the
+    #: worker printed when response_fields rewrote it into faultlab's keys
+    unknown_fields: dict[str, str] | None = None
+    raw_response: dict[str, Any] | None = None
+
+    @property
+    def killed(self) -> bool:
+        return self.exit_code == KILLED
+
+    @property
+    def service(self) -> dict[str, Any]:
+        """The record of the service child a dispatcher reported (empty when none)."""
+        service = (self.response or {}).get("service")
+        return service if isinstance(service, dict) else {}
+
+    @property
+    def service_killed(self) -> bool:
+        return self.service.get("exit_code") == KILLED
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(vars(self))  # flat fields: asdict's deep copy is a cost on every worker
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProcessRecord:
+        return cls(**data)
+
+
+def parse_response(stdout: str) -> dict[str, Any] | None:
+    """The worker's response is the last complete JSON object line it wrote."""
+    for line in reversed(stdout.splitlines()):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None

@@ -1,0 +1,811 @@
+"""Run one worker as a real OS process and observe how it ended.
+
+Two spawn modes give the same process boundary:
+
+* ``fork`` (default): a fork server started once per run has already imported
+  what a worker uses (:func:`preload`); it forks one child per worker, the next
+  one while the current one runs (a few milliseconds a worker: bench/spawn.py).
+* ``exec``: a fresh interpreter per worker, ``python -m faultlab worker ...``.
+
+Each worker runs in its own process group, so a missed deadline kills exactly
+that worker and the service child it started, and nothing else. Every child is
+reaped before :func:`Spawner.run` returns.
+"""
+
+from __future__ import annotations
+
+import _signal  # type: ignore[import-not-found, unused-ignore]
+import json
+import os
+import select
+import selectors
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import IO, TYPE_CHECKING, Any, NoReturn
+
+from faultlab.base import interrupt
+from faultlab.base.errors import ExecutionError
+from faultlab.process.records import (
+    DEFAULT_DEADLINE,
+    SPAWN_MODES,
+    ProcessRecord,
+    SpawnMode,
+    WorkerSpec,
+    parse_response,
+)
+
+if TYPE_CHECKING:
+    import subprocess
+
+#: The fork server's entry point, named as exec mode names ``python -m faultlab worker``: the
+#: process layer starts it by name and never imports the worker or the systems it runs.
+FORK_SERVER_ENTRY = "faultlab.run.worker:serve_forks"
+_MAX_OUTPUT = 1 << 20
+#: After a deadline kill, how long to wait for the pipes to close. A process that left the
+#: worker's group can hold them open forever; faultlab must not wait for it.
+_KILL_GRACE = 2.0
+#: How a worker runs inside a process: the role's code, returning the exit status.
+WorkerMain = Callable[[WorkerSpec], int]
+
+
+def _collect(pid: int, fds: dict[int, str], deadline: float, group: bool) -> tuple[
+    dict[str, bytes], int, bool
+]:
+    """Read the child's pipes to EOF and reap it; kill it (or its group) at the deadline.
+
+    If anything interrupts the wait (SIGINT, SIGTERM), the child is killed and reaped
+    before the exception goes on: an interrupted run leaves no worker behind.
+    """
+    try:
+        outputs, status, timed_out = _collect_and_reap(pid, fds, deadline, group)
+    except BaseException:
+        end_child(pid, group)
+        raise
+    if timed_out and group:
+        reap_group(pid)  # what the killed worker started (its service) goes too
+    return outputs, status, timed_out
+
+
+def end_child(pid: int, group: bool) -> None:
+    """Kill and reap our child ``pid`` (and its group), unless it was already reaped.
+
+    The child is signalled only while it is known unreaped, so its pid cannot have been
+    reused by a process faultlab did not start.
+    """
+    with interrupt.deferred():
+        try:
+            waited, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return  # reaped already
+        if waited:
+            return
+        _kill(pid, group)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+        if group:
+            reap_group(pid)
+
+
+def _group_stats(pgid: int) -> Iterator[tuple[int, list[bytes]]]:
+    """(pid, the fields of /proc/PID/stat after the command name) of every process in
+    group ``pgid`` (Linux /proc; elsewhere none)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stream:
+                fields = stream.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            yield int(entry), fields
+
+
+def _group_members(pgid: int) -> list[tuple[int, int]]:
+    """(pid, parent pid) of every process in group ``pgid``."""
+    return [(pid, int(fields[1])) for pid, fields in _group_stats(pgid)]
+
+
+def _tree_stats(pid: int) -> Iterator[list[bytes]]:
+    """The /proc/PID/stat fields (after the command name) of ``pid`` and its descendants,
+    found through each process's ``children`` file: a few reads, not a scan of /proc."""
+    stack = [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            with open(f"/proc/{current}/stat", "rb") as stream:
+                fields = stream.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/{current}/task/{current}/children", "rb") as stream:
+                children = stream.read().split()
+        except OSError:
+            continue
+        yield fields
+        stack.extend(int(child) for child in children)
+
+
+def tree_activity(pid: int) -> tuple[bool, int]:
+    """Whether ``pid`` or a descendant of it is on a CPU or waiting for one (state R, or
+    D: in the kernel on its behalf), and their CPU time so far in clock ticks.
+
+    A worker waiting on another's SQLite lock sleeps (state S) and burns next to no CPU;
+    one still starting (an exec'd interpreter on a loaded machine), or waiting for a
+    service child that is, is runnable or burns CPU. Telling the two apart keeps a slow
+    start from being judged blocked.
+    """
+    runnable, ticks = False, 0
+    for fields in _tree_stats(pid):
+        runnable = runnable or fields[0] in (b"R", b"D")
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return runnable, ticks
+
+
+def reap_group(pgid: int, wait: float = 1.0) -> None:
+    """After a killed worker's leader is reaped: reap the rest of its group (a service the
+    dispatcher started) where it was reparented to this process (a child subreaper), and
+    give the others a moment to be reaped by theirs. Never signals anything."""
+    me = os.getpid()
+    end = time.monotonic() + wait
+    while True:
+        members = _group_members(pgid)
+        for pid, parent in members:
+            if parent == me:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+        if not members or time.monotonic() >= end:
+            return
+        time.sleep(0.005)
+
+
+def _collect_and_reap(pid: int, fds: dict[int, str], deadline: float, group: bool) -> tuple[
+    dict[str, bytes], int, bool
+]:
+    chunks: dict[str, list[bytes]] = {name: [] for name in fds.values()}
+    sizes = dict.fromkeys(fds.values(), 0)
+    selector = selectors.DefaultSelector()
+    for fd in fds:
+        os.set_blocking(fd, False)
+        selector.register(fd, selectors.EVENT_READ)
+    end = time.monotonic() + deadline
+    timed_out = False
+    try:
+        while selector.get_map():
+            remaining = end - time.monotonic()
+            if remaining <= 0 and not timed_out:
+                timed_out = True
+                _kill(pid, group)
+            if timed_out and remaining <= -_KILL_GRACE:
+                break  # something outside the killed group still holds the pipes
+            for key, _ in selector.select(timeout=max(remaining, 0.05) if not timed_out else 1):
+                fd = int(key.fd)
+                data = os.read(fd, 65536)
+                if not data:
+                    selector.unregister(fd)
+                    continue
+                name = fds[fd]
+                if sizes[name] < _MAX_OUTPUT:
+                    chunks[name].append(data)
+                    sizes[name] += len(data)
+    finally:
+        selector.close()
+        for fd in fds:
+            os.close(fd)
+    status, timed_out = _reap(pid, end, timed_out, group)
+    return {name: b"".join(parts) for name, parts in chunks.items()}, status, timed_out
+
+
+def _reap(pid: int, end: float, timed_out: bool, group: bool) -> tuple[int, bool]:
+    """Wait for the child to exit (its pipes may close first), killing it at ``end``.
+
+    Where the kernel offers a pidfd the wait wakes the moment the child exits;
+    elsewhere it polls every half millisecond.
+    """
+    waited, status = os.waitpid(pid, os.WNOHANG)
+    if waited:
+        return status, timed_out
+    pidfd: int | None = None
+    try:
+        pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
+    except OSError:
+        pidfd = None
+    try:
+        while True:
+            remaining = end - time.monotonic()
+            if remaining <= 0 and not timed_out:
+                timed_out = True
+                _kill(pid, group)
+            if pidfd is not None:
+                select.select([pidfd], [], [], max(remaining, 0.05))
+            else:
+                time.sleep(0.0005)
+            waited, status = os.waitpid(pid, os.WNOHANG)
+            if waited:
+                return status, timed_out
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def lead_own_group(pid: int) -> None:
+    """Make a just-forked child the leader of its own process group, from the parent.
+
+    The child does the same (``setpgid(0, 0)``) as it starts, but a parent that killed the
+    group before the child got that far would find no such group and kill nothing: the
+    child would run on, unknown (seen: an interrupt right after a lane's fork left it
+    alive). Both sides calling it, as job-control shells do, closes that window. A child
+    that already did it, exec'd or ended makes this fail harmlessly.
+    """
+    try:
+        os.setpgid(pid, pid)
+    except OSError:
+        pass
+
+
+def _kill(pid: int, group: bool) -> None:
+    try:
+        if group:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _record(pid: int, outputs: dict[str, bytes], status: int, started: float,
+            timed_out: bool) -> ProcessRecord:
+    stdout = outputs["stdout"].decode("utf-8", "replace")
+    stderr = outputs["stderr"].decode("utf-8", "replace")
+    if timed_out:
+        stderr += "faultlab: worker missed its deadline and was killed\n"
+    return ProcessRecord(
+        pid=pid,
+        exit_code=os.waitstatus_to_exitcode(status),
+        response=parse_response(stdout),
+        stdout=stdout,
+        stderr=stderr,
+        elapsed=time.monotonic() - started,
+        timed_out=timed_out,
+    )
+
+
+#: Signals a worker takes with their default action (the fork server ignores or handles them).
+_DEFAULT_ACTIONS = (int(signal.SIGINT), int(signal.SIGTERM), int(signal.SIGPIPE))
+_SIG_DFL = int(signal.SIG_DFL)
+#: Text streams on descriptors 0, 1 and 2: stdin, stdout, stderr.
+StandardStreams = tuple[IO[str], IO[str], IO[str]]
+
+
+def standard_streams() -> StandardStreams:
+    """New, empty text streams on descriptors 0, 1 and 2 (not closing them on release).
+
+    Built before a fork and never written in the parent, they hold no buffered data that
+    a child could inherit and write a second time.
+    """
+    return (
+        open(0, closefd=False),  # noqa: SIM115
+        open(1, "w", closefd=False),  # noqa: SIM115
+        open(2, "w", closefd=False),  # noqa: SIM115
+    )
+
+
+def child_main(
+    out_w: int, err_w: int, *, new_group: bool, read_spec: Callable[[], WorkerSpec | None],
+    run: WorkerMain, keep: tuple[int, ...] = (), streams: StandardStreams | None = None,
+) -> NoReturn:
+    """The body of a forked worker: its own group, stdout/stderr to the pipes, run, exit.
+
+    ``streams`` are unused text streams on descriptors 0, 1 and 2 built by the parent
+    (:func:`standard_streams`), so that the child does not build its own.
+    """
+    code = 70
+    try:
+        if new_group:
+            os.setpgid(0, 0)
+        for signum in _DEFAULT_ACTIONS:
+            # the C function: signal.signal's enum conversion of the old handler touches
+            # enough shared objects to cost the child ~60 copy-on-write page faults
+            _signal.signal(signum, _SIG_DFL)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        low = 3  # close every other descriptor: the child holds only its own pipes
+        for fd in sorted(keep):
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, 1024)
+        # Python-level streams on the new descriptors, made before a spare waits for its
+        # spec. Building them costs a fresh child ~100 copy-on-write faults (half a
+        # millisecond); a fork server hands its spares a set it built once and never used.
+        sys.stdin, sys.stdout, sys.stderr = streams or standard_streams()
+        spec = read_spec()
+        if spec is None:  # a spare that was never assigned: the fork server is closing
+            code = 0
+        else:
+            code = run(spec)
+    except BaseException:
+        try:
+            os.write(2, traceback.format_exc().encode())
+        except OSError:
+            pass
+        code = 70
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001
+            pass
+        os._exit(code)
+
+
+def fork_worker(spec: WorkerSpec, run: WorkerMain, *, new_group: bool) -> ProcessRecord:
+    """Fork this (already warmed-up) process and run ``run(spec)`` in the child."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # child: never returns
+        os.close(out_r)
+        os.close(err_r)
+        child_main(out_w, err_w, new_group=new_group, read_spec=lambda: spec, run=run)
+    if new_group:
+        lead_own_group(pid)
+    os.close(out_w)
+    os.close(err_w)
+    outputs, status, timed_out = _collect(
+        pid, {out_r: "stdout", err_r: "stderr"}, spec.deadline, new_group
+    )
+    return _record(pid, outputs, status, started, timed_out)
+
+
+@dataclass(frozen=True)
+class _Spare:
+    """A forked worker waiting for its assignment on ``control``."""
+
+    pid: int
+    control: int
+    stdout: int
+    stderr: int
+
+
+def _rehearse() -> None:
+    """Start SQLite and JSON in the spare, before it is assigned.
+
+    The first SQLite connection in a process initialises the library (mutexes,
+    allocator, the file-system layer) and, in a forked child, pays copy-on-write
+    faults for the pages that touches; opening and closing an in-memory database
+    does that while the spare is idle. It is deliberately small: on a machine with
+    two cores the spare prepares while the previous worker runs, and a fuller
+    rehearsal (a table, a transaction) measured slower, not faster. No store is
+    touched.
+    """
+    import sqlite3
+
+    connection = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        connection.execute("PRAGMA application_id").fetchone()
+    finally:
+        connection.close()
+    json.loads(json.dumps({"rehearsal": [1, "two", None]}, sort_keys=True))
+
+
+def _read_spec(fd: int) -> WorkerSpec | None:
+    _rehearse()
+    chunks = []
+    while data := os.read(fd, 65536):
+        chunks.append(data)
+    os.close(fd)
+    return WorkerSpec(**json.loads(b"".join(chunks))) if chunks else None
+
+
+def _fork_spare(run: WorkerMain, streams: StandardStreams) -> _Spare:
+    """Fork the next worker ahead of time, so fork and copy-on-write happen off the clock.
+
+    The spare is a fresh process like any other worker: it starts in its own process
+    group, blocks until the fork server writes its spec, runs it once and exits.
+    """
+    control_r, control_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never returns
+        for fd in (control_w, out_r, err_r):
+            os.close(fd)
+        child_main(out_w, err_w, new_group=True, read_spec=lambda: _read_spec(control_r),
+                    run=run, keep=(control_r,), streams=streams)
+    lead_own_group(pid)
+    for fd in (control_r, out_w, err_w):
+        os.close(fd)
+    return _Spare(pid, control_w, out_r, err_r)
+
+
+def _assign(worker: _Spare, line: bytes) -> float:
+    """Hand the spare its spec (EOF after it); the worker's clock starts now."""
+    started = time.monotonic()
+    try:
+        os.write(worker.control, line)
+    finally:
+        os.close(worker.control)
+    return started
+
+
+def _finish(worker: _Spare, spec: WorkerSpec, started: float) -> ProcessRecord:
+    outputs, status, timed_out = _collect(
+        worker.pid, {worker.stdout: "stdout", worker.stderr: "stderr"}, spec.deadline, True
+    )
+    return _record(worker.pid, outputs, status, started, timed_out)
+
+
+def _retire(spare: _Spare) -> None:
+    """Release a spare that will not be used: EOF on its control pipe makes it exit."""
+    for fd in (spare.control, spare.stdout, spare.stderr):
+        os.close(fd)
+    os.waitpid(spare.pid, 0)
+
+
+def child_environment() -> dict[str, str]:
+    """Environment for exec-mode children: they must import what this process imports."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
+def exec_worker(spec: WorkerSpec, *, new_group: bool) -> ProcessRecord:
+    """Run the worker in a fresh interpreter: ``python -m faultlab worker ...``."""
+    return run_command(spec.argv(), deadline=spec.deadline,
+                       env={**child_environment(), **dict(spec.environment)},
+                       new_group=new_group)
+
+
+def run_command(
+    argv: Sequence[str],
+    *,
+    deadline: float = DEFAULT_DEADLINE,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    pass_fds: Sequence[int] = (),
+    started: Callable[[int], None] | None = None,
+    new_group: bool = True,
+) -> ProcessRecord:
+    """Run a program as a worker: an exec-mode faultlab worker, or a command-line system's.
+
+    No shell; stdin is /dev/null; the program gets its own process group (unless
+    ``new_group`` is false: a service child stays in its dispatcher's group), so the
+    deadline kills it and any child it started, and nothing else. ``started`` is
+    called with the pid before its output is collected. The child is reaped
+    before this returns; a program that cannot be started raises ExecutionError.
+    """
+    import subprocess
+
+    began = time.monotonic()
+    child: subprocess.Popen[bytes] | None = None
+    fds: dict[int, str] = {}
+    try:
+        # deferred: a signal as the child starts is raised once it is known here, so the
+        # handler below kills and reaps it (it ran on, unreaped, when the signal came first)
+        with interrupt.deferred():
+            try:
+                child = subprocess.Popen(
+                    list(argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=None if env is None else dict(env),
+                    cwd=cwd,
+                    pass_fds=tuple(pass_fds),
+                    start_new_session=new_group,
+                )
+            except OSError as error:
+                raise ExecutionError(
+                    f"cannot run {argv[0]}: {error.strerror or error}") from None
+            if child.stdout is None or child.stderr is None:
+                raise ExecutionError("worker pipes were not created")
+            fds = {os.dup(child.stdout.fileno()): "stdout",
+                   os.dup(child.stderr.fileno()): "stderr"}
+            child.stdout.close()
+            child.stderr.close()
+        if started is not None:
+            started(child.pid)
+    except BaseException:
+        if child is not None:
+            _kill(child.pid, new_group)
+            _collect(child.pid, fds, deadline, new_group)
+            child.returncode = -signal.SIGKILL
+        raise
+    try:
+        outputs, status, timed_out = _collect(child.pid, fds, deadline, new_group)
+    except BaseException:
+        child.returncode = -signal.SIGKILL  # killed and reaped by _collect
+        raise
+    child.returncode = os.waitstatus_to_exitcode(status)  # reaped by _collect
+    return _record(child.pid, outputs, status, began, timed_out)
+
+
+# --- the fork server ---------------------------------------------------------------------
+
+def _bootstrap(entry: str) -> str:
+    """The fork server's ``python -c`` program: restore sys.path, call ``module:function``."""
+    module, _, function = entry.partition(":")
+    return (
+        "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+        f"from {module} import {function} as main; main()"
+    )
+
+
+def become_subreaper() -> None:
+    """Become the reaper of orphaned grandchildren (Linux), so none stays a zombie.
+
+    The fork server is one; so is the ``faultlab`` program (a killed exec-mode
+    dispatcher's service is reparented to it, and reaped, not left to its caller)."""
+    _set_child_subreaper()
+
+
+def _set_child_subreaper() -> None:
+    """Become the reaper of orphaned grandchildren (Linux), so none stays a zombie."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _reap_orphans(wait: float = 0.0) -> None:
+    """Reap orphaned grandchildren that were reparented to the fork server.
+
+    The waiting spare is alive and blocked, so ``WNOHANG`` never takes it. With ``wait``
+    (as the server ends), keep reaping for up to that long while children remain: a
+    killed worker's service may still be dying.
+    """
+    end = time.monotonic() + wait
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            if time.monotonic() >= end:
+                return
+            time.sleep(0.005)
+
+
+@dataclass
+class _Children:
+    """The fork server's children that are not reaped yet: the spare, the running worker."""
+
+    spare: _Spare | None = None
+    running: _Spare | None = None  # assigned a spec and not yet reaped
+
+    def end(self) -> None:
+        """Kill and reap the running worker, release the spare, reap orphans."""
+        if self.running is not None:
+            end_child(self.running.pid, True)  # its pipes close as this process exits
+            self.running = None
+        if self.spare is not None:
+            _retire(self.spare)
+            self.spare = None
+        _reap_orphans(wait=_KILL_GRACE)
+
+
+def zygote_main(run: WorkerMain, prepare: Callable[[WorkerSpec], None]) -> None:
+    """The fork server: read one request per line, fork a worker, answer with its record.
+
+    ``prepare(spec)`` runs here before the fork (loading the spec's system once, so every
+    child inherits it warm); ``run(spec)`` is the worker's body in the child.
+
+    A request is ``{"id": N, "spec": {...}}`` and its reply echoes ``"id"``, so the
+    client can never take one worker's record for another's. SIGTERM (what the client
+    sends after an interruption) raises :class:`~faultlab.base.interrupt.Interrupted`, at most
+    once, wherever the server is (even as its loop ends on EOF); the running worker's
+    group is then killed and reaped, the spare released and the server ends quietly.
+    SIGINT is ignored (the client decides).
+    """
+    children = _Children()
+    try:
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, interrupt.handler)
+            _serve(children, run, prepare)
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stopping: no second raise
+    except (interrupt.Interrupted, BrokenPipeError):
+        pass  # the client stopped the run or went away
+    children.end()
+
+
+def _serve(own: _Children, run: WorkerMain, prepare: Callable[[WorkerSpec], None]) -> None:
+    _set_child_subreaper()
+    streams = standard_streams()  # every spare's sys.stdin, stdout and stderr
+    requests = sys.stdin.buffer
+    replies = sys.stdout.buffer
+    for line in requests:
+        request_id: Any = None
+        try:
+            request = json.loads(line)
+            request_id = request["id"]
+            spec = WorkerSpec(**request["spec"])
+            prepare(spec)
+            with interrupt.deferred():  # a forked child is always known by its pid
+                own.running = own.spare if own.spare is not None else _fork_spare(run, streams)
+                own.spare = None
+            started = _assign(own.running, json.dumps(request["spec"]).encode())
+            with interrupt.deferred():
+                own.spare = _fork_spare(run, streams)  # the next worker forks while this one runs
+            record = _finish(own.running, spec, started)
+            own.running = None
+            reply: dict[str, Any] = {"id": request_id, "record": record.to_json()}
+        except Exception as error:  # noqa: BLE001 - reported to the client, not swallowed
+            if own.running is not None:
+                end_child(own.running.pid, True)
+                own.running = None
+            reply = {"id": request_id, "error": f"{type(error).__name__}: {error}"}
+        _reap_orphans()
+        try:
+            replies.write(json.dumps(reply).encode() + b"\n")
+            replies.flush()
+        except BrokenPipeError:
+            break  # the client went away
+
+
+class ForkServer:
+    """Client side of the fork server; one per run, closed (and reaped) at the end.
+
+    Every request carries a fresh id that the reply must echo. An exchange cut short
+    (a signal between writing a request and reading its reply) leaves the channel
+    unusable: no later request can read the earlier reply, and :meth:`close` stops the
+    server with SIGTERM, which kills and reaps the worker it was running.
+    """
+
+    def __init__(self, entry: str = FORK_SERVER_ENTRY) -> None:
+        import subprocess
+
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", _bootstrap(entry), json.dumps(sys.path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self.pid = self._process.pid
+        self._requests = 0
+        self._in_flight = False  # a request was written and its reply not yet read
+
+    def run(self, spec: WorkerSpec) -> ProcessRecord:
+        process = self._process
+        stdin: IO[bytes] | None = process.stdin
+        stdout: IO[bytes] | None = process.stdout
+        if self._in_flight:
+            raise ExecutionError(
+                f"the fork server (pid {self.pid}) is unusable: an earlier request was "
+                "interrupted before its reply"
+            )
+        if stdin is None or stdout is None or process.poll() is not None:
+            raise ExecutionError("the fork server is not running")
+        self._requests += 1
+        request_id = self._requests
+        self._in_flight = True  # stays set if anything interrupts the exchange
+        try:
+            stdin.write(json.dumps({"id": request_id, "spec": vars(spec)}).encode() + b"\n")
+            stdin.flush()
+            line = stdout.readline()
+        except BrokenPipeError:
+            line = b""
+        if not line:
+            raise ExecutionError(f"the fork server (pid {self.pid}) died")
+        reply = json.loads(line)
+        if not isinstance(reply, dict) or reply.get("id") != request_id:
+            raise ExecutionError(
+                f"the fork server (pid {self.pid}) answered request "
+                f"{reply.get('id') if isinstance(reply, dict) else '?'}, not {request_id}"
+            )
+        self._in_flight = False
+        if "error" in reply:
+            raise ExecutionError(f"the fork server could not run the worker: {reply['error']}")
+        return ProcessRecord.from_json(reply["record"])
+
+    def close(self) -> None:
+        """End the server and reap it; after an interruption, stop its worker first."""
+        import subprocess
+
+        with interrupt.deferred():
+            process = self._process
+            if self._in_flight or interrupt.received() is not None:
+                if process.poll() is None:  # not reaped, so the pid is still ours
+                    process.send_signal(signal.SIGTERM)
+            if process.stdin is not None:
+                try:
+                    process.stdin.close()
+                except BrokenPipeError:
+                    pass
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
+
+
+class Spawner:
+    """Runs workers in the chosen mode; the only way faultlab starts a worker.
+
+    It is the :class:`faultlab.system.contract.StepRunner` systems run their steps
+    through: :meth:`run` for faultlab's own worker processes, :meth:`run_program` for a
+    command-line system's programs. ``processes`` counts both.
+    """
+
+    def __init__(self, mode: SpawnMode = "fork") -> None:
+        if mode not in SPAWN_MODES:
+            raise ValueError(f"unknown spawn mode {mode!r}")
+        self.mode: SpawnMode = mode
+        self._server: ForkServer | None = None
+        self.processes = 0
+
+    def run_program(
+        self, argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None = None,
+        cwd: str | None = None, pass_fds: Sequence[int] = (),
+        started: Callable[[int], None] | None = None,
+    ) -> ProcessRecord:
+        """Run a program that is not faultlab as one worker (see :func:`run_command`)."""
+        self.processes += 1
+        return run_command(argv, deadline=deadline, env=env, cwd=cwd, pass_fds=pass_fds,
+                           started=started)
+
+    def run(self, spec: WorkerSpec) -> ProcessRecord:
+        if spec.spawn != self.mode:
+            spec = replace(spec, spawn=self.mode)
+        self.processes += 1
+        if self.mode == "exec" or spec.environment:
+            return exec_worker(spec, new_group=True)
+        if self._server is None:
+            # deferred: a signal as the server starts is raised once it is known here, so
+            # close() ends and reaps it (seen: it was left a zombie of the caller)
+            with interrupt.deferred():
+                self._server = ForkServer()
+        return self._server.run(spec)
+
+    @property
+    def server_pid(self) -> int | None:
+        """The fork server's pid while it runs (it starts with the first forked worker)."""
+        return self._server.pid if self._server is not None else None
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+
+@contextmanager
+def spawner(mode: SpawnMode = "fork") -> Iterator[Spawner]:
+    runner = Spawner(mode)
+    try:
+        yield runner
+    finally:
+        runner.close()
+
+
+def stop_resource_tracker() -> None:
+    """End multiprocessing's resource tracker (a child a spawn-context pool or queue
+    started) and reap it, so faultlab leaves no process behind, interrupted or not."""
+    from multiprocessing import resource_tracker
+
+    stop = getattr(getattr(resource_tracker, "_resource_tracker", None), "_stop", None)
+    if callable(stop):
+        try:
+            stop()
+        except Exception:  # noqa: BLE001 - a tracker that is already gone
+            pass

@@ -1,0 +1,1 @@
+"""Reports: replay tables and the HTML page."""

@@ -1,0 +1,147 @@
+"""Tables (tabulate) and the evidence JSON; nothing here runs a process."""
+
+from __future__ import annotations
+
+import json
+import platform
+import signal
+import sqlite3
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from tabulate import tabulate
+
+from faultlab.base.version import __version__
+from faultlab.run.executor import Execution, Observation
+from faultlab.search.coverage import Coverage
+from faultlab.system.contract import System
+from faultlab.trials.scenarios import Outcome
+
+PASS_LINE = "PASS: 5 scenarios; real SIGKILL, separate caller and downstream stores"
+
+
+def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], fmt: str) -> str:
+    return str(tabulate(rows, headers=headers, tablefmt=fmt))
+
+
+def scenario_table(outcomes: Sequence[Outcome], fmt: str) -> str:
+    rows = []
+    for outcome in outcomes:
+        summary = outcome.summary
+        observations = outcome.execution.observations
+        tickets_before = summary.get("tickets_before", summary.get("partial_operations", "-"))
+        if outcome.name == "changed_payload_rejected":
+            tickets_before = len(observations[-1].before.tickets)
+        result = (observations[-1].record.response or {})
+        recovered = next(
+            (o.record.response for o in reversed(observations)
+             if (o.record.response or {}).get("result") is not None), None,
+        )
+        shown = result.get("error") or json.dumps((recovered or {}).get("result"))
+        rows.append([
+            outcome.name,
+            outcome.crash_point,
+            summary.get("crash_exit", summary.get("exit_code")),
+            tickets_before,
+            summary["tickets_after"],
+            shown,
+            outcome.verdict,
+        ])
+    headers = ["scenario", "crash point", "exit", "tickets before", "tickets after", "result",
+               "verdict"]
+    return table(rows, headers, fmt)
+
+
+def summary_lines(outcomes: Sequence[Outcome]) -> list[str]:
+    return [f"{o.name} {json.dumps(o.summary, sort_keys=False)}" for o in outcomes]
+
+
+def environment() -> dict[str, Any]:
+    """``signal`` and ``platform`` as the seed lab wrote them (anything that read its results
+    file reads ours); faultlab's richer values under keys of their own."""
+    return {
+        "python": sys.version.split()[0],
+        "sqlite": sqlite3.sqlite_version,
+        "platform": platform.system(),
+        "signal": "SIGKILL",
+        "platform_detail": platform.platform(),
+        "signal_number": int(signal.SIGKILL),
+    }
+
+
+def evidence(outcomes: Sequence[Outcome], *, spawn: str, seconds: float) -> dict[str, Any]:
+    """The seed's results.json keys, plus faultlab's version, spawn mode and timings."""
+    return {
+        "experiment": "two-store outbox crash recovery (faultlab suite)",
+        **environment(),
+        "faultlab": __version__,
+        "spawn": spawn,
+        "passed": all(o.passed for o in outcomes),
+        "scenarios": {
+            o.name: {
+                "passed": o.passed,
+                "failures": o.failures,
+                **({"unknown": o.unknowns} if o.unknowns else {}),
+                **o.evidence,
+                "summary": o.summary,
+                "seconds": round(o.seconds, 4),
+            }
+            for o in outcomes
+        },
+        "timings": {"total_seconds": round(seconds, 4),
+                    **{o.name: round(o.seconds, 4) for o in outcomes}},
+    }
+
+
+REPLAY_HEADERS = [
+    "#", "action", "operation", "crash", "pid", "exit", "ops p/c", "outbox p/c", "tickets",
+    "receipts", "violations",
+]
+
+
+def observation_row(observation: Observation) -> list[Any]:
+    step = observation.step
+    counts = observation.snapshot.counts()
+    action = step.action if observation.phase == "step" else f"{step.action} (settle)"
+    if step.action != "dispatch" and step.payload is not None:
+        action += f" {json.dumps(step.payload, sort_keys=True, separators=(',', ':'))}"
+    violations = ", ".join(sorted({v.invariant for v in observation.violations})) or "-"
+    operation = step.operation_id or (observation.record.response or {}).get("operation_id") or "-"
+    return [
+        observation.index,
+        action if len(action) <= 60 else action[:57] + "...",
+        operation,
+        step.crash or "-",
+        observation.record.pid,
+        observation.record.exit_code,
+        f"{counts['operations_pending']}/{counts['operations_complete']}",
+        f"{counts['outbox_pending']}/{counts['outbox_complete']}",
+        counts["tickets"],
+        counts["receipts"],
+        violations,
+    ]
+
+
+def execution_table(execution: Execution, fmt: str) -> str:
+    rows = [observation_row(o) for o in execution.observations]
+    if execution.final_violations:
+        names = ", ".join(sorted({v.invariant for v in execution.final_violations}))
+        rows.append([len(rows) + 1, "settle: final check", "-", "-", "-", "-", "", "", "", "",
+                     names])
+    return table(rows, REPLAY_HEADERS, fmt)
+
+
+def violation_lines(execution: Execution) -> list[str]:
+    lines = []
+    for observation in execution.observations:
+        lines += [f"  step {observation.index}: {v}" for v in observation.violations]
+    lines += [f"  final: {v}" for v in execution.final_violations]
+    return lines
+
+
+def print_coverage(coverage: Coverage, system: System, fmt: str) -> None:
+    """Which crash points fired and which invariants had something to check."""
+    print(table(coverage.crash_rows(system), ["crash point", "armed", "fired"], fmt))
+    print()
+    print(table(coverage.invariant_rows(), ["invariant", "checked non-vacuously"], fmt))

@@ -1,0 +1,1 @@
+"""Running steps: the inside of a worker process, and the executors that run a trace."""

@@ -1,0 +1,296 @@
+"""The one executor behind scenarios, exploration, enumeration and replay.
+
+:class:`Executor` runs steps one at a time on fresh stores: each step is a real
+worker process (through the system's :meth:`~faultlab.system.contract.System.run_step`),
+then both stores are read back and every invariant is checked. Nothing else in
+faultlab spawns a worker or reads a store.
+
+A system with ``virtual_wall_clock`` runs every sequential trace on a virtual
+clock too: its workers are exec'd under libfaketime with the trace's clock file
+(:mod:`faultlab.base.wall_clock`), time stands still during the trace's steps, and the
+final recovery advances it by :data:`~faultlab.base.clock.SETTLE_HORIZON` before it
+dispatches, so a retry the system scheduled (a back-off after a crashed worker)
+comes due instead of being reported lost.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from faultlab.base import inputs, interrupt
+from faultlab.base.canonical import canonical_json
+from faultlab.base.clock import SETTLE_HORIZON, VirtualClock
+from faultlab.base.errors import EXIT_USAGE, ExecutionError, UsageError
+from faultlab.base.messages import printable
+from faultlab.base.wall_clock import WallClock
+from faultlab.checks.invariants import Check, Model, Violation, check_live, check_step
+from faultlab.process.records import DEFAULT_DEADLINE, ProcessRecord, WorkerSpec
+from faultlab.process.spawn import Spawner
+from faultlab.stores.sqlite import Snapshot, readers_kept_open, scratch_directory
+from faultlab.system.contract import System, check_crash_point
+from faultlab.trace import ACTIONS, Step, Verdict
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One executed step: what ran, how the process ended, both stores after it."""
+
+    index: int
+    step: Step
+    record: ProcessRecord
+    before: Snapshot
+    snapshot: Snapshot
+    violations: tuple[Violation, ...]
+    phase: str = "step"
+    check: Check | None = field(default=None, compare=False, repr=False)  # what was checked
+
+    @property
+    def crashed(self) -> bool:
+        """The armed point fired: the worker, or the service it started, was SIGKILLed."""
+        if self.step.crash is None:
+            return False
+        return self.record.killed or self.record.service_killed
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "phase": self.phase,
+            "step": self.step.to_json(),
+            "record": self.record.to_json(),
+            "snapshot": self.snapshot.to_json(),
+            "violations": [v.to_json() for v in self.violations],
+        }
+
+
+def validate_step(system: System, step: Step) -> None:
+    """Refuse a step the system cannot run (before anything is executed)."""
+    if step.action not in ACTIONS:
+        raise UsageError(f"unknown action {step.action!r}")
+    if step.action in ("accept", "service"):
+        if not step.operation_id:
+            raise UsageError(f"{step.action} step needs an operation_id")
+        inputs.check_operation_id(step.operation_id, f"{step.action} step operation_id")
+        if step.payload is None:
+            raise UsageError(f"{step.action} step needs a payload")
+        inputs.check_value(step.payload, f"{step.action} step payload")
+        try:
+            canonical_json(step.payload)
+        except (TypeError, ValueError) as error:
+            raise UsageError(f"{step.action} payload is not JSON: {error}") from None
+    check_crash_point(system, step.action, step.crash)
+
+
+class Executor:
+    """Runs steps on one set of fresh stores and checks every invariant after each."""
+
+    def __init__(
+        self,
+        system: System,
+        spawner: Spawner,
+        *,
+        deduplication: bool = True,
+        directory: Path | None = None,
+        deadline: float = DEFAULT_DEADLINE,
+    ) -> None:
+        system.require_deduplication_switch(deduplication)
+        self.system = system
+        self.spawner = spawner
+        self.deduplication = deduplication
+        self.deadline = deadline
+        self._requested_directory = directory
+        self._temporary = directory is None
+        self.directory = Path()
+        self.model = Model()
+        self.snapshot = Snapshot()
+        self.observations: list[Observation] = []
+        #: The trace's virtual clock and libfaketime's file, for virtual_wall_clock systems.
+        self.clock: VirtualClock | None = None
+        self.wall: WallClock | None = None
+        #: The snapshots' read connections, kept open from enter to close.
+        self._readers = ExitStack()
+
+    def _start_clock(self, *, existing: bool) -> None:
+        if getattr(self.system, "virtual_wall_clock", False):
+            self.clock = VirtualClock(self.directory, existing=existing)
+            self.wall = WallClock(self.directory, self.clock.ticks)
+
+    def _advance_clock(self, ticks: int) -> None:
+        if self.clock is not None and self.wall is not None:
+            self.wall.set(self.clock.advance(ticks))
+
+    def _environment(self) -> tuple[tuple[str, str], ...]:
+        if self.clock is None or self.wall is None:
+            return ()
+        return tuple(sorted({**self.clock.environment(), **self.wall.environment()}.items()))
+
+    @classmethod
+    def resume(
+        cls, system: System, spawner: Spawner, directory: Path, model: Model,
+        snapshot: Snapshot, *, deduplication: bool = True, deadline: float = DEFAULT_DEADLINE,
+    ) -> Executor:
+        """Continue from stores already in ``directory`` (a branch the caller owns and removes),
+        with a copy of the model that produced them."""
+        executor = cls(system, spawner, deduplication=deduplication, deadline=deadline)
+        executor._temporary = False
+        executor.directory = directory
+        executor.model = copy.deepcopy(model)
+        executor.snapshot = snapshot
+        executor._start_clock(existing=True)  # the clock file was copied with the stores
+        return executor
+
+    def __enter__(self) -> Executor:
+        try:
+            with interrupt.deferred():  # the directory is created and known, or neither
+                if self._requested_directory is None:
+                    # the pid in the name tells whose run directory it is (tests check)
+                    self.directory = Path(tempfile.mkdtemp(prefix=f"faultlab-{os.getpid()}-",
+                                                           dir=scratch_directory()))
+                else:
+                    self.directory = self._requested_directory
+                    self.directory.mkdir(parents=True)
+            self._readers.enter_context(readers_kept_open())
+            self.system.initialise(self.directory)
+            self._start_clock(existing=False)
+            self.snapshot = self.system.snapshot(self.directory)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with interrupt.deferred():  # a signal must not leave half a run directory
+            self._readers.close()  # before the stores go
+            owned = self._temporary or self._requested_directory is not None  # not resumed
+            if owned and self.directory != Path():
+                self.system.release(self.directory)  # PostgreSQL databases never outlive a trace
+            if self._temporary and self.directory != Path():
+                shutil.rmtree(self.directory, ignore_errors=True)
+
+    @property
+    def steps(self) -> list[Step]:
+        return [observation.step for observation in self.observations]
+
+    def run(self, step: Step, *, phase: str = "step") -> Observation:
+        interrupt.check()  # after a SIGINT/SIGTERM no further worker starts
+        validate_step(self.system, step)
+        payload = None if step.action == "dispatch" else canonical_json(step.payload)
+        spec = WorkerSpec(
+            system=self.system.ref,
+            role=step.action,
+            directory=str(self.directory),
+            operation_id=step.operation_id if step.action != "dispatch" else None,
+            payload=payload,
+            crash=step.crash,
+            deduplication=self.deduplication,
+            spawn=self.spawner.mode,
+            deadline=self.deadline,
+            environment=self._environment(),
+        )
+        record = self.system.run_step(spec, self.spawner)
+        where = f"step {len(self.observations) + 1} {step.describe()}: worker pid {record.pid}"
+        if record.timed_out:
+            raise ExecutionError(
+                f"{where} missed its {self.deadline:g}s deadline and was killed"
+            )
+        if record.exit_code == EXIT_USAGE:
+            last = printable((record.stderr.strip().splitlines() or ["no message"])[-1], 200)
+            raise ExecutionError(f"{where} refused its input (exit 2): {last}")
+        before = self.snapshot
+        after = self.system.snapshot(self.directory)
+        self.model.observe(step.action, spec.operation_id, payload, record)
+        check = Check(
+            model=self.model, before=before, after=after, action=step.action,
+            operation_id=spec.operation_id, payload=payload, record=record,
+            deduplication=self.deduplication,
+        )
+        self.snapshot = after
+        observation = Observation(
+            len(self.observations) + 1, step, record, before, after,
+            tuple(check_step(check)), phase, check,
+        )
+        self.observations.append(observation)
+        return observation
+
+    def settle(self) -> tuple[list[Observation], list[Violation]]:
+        """Recover to quiescence, then check LIVE.
+
+        Dispatch while outbox work is pending; stop early when a dispatch changes
+        neither store (recovery is stuck: another attempt would do the same). On a
+        virtual clock, time first advances by the horizon (see the module docstring).
+        """
+        self._advance_clock(SETTLE_HORIZON)
+        bound = 2 * len(self.snapshot.pending_outbox()) + 2
+        observations: list[Observation] = []
+        while self.snapshot.pending_outbox() and len(observations) < bound:
+            observation = self.run(Step("dispatch"), phase="settle")
+            observations.append(observation)
+            if observation.violations:
+                return observations, []
+            if observation.snapshot == observation.before:
+                break
+        stuck = len(observations) if self.snapshot.pending_outbox() else None
+        return observations, check_live(self.snapshot, still_pending_after=stuck)
+
+
+@dataclass
+class Execution:
+    """A whole trace executed: every observation, the final LIVE check, the verdict."""
+
+    observations: list[Observation]
+    final_violations: list[Violation]
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict.first(self.observations, self.final_violations)
+
+    @property
+    def violations(self) -> list[Violation]:
+        found = [v for o in self.observations for v in o.violations]
+        return found + self.final_violations
+
+    def executed_prefix(self) -> list[Step]:
+        """The steps executed up to the failing check (all of them, recovery included, for a
+        clean run or a final LIVE): the length a finding is measured and shrunk by."""
+        upto = self.verdict.step
+        observations = self.observations if upto is None else self.observations[:upto]
+        return [observation.step for observation in observations]
+
+
+def execute(
+    system: System,
+    steps: Iterable[Step],
+    spawner: Spawner,
+    *,
+    deduplication: bool = True,
+    settle: bool = False,
+    directory: Path | None = None,
+    deadline: float = DEFAULT_DEADLINE,
+) -> Execution:
+    """Run a fixed list of steps on fresh stores; settle afterwards when asked and still clean."""
+    steps = list(steps)
+    for step in steps:
+        validate_step(system, step)
+    with Executor(
+        system, spawner, deduplication=deduplication, directory=directory, deadline=deadline
+    ) as executor:
+        for step in steps:
+            executor.run(step)
+        final: list[Violation] = []
+        if settle and not any(o.violations for o in executor.observations):
+            _, final = executor.settle()
+        return Execution(list(executor.observations), final)

@@ -1,0 +1,757 @@
+"""The concurrent executor: several real worker processes alive at once, scheduled by faultlab.
+
+Each lane runs one worker at a time as a real OS process (forked from this
+process, or a fresh interpreter in exec mode) with a control pipe
+(:mod:`faultlab.schedule`): the worker holds at every named point it reaches
+and announces it, and faultlab decides which lane moves next. Between points
+the processes run for real against the same SQLite files, with SQLite's own
+locks and busy timeouts. Only one lane is released at a time; a released lane
+that neither reaches a point nor ends within :data:`BLOCK_BOUND` seconds, and
+whose processes are not working (:func:`_still_working`), is
+*blocked* (waiting on a lock another lane holds at its point) and the step
+ends there, so the schedule can release the lane that holds the lock: a run
+never deadlocks. ``kill`` is a SIGKILL of the lane's process group from outside,
+``pause``/``resume`` SIGSTOP/SIGCONT of it; nothing here ever signals a process
+it did not start.
+
+A command-line system's program is scheduled through the announcement protocol
+it already speaks (:mod:`faultlab.nemesis.announce`: ``reached POINT PID``,
+answered ``continue``); a program that announces nothing runs free from start
+to end, and can still be paused, resumed and killed.
+
+After every step both stores are read back and every per-step invariant is
+checked, plus the history invariants of :mod:`faultlab.checks.history`.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from faultlab.base import interrupt
+from faultlab.base.canonical import canonical_json
+from faultlab.base.clock import SETTLE_HORIZON, VirtualClock
+from faultlab.base.errors import EXIT_USAGE, ExecutionError, UsageError
+from faultlab.base.wall_clock import WallClock
+from faultlab.checks.history import Claim, History
+from faultlab.checks.invariants import (
+    BY_NAME,
+    STEP_INVARIANTS,
+    Check,
+    Model,
+    Violation,
+    check_live,
+    check_quiet,
+)
+from faultlab.nemesis.announce import ANNOUNCE_FD_VARIABLE, RESUME_FD_VARIABLE
+from faultlab.nemesis.announce import CONTINUE as ANNOUNCE_CONTINUE
+from faultlab.nemesis.schedule import CONTINUE, SCHEDULE_ENV, STATEMENTS_ENV
+from faultlab.process.records import (
+    DEFAULT_DEADLINE,
+    ProcessRecord,
+    SpawnMode,
+    WorkerSpec,
+    parse_response,
+)
+from faultlab.process.spawn import (
+    child_environment,
+    child_main,
+    lead_own_group,
+    reap_group,
+    tree_activity,
+)
+
+# Imported here, not in the forked child: a child that imported a module from disk would
+# run whatever the file holds at that moment, not what this run loaded.
+from faultlab.run.worker import run_worker
+from faultlab.stores.sqlite import Snapshot, readers_are_kept, scratch_directory
+from faultlab.system.command import CommandSystem
+from faultlab.system.contract import System
+from faultlab.trace import STARTS, LaneStep, Verdict
+
+#: Seconds a released lane may run without reaching a point or ending before it counts as
+#: blocked on another lane's lock. Generous: a loaded machine must not misjudge a slow lane.
+BLOCK_BOUND = 1.0
+#: Past the bound, a lane whose processes still work gets another slice of this many
+#: seconds, and is blocked once a slice passes with none of them runnable or busy.
+WORK_SLICE = 0.25
+#: CPU ticks (1/100 s) in one slice above which a lane counts as working: a worker in
+#: SQLite's busy wait sleeps and uses next to none.
+WORKING_TICKS = 2
+#: A faultlab worker seen asleep at every poll for this long, while another lane is
+#: alive, waits for a lock that lane holds (SQLite's busy handler retries by sleeping, at
+#: most 100 ms at a time): blocked without waiting for :data:`BLOCK_BOUND`, once it is also
+#: seen not working. Polled every :data:`LOCK_POLL`.
+LOCK_WAIT = 0.05
+LOCK_POLL = 0.01
+#: What /proc/PID/wchan shows for a process in nanosleep() (SQLite's busy handler).
+SLEEPING = ("hrtimer_nanosleep", "do_nanosleep")
+#: Per-step checks that judge one worker's whole run against the snapshot before it
+#: started; with other lanes changing the stores meanwhile they do not apply.
+SEQUENTIAL_ONLY = ("QUIET",)  # judged apart, by :meth:`LaneExecutor._quiet`
+QUIET = BY_NAME["QUIET"]
+MAX_OUTPUT = 1 << 20  # bytes of a lane's stdout or stderr kept, as for sequential workers
+
+
+def _lock_waiting(pid: int) -> bool:
+    """Whether the process sleeps in nanosleep() now (False where /proc does not say)."""
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text() in SLEEPING
+    except OSError:
+        return False
+
+
+@dataclass
+class Lane:
+    """One live worker process in a lane, and what it has announced so far."""
+
+    number: int
+    worker: int
+    spec: WorkerSpec
+    pid: int
+    decide: int
+    fds: dict[int, str]
+    started: float
+    go: bytes = CONTINUE  # what lets this lane's worker continue from a point
+    status: str = "running"  # running, held, blocked, exited
+    paused: bool = False
+    point: str | None = None
+    points: list[str] = field(default_factory=list)
+    chunks: dict[str, list[bytes]] = field(default_factory=dict)
+    pending_line: bytes = b""
+    record: ProcessRecord | None = None
+    #: The stores when the worker started, and whether it stayed the only worker alive
+    #: from start to exit (then a dispatch's QUIET can be judged as in a sequential trace).
+    start_snapshot: Snapshot = field(default_factory=Snapshot)
+    solitary: bool = True
+
+    @property
+    def alive(self) -> bool:
+        return self.status != "exited"
+
+    def shown(self) -> str:
+        """The lane's state as the replay table shows it."""
+        if self.status == "exited" and self.record is not None:
+            return f"exit {self.record.exit_code}"
+        where = f"@{self.point}" if self.status == "held" and self.point else self.status
+        return f"{self.spec.role} {where}{' paused' if self.paused else ''}"
+
+
+@dataclass(frozen=True)
+class LaneObservation:
+    """One executed scheduling choice: the lanes after it, who ended, both stores."""
+
+    index: int
+    step: LaneStep
+    lanes: tuple[str, ...]
+    exited: tuple[tuple[int, ProcessRecord], ...]
+    before: Snapshot
+    snapshot: Snapshot
+    violations: tuple[Violation, ...]
+    phase: str = "step"
+    sigkills: int = 0
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(record.pid for _, record in self.exited)
+
+
+@dataclass
+class ConcurrentExecution:
+    observations: list[LaneObservation]
+    final_violations: list[Violation]
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict.first(self.observations, self.final_violations)
+
+    @property
+    def violations(self) -> list[Violation]:
+        return [v for o in self.observations for v in o.violations] + self.final_violations
+
+
+def _dummy_record() -> ProcessRecord:
+    return ProcessRecord(pid=0, exit_code=0, response=None, stdout="", stderr="", elapsed=0.0)
+
+
+def _run_lane_worker(spec: WorkerSpec, environment: dict[str, str]) -> int:
+    """The body of a forked lane worker, after :func:`faultlab.process.spawn.child_main` gave it
+    its own group and pipes: the schedule's and the clock's variables, then the worker."""
+    os.environ.update(environment)
+    return run_worker(spec)
+
+
+class LaneExecutor:
+    """Runs a concurrent trace's steps on one set of fresh stores, with its own clock."""
+
+    def __init__(
+        self, system: System, *, concurrency: int, deduplication: bool = True,
+        spawn: SpawnMode = "fork", deadline: float = DEFAULT_DEADLINE,
+        block_bound: float = BLOCK_BOUND, statement_points: bool = False,
+    ) -> None:
+        system.require_deduplication_switch(deduplication)
+        if statement_points and not system.supports_statement_points:
+            raise UsageError(f"{system.name}: statement scheduling points (sql:K, commit:K) "
+                             "need faultlab's own worker processes (a Python system)")
+        #: Python workers also hold at sql:K and commit:K (before the K-th statement,
+        #: after the K-th COMMIT), not only at their named points.
+        self.statement_points = statement_points
+        self.system = system
+        self.concurrency = concurrency
+        self.deduplication = deduplication
+        self.spawn = spawn
+        self.deadline = deadline
+        self.block_bound = block_bound
+        #: A Python system's workers sleep only in SQLite's busy handler (waiting for a
+        #: lock); a command-line program may sleep for reasons of its own.
+        self.fast_blocking = not isinstance(system, CommandSystem)
+        self.directory = Path()
+        self.clock: VirtualClock | None = None
+        self.wall: WallClock | None = None  # libfaketime's file, for virtual_wall_clock
+        self.model = Model()
+        self.history = History(ordering_key=system.ordering_key)
+        #: The per-step invariants (and LIVE) that had something to check in this trace.
+        self.checked: set[str] = set()
+        self.snapshot = Snapshot()
+        self.lanes: dict[int, Lane] = {}
+        self.observations: list[LaneObservation] = []
+        self.workers = 0
+        self.processes = 0
+        self._selector = selectors.DefaultSelector()
+        self._exited: list[tuple[int, ProcessRecord]] = []
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    def __enter__(self) -> LaneExecutor:
+        with interrupt.deferred():  # the directory is created and known, or neither
+            # the pid in the name tells whose run directory it is, as for sequential traces
+            self.directory = Path(tempfile.mkdtemp(prefix=f"faultlab-lanes-{os.getpid()}-",
+                                                   dir=scratch_directory()))
+        try:
+            self.system.initialise(self.directory)
+            self.clock = VirtualClock(self.directory)
+            if getattr(self.system, "virtual_wall_clock", False):
+                self.wall = WallClock(self.directory)
+            self.snapshot = self.system.snapshot(self.directory)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Kill every lane still alive (faultlab started them all), reap, remove the stores.
+
+        Under deferred signals: a SIGINT that lands here (at the end of an example) must
+        not leave the run directory behind; it is raised once the directory is gone."""
+        with interrupt.deferred():
+            for lane in list(self.lanes.values()):
+                if lane.alive:
+                    self._signal(lane, signal.SIGKILL)
+                    if lane.paused:
+                        self._signal(lane, signal.SIGCONT)
+                    self._wait_exit(lane)
+                # a service child reparented to this process; a killed group may take a
+                # while to die on a loaded machine (returns as soon as it is gone)
+                reap_group(lane.pid, wait=2.0)
+            self._selector.close()
+            if self.directory != Path():
+                # PostgreSQL databases (and their snapshot connection) never outlive a trace: a
+                # long concurrent run would otherwise exhaust the server's connections
+                self.system.release(self.directory)
+                shutil.rmtree(self.directory, ignore_errors=True)
+                self.directory = Path()
+
+    # -- processes -----------------------------------------------------------------------
+
+    def _spawn(self, number: int, spec: WorkerSpec) -> Lane:
+        if self.clock is None:
+            raise ExecutionError("the lane executor is not open")
+        forks = (not isinstance(self.system, CommandSystem) and self.spawn == "fork"
+                 and self.wall is None)  # a preload needs an exec
+        if forks and readers_are_kept():  # SQLite: no open connection may cross a fork
+            raise ExecutionError("cannot fork a lane while snapshot connections are kept "
+                                 "open (a sequential executor is open in this process)")
+        decide_r, decide_w = os.pipe()
+        announce_r, announce_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        environment = {SCHEDULE_ENV: f"{decide_r},{announce_w}", **self.clock.environment(),
+                       **(self.wall.environment() if self.wall is not None else {})}
+        if self.statement_points:
+            environment[STATEMENTS_ENV] = "1"
+        started = time.monotonic()
+        go = CONTINUE
+        if isinstance(self.system, CommandSystem):
+            pid, go = self._spawn_program(spec, (decide_r, announce_w), out_w, err_w)
+        elif forks:
+            pid = os.fork()
+            if pid == 0:  # child: never returns
+                for fd in (decide_w, announce_r, out_r, err_r):
+                    os.close(fd)
+                child_main(out_w, err_w, new_group=True, read_spec=lambda: spec,
+                           run=lambda spec: _run_lane_worker(spec, environment),
+                           keep=(decide_r, announce_w))
+            lead_own_group(pid)  # a kill right after the fork must reach it
+        else:
+            child = subprocess.Popen(
+                spec.argv(), stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
+                env={**child_environment(), **environment}, pass_fds=(decide_r, announce_w),
+                start_new_session=True,
+            )
+            pid = child.pid
+            child.returncode = 0  # reaped by this executor, not by Popen
+        for fd in (decide_r, announce_w, out_w, err_w):
+            os.close(fd)
+        self.workers += 1
+        self.processes += 1
+        fds = {announce_r: "announce", out_r: "stdout", err_r: "stderr"}
+        others = [other for other in self.lanes.values() if other.alive]
+        for other in others:
+            other.solitary = False
+        lane = Lane(number, self.workers, spec, pid, decide_w, fds, started, go=go,
+                    chunks={"stdout": [], "stderr": []}, start_snapshot=self.snapshot,
+                    solitary=not others)
+        for fd in fds:
+            os.set_blocking(fd, False)
+            self._selector.register(fd, selectors.EVENT_READ, lane)
+        return lane
+
+    def _spawn_program(self, spec: WorkerSpec, channel: tuple[int, int], out_w: int,
+                       err_w: int) -> tuple[int, bytes]:
+        """Start a command-line system's program for the role. One that speaks the
+        announcement protocol holds at every point it announces (``reached POINT PID``)
+        until faultlab answers ``continue``; any other runs free between start and end
+        (it can still be paused, resumed and killed)."""
+        system = self.system
+        if not isinstance(system, CommandSystem) or self.clock is None:
+            raise ExecutionError("not a command-line system")
+        values = system.values(Path(spec.directory), spec.operation_id, spec.payload)
+        argv = system.argv(spec.role, values, deduplication=spec.deduplication)
+        env = system.environment(values, deduplication=spec.deduplication)
+        env.update(self.clock.environment())
+        if self.wall is not None:
+            env.update(self.wall.environment())
+        arming = system.config.crash
+        announces = arming is not None and arming.mode == "announce"
+        if announces:
+            env[ANNOUNCE_FD_VARIABLE], env[RESUME_FD_VARIABLE] = str(channel[1]), str(channel[0])
+        try:
+            child = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, env=env,
+                cwd=spec.directory, pass_fds=channel if announces else (),
+                start_new_session=True,
+            )
+        except OSError as error:
+            raise ExecutionError(f"cannot run {argv[0]}: {error.strerror or error}") from None
+        child.returncode = 0  # reaped by this executor, not by Popen
+        return child.pid, ANNOUNCE_CONTINUE
+
+    def _pump(self, timeout: float) -> None:
+        """Read whatever any lane wrote; update held points, claims and ended lanes."""
+        if not self._selector.get_map():
+            time.sleep(min(timeout, 0.01))
+            return
+        for key, _ in self._selector.select(timeout=max(timeout, 0.0)):
+            lane: Lane = key.data
+            fd = int(key.fd)
+            data = os.read(fd, 65536)
+            if not data:
+                # deferred: a signal landing between the last pipe's end and the wait would
+                # leave an exited lane unreaped (a zombie) that close() could not find by its
+                # pipes; held back, the lane is reaped and marked exited, or not touched
+                with interrupt.deferred():
+                    self._selector.unregister(fd)
+                    os.close(fd)
+                    del lane.fds[fd]
+                    if not lane.fds:
+                        self._reap(lane)
+                continue
+            name = lane.fds[fd]
+            if name != "announce":
+                if sum(map(len, lane.chunks[name])) < MAX_OUTPUT:  # read on, keep a bounded part
+                    lane.chunks[name].append(data)
+                continue
+            lines = (lane.pending_line + data).split(b"\n")
+            lane.pending_line = lines.pop()
+            for line in lines:
+                self._announced(lane, line.decode("utf-8", "replace"))
+
+    def _announced(self, lane: Lane, line: str) -> None:
+        kind, _, rest = line.partition(" ")
+        if kind == "reached":  # the announcement protocol: reached POINT PID
+            kind, rest = "held", rest.rsplit(" ", 1)[0]
+        if kind == "held":
+            lane.status, lane.point = "held", rest
+            lane.points.append(rest)
+        elif kind == "claim":
+            operation_id, token, until = rest.rsplit(" ", 2)
+            alive = {other.worker for other in self.lanes.values() if other.alive}
+            self.history.claim(
+                Claim(lane.worker, lane.number, lane.pid, operation_id, int(token),
+                      None if until == "-" else float(until),
+                      self.clock.ticks if self.clock is not None else 0),
+                alive=alive,
+            )
+
+    def _reap(self, lane: Lane) -> None:
+        """The lane's pipes are closed: its process is ending; wait for it (bounded)."""
+        end = time.monotonic() + self.deadline
+        while True:
+            waited, status = os.waitpid(lane.pid, os.WNOHANG)
+            if waited:
+                break
+            if time.monotonic() > end:
+                self._signal(lane, signal.SIGKILL)
+                waited, status = os.waitpid(lane.pid, 0)
+                break
+            time.sleep(0.0005)
+        os.close(lane.decide)
+        if os.WIFSIGNALED(status):
+            # killed with its group: a dispatcher's service that was running comes to this
+            # process (a child subreaper) to be reaped; now, not when the trace ends, since
+            # the lane may start another worker and close() only knows the current one
+            reap_group(lane.pid, wait=2.0)
+        stdout = b"".join(lane.chunks["stdout"]).decode("utf-8", "replace")
+        lane.record = ProcessRecord(
+            pid=lane.pid, exit_code=os.waitstatus_to_exitcode(status),
+            response=parse_response(stdout), stdout=stdout,
+            stderr=b"".join(lane.chunks["stderr"]).decode("utf-8", "replace"),
+            elapsed=time.monotonic() - lane.started,
+        )
+        if (lane.record.response or {}).get("service"):
+            self.processes += 1  # the service child the dispatcher started
+        lane.status, lane.point = "exited", None
+        self._exited.append((lane.worker, lane.record))
+        if lane.record.exit_code == EXIT_USAGE:
+            last = (lane.record.stderr.strip().splitlines() or ["no message"])[-1]
+            raise ExecutionError(f"lane {lane.number} worker pid {lane.pid} refused its input "
+                                 f"(exit 2): {last}")
+
+    def _wait(self, lane: Lane, bound: float) -> None:
+        """Let a running lane go until it holds or ends; past ``bound`` it is blocked,
+        unless its processes are still working (see :func:`_still_working`): then it gets
+        another slice, up to the deadline. Before the bound, a faultlab worker seen sleeping
+        for :data:`LOCK_WAIT` on end, not working, while another lane is alive, is blocked
+        at once (see :func:`_lock_waiting`)."""
+        began = now = time.monotonic()
+        end = began + bound
+        cpu = tree_activity(lane.pid)[1]
+        sleeping: tuple[float, int] | None = None  # since when, and the CPU used then
+        watch = self.fast_blocking and any(
+            other is not lane and other.alive for other in self.lanes.values())
+        while lane.status in ("running", "blocked"):
+            remaining = end - now
+            if remaining <= 0:
+                working, cpu = _still_working(lane.pid, cpu)
+                if working and time.monotonic() - began < self.deadline:
+                    end = time.monotonic() + WORK_SLICE
+                    now = time.monotonic()
+                    continue
+                lane.status = "blocked"
+                return
+            self._pump(min(remaining, LOCK_POLL) if watch else remaining)
+            now = time.monotonic()
+            if not watch or lane.status not in ("running", "blocked") or lane.paused:
+                continue
+            if not _lock_waiting(lane.pid):
+                sleeping = None
+            elif sleeping is None:
+                sleeping = (now, tree_activity(lane.pid)[1])
+            elif now - sleeping[0] >= LOCK_WAIT:
+                working, _ = _still_working(lane.pid, sleeping[1])
+                if not working:
+                    lane.status = "blocked"
+                    return
+                sleeping = None
+
+    def _wait_exit(self, lane: Lane) -> None:
+        end = time.monotonic() + self.deadline + 5
+        while lane.alive:
+            if time.monotonic() > end:
+                raise ExecutionError(f"lane {lane.number} pid {lane.pid} did not end")
+            self._pump(0.1)
+
+    def _signal(self, lane: Lane, signum: int) -> None:
+        try:
+            os.killpg(lane.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def _settle_blocked(self, moved: Lane | None) -> None:
+        """After a step, give lanes that were blocked a chance to reach their next point."""
+        for lane in self.lanes.values():
+            if lane is not moved and lane.status == "blocked" and not lane.paused:
+                self._wait(lane, self.block_bound / 2)
+
+    def _stopped(self, lane: Lane) -> None:
+        """Wait until the kernel shows the lane's process stopped (so a pause is real)."""
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            try:
+                state = Path(f"/proc/{lane.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                return
+            if state in ("T", "t", "Z", "X"):
+                return
+            time.sleep(0.001)
+
+    # -- steps ---------------------------------------------------------------------------
+
+    def check_step(self, step: LaneStep) -> None:
+        """Refuse a step the lanes' current states do not allow (UsageError)."""
+        step.validate(self.concurrency)
+        if step.action == "tick":
+            return
+        lane = self.lanes.get(step.lane or 0)
+        alive = lane is not None and lane.alive
+        if step.action in STARTS:
+            if alive:
+                raise UsageError(f"{step.describe()}: lane {step.lane} is busy")
+            return
+        if lane is None:
+            raise UsageError(f"{step.describe()}: lane {step.lane} never started a worker")
+        if not alive:
+            return  # the worker already ended: nothing to do (a trace replayed elsewhere)
+        if step.action in ("release", "finish") and lane.paused:
+            raise UsageError(f"{step.describe()}: lane {step.lane} is paused")
+        if step.action == "pause" and lane.paused:
+            raise UsageError(f"{step.describe()}: lane {step.lane} is already paused")
+        if step.action == "resume" and not lane.paused:
+            raise UsageError(f"{step.describe()}: lane {step.lane} is not paused")
+
+    def run(self, step: LaneStep, *, phase: str = "step") -> LaneObservation:
+        self.check_step(step)
+        self._exited = []
+        sigkills = 0
+        moved: Lane | None = None
+        if step.action == "tick":
+            if self.clock is None:
+                raise ExecutionError("the lane executor is not open")
+            self.clock.advance(step.ticks or 0)
+            if self.wall is not None:
+                self.wall.set(self.clock.ticks)
+        elif step.action in STARTS:
+            moved = self._start(step)
+            self._wait(moved, self.block_bound)
+            if step.action == "run":
+                self._finish(moved)
+        elif self.lanes[step.lane or 0].alive:
+            moved = self.lanes[step.lane or 0]
+            if moved.status == "blocked" and step.action in ("release", "finish"):
+                self._wait(moved, self.block_bound)  # still blocked: the step waits once more
+            if step.action == "release" and moved.status == "held":
+                os.write(moved.decide, moved.go)
+                moved.status = "running"
+                self._wait(moved, self.block_bound)
+            elif step.action == "finish":
+                self._finish(moved)
+            elif step.action == "kill":
+                self._signal(moved, signal.SIGKILL)
+                if moved.paused:
+                    self._signal(moved, signal.SIGCONT)
+                    moved.paused = False
+                self._wait_exit(moved)
+                sigkills = 1
+            elif step.action == "pause":
+                self._signal(moved, signal.SIGSTOP)
+                moved.paused = True
+                self._stopped(moved)
+            elif step.action == "resume":
+                self._signal(moved, signal.SIGCONT)
+                moved.paused = False
+                if moved.status == "blocked":
+                    self._wait(moved, self.block_bound)
+        if step.action not in ("tick", "pause"):  # neither can free a lock
+            self._settle_blocked(moved)
+        return self._observe(step, moved, phase, sigkills)
+
+    def _start(self, step: LaneStep) -> Lane:
+        number = step.lane or 0
+        payload = None if step.role == "dispatch" else canonical_json(step.payload)
+        spec = WorkerSpec(
+            system=self.system.ref, role=step.role or "", directory=str(self.directory),
+            operation_id=step.operation_id if step.role != "dispatch" else None,
+            payload=payload, deduplication=self.deduplication, spawn=self.spawn,
+            deadline=self.deadline,
+        )
+        if step.role == "service" and step.operation_id is not None:
+            self.history.direct.add(step.operation_id)
+        with interrupt.deferred():  # a started lane is known (killed and reaped at close)
+            lane = self._spawn(number, spec)
+            self.lanes[number] = lane
+        return lane
+
+    def _finish(self, lane: Lane) -> None:
+        """Release the lane point after point until it ends (or blocks on a lock)."""
+        while lane.status == "held":
+            os.write(lane.decide, lane.go)
+            lane.status = "running"
+            self._wait(lane, self.block_bound)
+
+    def _observe(self, step: LaneStep, moved: Lane | None, phase: str,
+                 sigkills: int) -> LaneObservation:
+        before = self.snapshot
+        after = self.system.snapshot(self.directory)
+        violations: list[Violation] = []
+        exited = list(self._exited)
+        for worker, record in exited:
+            lane = next(lane for lane in self.lanes.values() if lane.worker == worker)
+            self.model.observe(lane.spec.role, lane.spec.operation_id, lane.spec.payload, record)
+        checks: list[tuple[WorkerSpec | None, ProcessRecord]] = [
+            (lane.spec, record) for lane in self.lanes.values()
+            for worker, record in exited if lane.worker == worker
+        ]
+        if not checks:
+            checks = [(None, _dummy_record())]
+        for spec, record in checks:
+            check = Check(
+                model=self.model, before=before, after=after,
+                action=spec.role if spec is not None else step.action,
+                operation_id=spec.operation_id if spec is not None else None,
+                payload=spec.payload if spec is not None else None, record=record,
+                deduplication=self.deduplication,
+            )
+            for invariant in STEP_INVARIANTS:
+                if invariant.check is not None and invariant.name not in SEQUENTIAL_ONLY:
+                    if not invariant.vacuous(check):
+                        self.checked.add(invariant.name)
+                    violations += [Violation(invariant.name, message)
+                                   for message in invariant.check(check)]
+        violations += self._quiet(exited, after)
+        others_moving = any(
+            lane is not moved and lane.alive and not lane.paused and lane.status != "held"
+            for lane in self.lanes.values()
+        )
+        alone = moved.worker if moved is not None and not others_moving else None
+        solitary = moved is not None and not any(
+            lane is not moved and lane.alive for lane in self.lanes.values())
+        violations += self.history.check(
+            before, after, alone=alone, exited=exited, acknowledged=self.model.acknowledged,
+            now=self.clock.ticks if self.clock is not None else None, solitary=solitary)
+        self.snapshot = after
+        sigkills += sum(1 for _, record in exited if record.killed and step.action != "kill")
+        observation = LaneObservation(
+            len(self.observations) + 1, step, self.lane_states(), tuple(exited), before, after,
+            tuple(dict.fromkeys(violations)), phase, sigkills,
+        )
+        self.observations.append(observation)
+        return observation
+
+    def _quiet(self, exited: list[tuple[int, ProcessRecord]], after: Snapshot) -> list[Violation]:
+        """QUIET for a dispatcher that was the only worker alive from its start to its exit:
+        judged against the stores as it found them, as a sequential trace judges it."""
+        found: list[Violation] = []
+        for worker, record in exited:
+            lane = next(lane for lane in self.lanes.values() if lane.worker == worker)
+            if lane.spec.role != "dispatch" or not lane.solitary:
+                continue
+            check = Check(
+                model=self.model, before=lane.start_snapshot, after=after, action="dispatch",
+                operation_id=None, payload=None, record=record,
+                deduplication=self.deduplication,
+            )
+            if not QUIET.vacuous(check):
+                self.checked.add(QUIET.name)
+            found += [Violation(QUIET.name, message) for message in check_quiet(check)]
+        return found
+
+    def lane_states(self) -> tuple[str, ...]:
+        return tuple(
+            self.lanes[n].shown() if n in self.lanes else "-"
+            for n in range(1, self.concurrency + 1)
+        )
+
+    def settle(self) -> tuple[list[LaneObservation], list[Violation]]:
+        """Recover to quiescence, then check LIVE.
+
+        Paused lanes resume and every lane runs to its end (in lane order); then the
+        virtual clock advances by :data:`SETTLE_HORIZON` ticks, so every lease and
+        delay shorter than that lapses; then fresh dispatchers run one at a time while
+        work is pending, stopping when one makes no progress.
+        """
+        observations: list[LaneObservation] = []
+
+        def step(lane_step: LaneStep) -> bool:
+            observation = self.run(lane_step, phase="settle")
+            observations.append(observation)
+            return bool(observation.violations)
+
+        for _ in range(3):
+            for number in sorted(self.lanes):
+                lane = self.lanes[number]
+                if lane.alive and lane.paused and step(LaneStep("resume", number)):
+                    return observations, []
+                if lane.alive and lane.status == "held" and step(LaneStep("finish", number)):
+                    return observations, []
+            if not any(lane.alive for lane in self.lanes.values()):
+                break
+            for lane in self.lanes.values():
+                if lane.alive and lane.status == "blocked":
+                    self._wait(lane, self.deadline)
+        for lane in self.lanes.values():
+            if lane.alive:
+                raise ExecutionError(f"lane {lane.number} pid {lane.pid} is still "
+                                     f"{lane.status} after recovery")
+        if step(LaneStep("tick", ticks=SETTLE_HORIZON)):
+            return observations, []
+        bound = 2 * len(self.snapshot.pending_outbox()) + 2
+        recovered = 0
+        while self.snapshot.pending_outbox() and recovered < bound:
+            recovered += 1
+            if step(LaneStep("run", 1, "dispatch")):
+                return observations, []
+            if observations[-1].snapshot == observations[-1].before:
+                break
+        stuck = recovered if self.snapshot.pending_outbox() else None
+        self.checked.add("LIVE")
+        return observations, check_live(self.snapshot, still_pending_after=stuck)
+
+
+def _still_working(pid: int, cpu_before: int) -> tuple[bool, int]:
+    """Whether a lane's worker (with any service child it started) is still starting or
+    computing, not waiting on a lock: one of them is runnable, or they used CPU since
+    ``cpu_before``."""
+    runnable, cpu = tree_activity(pid)
+    return runnable or cpu - cpu_before >= WORKING_TICKS, cpu
+
+
+def execute_concurrent(
+    system: System, steps: list[LaneStep], *, concurrency: int, deduplication: bool = True,
+    settle: bool = True, spawn: SpawnMode = "fork", deadline: float = DEFAULT_DEADLINE,
+    lenient: bool = False, statement_points: bool = False,
+) -> ConcurrentExecution:
+    """Run a fixed concurrent trace on fresh stores; settle afterwards when asked and clean.
+
+    A step the lanes' states do not allow raises UsageError before it runs; with
+    ``lenient`` (shrinking) it is skipped instead, and the observations show only the
+    steps that ran.
+    """
+    with LaneExecutor(system, concurrency=concurrency, deduplication=deduplication,
+                      spawn=spawn, deadline=deadline,
+                      statement_points=statement_points) as executor:
+        for lane_step in steps:
+            if lenient:
+                try:
+                    executor.check_step(lane_step)
+                except UsageError:
+                    continue  # a shrinking candidate: this step lost its worker; drop it
+            observation = executor.run(lane_step)
+            if observation.violations:
+                break
+        final: list[Violation] = []
+        if settle and not any(o.violations for o in executor.observations):
+            _, final = executor.settle()
+        return ConcurrentExecution(list(executor.observations), final)
+

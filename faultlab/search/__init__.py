@@ -1,0 +1,1 @@
+"""Search: the Hypothesis state machines, exploration, shrinking, enumeration, rounds and jobs."""

@@ -1,0 +1,278 @@
+"""Generated data: payloads and operation ids that look like real requests.
+
+Outbox bugs hide in data as much as in crashes: a collation that ignores case, a
+``VARCHAR(64)`` key that truncates, a JSON decoder that turns integers into doubles, a
+receiver that normalises unicode. So the state machine draws:
+
+* **payloads** (JSON objects): half of them the simple ones of old (a title, a priority,
+  a small count), the rest realistic: non-BMP characters, combining marks, right-to-left
+  text, kilobyte strings, integers beyond 2^53 and negative, floats that a lossy encoder
+  does not round-trip, nested objects and arrays, the empty object; a new operation may
+  also reuse the payload of an earlier one (see :func:`payload_for_new`);
+* **operation ids**: ``op-N`` most of the time, otherwise an id that differs from an
+  existing one only in case, by a trailing space or by unicode normalisation; unicode
+  ids; ids with quotes and SQL metacharacters; long ids sharing a long prefix; ids that
+  sort in surprising orders (``op-10`` before ``op-9``).
+
+Every strategy lists its simple case first, so Hypothesis's shrinker (and faultlab's
+own data simplification, :mod:`faultlab.search.simplify`) lands on readable values.
+
+A system can declare its own data. A Python system defines ``payloads()`` and/or
+``operation_ids()`` returning Hypothesis strategies; a command-line system gives
+``payload_schema`` (a JSON Schema, drawn with hypothesis-jsonschema, the ``jsonschema``
+extra) and ``operation_ids`` (a regular expression, drawn with ``st.from_regex``).
+Whatever it does not declare gets the defaults here.
+
+Payload equality is byte equality of canonical JSON (:mod:`faultlab.base.canonical`): the
+payload is canonicalised once, at the caller, and every store and comparison sees those
+bytes; a number is the text Python's ``json`` writes (integers exact at any size, floats
+the shortest text that round-trips), so the reference compares what it stored and no
+encoding can raise a false alarm there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from hypothesis import strategies as st
+
+from faultlab.base.errors import UsageError
+
+TWO_53 = 2**53
+
+#: The titles of simple payloads (the reference's ordering key).
+TITLES: tuple[str, ...] = ("backlog", "invoice", "report")
+#: The payloads faultlab drew before issue 11: still the simple (and shrink-target) case.
+SIMPLE_PAYLOADS: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(
+    {"title": st.sampled_from(TITLES)},
+    optional={
+        "priority": st.sampled_from(["low", "normal", "urgent"]),
+        "count": st.integers(min_value=0, max_value=3),
+    },
+)
+
+#: Strings real requests carry: non-BMP, combining marks, right-to-left, look-alikes.
+SPECIMEN_STRINGS: tuple[str, ...] = (
+    "caf\u00e9",                      # precomposed é (NFC)
+    "cafe\u0301",                     # e + combining acute (NFD): equal to the above after NFC
+    "\U0001f4e6 parcel",              # non-BMP emoji
+    "\U0001d4b3\U0001d4ae",           # mathematical script letters (non-BMP)
+    "\u0641\u0627\u062a\u0648\u0631\u0629",  # Arabic "invoice", right to left
+    "\u202eevil\u202c",               # right-to-left override
+    "\u05e2\u05d1\u05e8\u05d9\u05ea 42",  # Hebrew with digits
+    "\uff49\uff4e\uff56\uff4f\uff49\uff43\uff45",  # fullwidth letters (NFKC: "invoice")
+    "\u0130stanbul",                  # dotted capital I: lower() changes its length
+    "Stra\u00dfe",                    # ß: upper() gives "STRASSE"
+    "\u00c5ngstr\u00f6m",
+    "line\nbreak\ttab",
+    "quote \" and \\ backslash",
+    "",
+)
+
+#: Numbers that break lossy encoders (doubles, 32-bit floats, fixed decimals).
+SPECIMEN_NUMBERS: tuple[int | float, ...] = (
+    TWO_53 + 1, -(TWO_53 + 1), 2**63, 2**64 + 1, -(2**31), 12345678901234567890,
+    0.1, 0.30000000000000004, 1e-7, 5e-324, 1.7976931348623157e308, 123456.789012345,
+    -0.0, 1e21, 16777217.0,
+)
+
+
+def _text() -> st.SearchStrategy[str]:
+    """Any text except surrogates and NUL (ids and payloads must reach argv and SQLite)."""
+    return st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"),
+                   max_size=12)
+
+
+def strings() -> st.SearchStrategy[str]:
+    """Plain titles first; then specimens, arbitrary unicode and kilobyte strings."""
+    return st.one_of(
+        st.sampled_from(["backlog", "invoice", "report"]),
+        st.sampled_from(SPECIMEN_STRINGS),
+        _text(),
+        st.builds(lambda unit, count: unit * count,
+                  st.sampled_from(["x", "\u00e9", "\U0001f4e6", "ab"]),
+                  st.integers(min_value=1024, max_value=4096)),
+    )
+
+
+def numbers() -> st.SearchStrategy[int | float]:
+    """Small counts first; then big and negative integers, awkward floats."""
+    return st.one_of(
+        st.integers(min_value=0, max_value=3),
+        st.sampled_from(SPECIMEN_NUMBERS),
+        st.integers(min_value=-(2**64), max_value=2**64),
+        st.floats(allow_nan=False, allow_infinity=False),
+    )
+
+
+def json_values() -> st.SearchStrategy[Any]:
+    """Any JSON value, nesting included (shallow, so steps stay cheap)."""
+    scalars = st.one_of(st.none(), st.booleans(), numbers(), strings())
+    return st.recursive(
+        scalars,
+        lambda children: st.one_of(
+            st.lists(children, max_size=3),
+            st.dictionaries(strings(), children, max_size=3),
+        ),
+        max_leaves=6,
+    )
+
+
+def realistic_payloads() -> st.SearchStrategy[dict[str, Any]]:
+    """Request-shaped objects with awkward values, and the empty object."""
+    return st.one_of(
+        st.fixed_dictionaries(
+            {"title": strings()},
+            optional={
+                "priority": st.sampled_from(["low", "normal", "urgent"]),
+                "count": numbers(),
+                "amount": numbers(),
+                "note": strings(),
+                "tags": st.lists(strings(), max_size=3),
+                "meta": st.dictionaries(strings(), json_values(), max_size=3),
+            },
+        ),
+        st.just({}),
+        st.dictionaries(strings(), json_values(), min_size=1, max_size=4),
+    )
+
+
+def default_payloads() -> st.SearchStrategy[dict[str, Any]]:
+    """Simple payloads half the time (the shrink target), realistic ones otherwise."""
+    return st.one_of(SIMPLE_PAYLOADS, realistic_payloads())
+
+
+# --- operation ids -------------------------------------------------------------------------
+
+#: ``op-N`` is the most common kind; look-alikes (of an existing id) come next, since a
+#: sloppy comparison only shows with two ids.
+ID_KINDS = ("op", "op", "op", "op", "op", "lookalike", "lookalike", "lookalike", "unicode",
+            "meta", "long", "sort")
+
+_UNICODE_IDS = ("op-{n}-\U0001f4e6", "caf\u00e9-{n}", "\uff4f\uff50-{n}",
+                "\u0627\u0644\u0637\u0644\u0628-{n}", "\u0130d-{n}", "\u00e5-{n}")
+_META_IDS = ("op'{n}", 'op"{n}', "op-{n}'; DROP TABLE operations; --", "op-{n} OR 1=1",
+             "op%{n}", "op_{n}", "op\\{n}", "op-{n};", "op-{n}--")
+_SORT_IDS = ("op-{n}0", "op-0{n}", " op-{n}", "~op-{n}", "Op-{n}", "{n}", "op-{n}.")
+#: A long shared prefix: a key column that truncates makes these ids collide.
+LONG_PREFIX = "tenant-0042/region-eu-west-1/customer-7f3a9c2e/order-2026-11-30/"
+
+
+def lookalikes(existing: str) -> list[str]:
+    """Ids a sloppy comparison confuses with ``existing``: case, trailing space, NFD/NFC."""
+    import unicodedata
+
+    found = [existing.swapcase(), existing.upper(), existing.lower(), existing + " ",
+             unicodedata.normalize("NFD", existing), unicodedata.normalize("NFC", existing)]
+    return [candidate for candidate in dict.fromkeys(found) if candidate != existing]
+
+
+def fair_choice(data: st.DataObject, options: tuple[str, ...], salt: str, label: str) -> str:
+    """One of ``options``, evenly over a run.
+
+    Inside a state machine Hypothesis's choices lean heavily to the first option (in a
+    200-example run the first of five crash points was armed 26 times, the third 3), so
+    the drawn index is offset by a hash of ``salt`` (the example's steps so far): a
+    function of the example's own choices, so a replay picks the same option.
+    """
+    drawn = data.draw(st.integers(0, len(options) - 1), label=label)
+    mix = int.from_bytes(hashlib.blake2b(salt.encode(), digest_size=4).digest(), "big")
+    return options[(drawn + mix) % len(options)]
+
+
+def new_operation_id(data: st.DataObject, existing: list[str], number: int,
+                     salt: str = "") -> str:
+    """Draw an id that is not in ``existing``; ``op-<number>`` is the common case."""
+    kind = fair_choice(data, ID_KINDS, f"{salt}|id", "id kind")
+    candidate = f"op-{number}"
+    if kind == "lookalike" and existing:
+        base = fair_choice(data, tuple(existing), f"{salt}|base", "look-alike of")
+        options = tuple(c for c in lookalikes(base) if c not in existing)
+        if options:
+            candidate = fair_choice(data, options, f"{salt}|variant", "look-alike id")
+    elif kind in ("unicode", "meta", "sort"):
+        table = {"unicode": _UNICODE_IDS, "meta": _META_IDS, "sort": _SORT_IDS}[kind]
+        candidate = data.draw(st.sampled_from(table), label=f"{kind} id").format(n=number)
+    elif kind == "long":
+        candidate = f"{LONG_PREFIX}op-{number}"
+    while candidate in existing:
+        number += 1
+        candidate = f"op-{number}"
+    return candidate
+
+
+# --- what a system declares ----------------------------------------------------------------
+
+
+def payload_strategy(system: Any) -> st.SearchStrategy[Any]:
+    """The system's own payload strategy or schema, else :func:`default_payloads`."""
+    declared = getattr(system, "payloads", None)
+    if callable(declared):
+        strategy = declared()
+        if not isinstance(strategy, st.SearchStrategy):
+            raise UsageError(f"system {system.name!r}: payloads() must return a strategy")
+        return strategy
+    schema = getattr(system, "payload_schema", None)
+    if schema is not None:
+        return schema_strategy(schema)
+    return default_payloads()
+
+
+def schema_strategy(schema: Any) -> st.SearchStrategy[Any]:
+    """Payloads from a JSON Schema (needs the optional hypothesis-jsonschema).
+
+    Object schemas with ``properties`` are built here (required properties always,
+    the others optionally; no extra properties), each property's schema drawn by
+    hypothesis-jsonschema: its own object support uses Hypothesis internals that recent
+    Hypothesis versions no longer have (hypothesis-jsonschema 0.23.1 fails on
+    Hypothesis 6.170 with ``'many' object has no attribute 'more'``).
+    """
+    try:
+        from hypothesis_jsonschema import from_schema
+    except ImportError:
+        raise UsageError("payload_schema needs hypothesis-jsonschema: "
+                         "pip install 'faultlab[jsonschema]'") from None
+
+    def build(part: Any) -> st.SearchStrategy[Any]:
+        if isinstance(part, dict) and part.get("type") == "object" \
+                and isinstance(part.get("properties"), dict) \
+                and set(part) <= {"type", "properties", "required", "additionalProperties",
+                                  "title", "description", "$schema"}:
+            required = set(part.get("required", []))
+            properties = part["properties"]
+            return st.fixed_dictionaries(
+                {key: build(sub) for key, sub in properties.items() if key in required},
+                optional={key: build(sub) for key, sub in properties.items()
+                          if key not in required},
+            )
+        return from_schema(part)
+
+    try:
+        return build(schema)
+    except Exception as error:  # the library raises several kinds for a bad schema
+        raise UsageError(f"payload_schema is not a usable JSON Schema: {error}") from None
+
+
+def id_strategy(system: Any) -> st.SearchStrategy[str] | None:
+    """The system's own id strategy or pattern; ``None`` means :func:`new_operation_id`."""
+    declared = getattr(system, "operation_ids", None)
+    if callable(declared):
+        strategy = declared()
+        if not isinstance(strategy, st.SearchStrategy):
+            raise UsageError(f"system {system.name!r}: operation_ids() must return a strategy")
+        return strategy
+    pattern = getattr(system, "operation_id_pattern", None)
+    if pattern is not None:
+        return pattern_strategy(pattern)
+    return None
+
+
+def pattern_strategy(pattern: str) -> st.SearchStrategy[str]:
+    """Ids matching the whole regular expression (no NUL: ids travel in argv)."""
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        raise UsageError(f"operation_ids is not a regular expression: {error}") from None
+    return st.from_regex(pattern, fullmatch=True).filter(lambda text: "\x00" not in text)

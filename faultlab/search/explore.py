@@ -1,0 +1,290 @@
+"""Exploration: run the state machine under Hypothesis and turn a failure into a trace.
+
+The shrunk failing example is the last one Hypothesis executes, so the
+:class:`faultlab.search.machine.Recorder` holds its executed steps (including the
+recovery dispatches of teardown). That list becomes a corpus trace, which is
+replayed once more through the executor to confirm it and to print its table.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import Phase, Verbosity, seed
+from hypothesis import __version__ as _hypothesis_version
+from hypothesis.errors import Flaky
+from hypothesis.stateful import run_state_machine_as_test
+
+from faultlab.base import interrupt
+from faultlab.base.version import __version__
+from faultlab.process.records import DEFAULT_DEADLINE
+from faultlab.process.spawn import Spawner
+from faultlab.run.executor import Execution, execute
+from faultlab.search import defaults
+from faultlab.search.machine import (
+    SUITE_WEIGHTS,
+    WEIGHTS,
+    InvariantFailure,
+    Recorder,
+    StopExploration,
+    Weights,
+    ended_by_stop,
+    machine_settings,
+    not_a_finding,
+    outbox_machine,
+)
+from faultlab.search.shrink import minimise
+from faultlab.system.contract import System
+from faultlab.trace import Step, Trace
+
+#: Explorations record it: the same seed gives the same run with the same Hypothesis.
+HYPOTHESIS_VERSION: str = _hypothesis_version
+
+
+@dataclass
+class Exploration:
+    """What one exploration did and found."""
+
+    system: str
+    deduplication: bool
+    seed: int
+    recorder: Recorder
+    seconds: float
+    trace: Trace | None = None
+    replay: Execution | None = None
+    notes: list[str] = field(default_factory=list)
+    #: True when the run was told to stop before its examples were done (no finding).
+    stopped: bool = False
+
+    @property
+    def found(self) -> bool:
+        return self.trace is not None
+
+    @property
+    def shrunk_steps(self) -> int | None:
+        """Steps executed up to the failing check, recovery dispatches included."""
+        return None if self.replay is None else len(self.replay.executed_prefix())
+
+    def stats(self) -> dict[str, Any]:
+        r = self.recorder
+        return {
+            "examples": r.examples,
+            "steps": r.steps,
+            "processes": r.processes,
+            "sigkills": r.sigkills,
+            "invariant_checks": r.checks,
+            "crash_points_hit": dict(sorted(r.crash_hits.items())),
+            "operations_per_example": histogram(r.operations_per_example),
+            "direct_deliveries_per_example": histogram(r.deliveries_per_example),
+            "examples_until_found": r.first_failure_examples,
+            "seconds_until_found": None if r.first_failure_seconds is None
+            else round(r.first_failure_seconds, 3),
+            "seconds": round(self.seconds, 3),
+            "steps_per_second": round(r.steps / self.seconds, 1) if self.seconds else 0.0,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "system": self.system,
+            "deduplication": self.deduplication,
+            "seed": self.seed,
+            "hypothesis": HYPOTHESIS_VERSION,  # a seed reproduces a run with this version
+            **self.stats(),
+            "found": self.found,
+            "shrunk_steps": self.shrunk_steps,
+        }
+        if self.trace is not None:
+            data["trace"] = self.trace.to_json()
+        return data
+
+
+def histogram(counts: Mapping[int, int]) -> dict[str, int]:
+    """Examples by a count (operations, direct deliveries), as JSON: keys in numeric order."""
+    return {str(key): counts[key] for key in sorted(counts)}
+
+
+def share_at_least(counts: Mapping[int, int], least: int) -> float:
+    """The percentage of examples whose count is ``least`` or more (0.0 with no examples)."""
+    total = sum(counts.values())
+    return round(100 * sum(n for k, n in counts.items() if k >= least) / total, 1) if total else 0.0
+
+
+@contextmanager
+def _no_local_constants() -> Iterator[None]:
+    """Keep Hypothesis from mining constants out of the modules it thinks are "local".
+
+    Since 6.131, Hypothesis sometimes draws literals found in loaded modules outside
+    site-packages and the standard library. Which modules those are depends on how
+    faultlab was installed (a checkout is "local", a wheel is not), on the system
+    under test and on the test runner, so the same ``--seed`` explored differently
+    from a checkout and from ``pip install .``. faultlab's strategies name every
+    value they want; with no local constants a seed means one run per Hypothesis
+    version. Versions without the mechanism are left as they are.
+    """
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:  # pragma: no cover - a Hypothesis without the module
+        yield
+        return
+    original = getattr(providers, "_get_local_constants", None)
+    cache: Any = getattr(getattr(providers, "CONSTANTS_CACHE", None), "cache", None)
+    if original is None or cache is None or not hasattr(providers, "Constants"):
+        yield  # pragma: no cover - another Hypothesis: nothing to switch off
+        return
+    empty = providers.Constants()
+    providers._get_local_constants = lambda: empty
+    cache.clear()  # values computed with local constants before this run
+    try:
+        yield
+    finally:
+        providers._get_local_constants = original
+        cache.clear()
+
+
+def explore(
+    system: System,
+    spawner: Spawner,
+    *,
+    deduplication: bool = True,
+    examples: int = defaults.EXAMPLES,
+    steps: int = defaults.STEPS,
+    seed_value: int = 0,
+    deadline: float = DEFAULT_DEADLINE,
+    progress: Callable[[Recorder], None] | None = None,
+    statement_crashes: bool = True,
+    hypothesis_shrink: bool = False,
+    stop: Callable[[], bool] | None = None,
+    on_failure: Callable[[], None] | None = None,
+    weights: Weights = WEIGHTS,
+) -> Exploration:
+    """Search for a violating trace; shrink it; confirm it by replay.
+
+    Shrinking is faultlab's own trace minimiser (:func:`minimise`), run on the first
+    failing example: deterministic and fast, since every candidate costs real
+    processes. ``hypothesis_shrink`` runs Hypothesis's shrinker first (many more
+    executions; it also simplifies payloads). ``stop`` is asked before every step and ends
+    the run early (no finding: :attr:`Exploration.stopped`); ``on_failure`` is called as
+    soon as an example fails, before shrinking (``--jobs`` stops the other jobs with it).
+    """
+    recorder = Recorder(progress=progress, stop=stop)
+    machine = outbox_machine(
+        system.ref, deduplication=deduplication, spawner=spawner, deadline=deadline,
+        examples=examples, steps=steps, recorder=recorder, statement_crashes=statement_crashes,
+        weights=weights,
+    )
+    settings = machine_settings(examples, steps)
+    phases = tuple(settings.phases) if hypothesis_shrink else tuple(
+        phase for phase in settings.phases if phase not in (Phase.shrink, Phase.explain)
+    )
+    settings = type(settings)(settings, verbosity=Verbosity.quiet, phases=phases)
+    started = time.monotonic()
+    failure: BaseException | None = None
+    stopped = False
+    try:
+        with _no_local_constants():
+            run_state_machine_as_test(  # type: ignore[no-untyped-call,unused-ignore]
+                seed(seed_value)(machine), settings=settings
+            )
+    except (InvariantFailure, Flaky, StopExploration) as error:
+        if ended_by_stop(error):
+            stopped = True  # told to stop; Hypothesis may have called that flaky
+        else:
+            failure = error
+    except Exception:
+        interrupt.check()  # Hypothesis can trip over a KeyboardInterrupt in its own setup
+        if recorder.run_error is not None:
+            raise recorder.run_error from None  # the step's own error, not Hypothesis's report
+        raise
+    interrupt.check()  # an interrupted search reports nothing
+    if recorder.run_error is not None:
+        raise recorder.run_error  # a run that failed is not a finding, whatever it showed
+    seconds = time.monotonic() - started
+    result = Exploration(system.ref, deduplication, seed_value, recorder, seconds,
+                         stopped=stopped)
+    if failure is None:
+        return result
+    if on_failure is not None:
+        on_failure()
+    trace = Trace(
+        system=system.ref,
+        deduplication=deduplication,
+        steps=list(recorder.last_steps),
+        settle=True,
+        expected=recorder.last_verdict,
+        violations=list(recorder.last_violations),
+        meta={
+            "found_by": "explore",
+            "seed": seed_value,
+            "hypothesis": HYPOTHESIS_VERSION,
+            "examples": examples,
+            "steps_per_example": steps,
+            "faultlab": __version__,
+            # no timestamp: the documented commands must reproduce committed files byte for byte
+        },
+    )
+    if isinstance(failure, Flaky):
+        result.notes.append(f"Hypothesis reported a flaky failure: {failure}")
+    replay = execute(
+        system, trace.steps, spawner, deduplication=deduplication, settle=trace.settle,
+        deadline=deadline,
+    )
+    refused = not_a_finding(trace.expected, replay.verdict, failure)
+    if refused is not None:
+        result.notes.append(refused)
+        return result
+
+    def run(steps: list[Step]) -> Execution:
+        return execute(system, steps, spawner, deduplication=deduplication,
+                       settle=trace.settle, deadline=deadline)
+
+    trace, replay = minimise(trace, replay, run)
+    result.trace, result.replay = trace, replay
+    return result
+
+
+def _describe(trace: Trace) -> str:
+    return trace.expected.describe() if trace.expected else "a failure"
+
+
+def suite_exploration(
+    system: System, spawner: Spawner, *, examples: int, seed: int, deadline: float
+) -> dict[str, Any]:
+    """suite's exploration phase: the system must be clean; the negative control must be
+    caught by ONE, shrunk to exactly 3 steps."""
+    clean = explore(system, spawner, examples=examples, seed_value=seed, deadline=deadline,
+                    weights=SUITE_WEIGHTS)
+    stats = clean.stats()
+    clean_ok = clean.trace is None
+    outcome = "clean" if clean.trace is None else f"FOUND {_describe(clean.trace)}: FAIL"
+    lines = [
+        f"explore {system.ref} (seed {seed}, Hypothesis {HYPOTHESIS_VERSION}): "
+        f"{stats['examples']} examples, {stats['steps']} steps, {stats['sigkills']} SIGKILLs, "
+        f"{stats['seconds']}s: {outcome}"
+    ]
+    control_ok = True
+    control: Exploration | None = None
+    if system.supports_no_deduplication:
+        control = explore(system, spawner, deduplication=False, examples=examples,
+                          seed_value=seed, deadline=deadline, weights=SUITE_WEIGHTS)
+        trace = control.trace
+        steps = control.shrunk_steps or 0
+        control_ok = bool(trace and trace.expected and "ONE" in trace.expected.invariants
+                          and control.shrunk_steps == 3)
+        shown = ", ".join(s.describe() for s in trace.steps) if trace else "nothing found"
+        verdict = _describe(trace) if trace else "nothing"
+        lines.append(
+            f"negative control (deduplication off): {verdict}, shrunk to {steps} steps: {shown}"
+            + ("" if control_ok else "  FAIL: expected ONE shrunk to 3 steps")
+        )
+    return {
+        "passed": clean_ok and control_ok,
+        "lines": lines,
+        "evidence": {
+            "clean": clean.to_json(),
+            "negative_control": control.to_json() if control else None,
+        },
+    }

@@ -1,0 +1,548 @@
+"""The Hypothesis state machine that generates traces.
+
+Every rule is one :class:`faultlab.trace.Step`, executed as a real process by
+the same :class:`faultlab.run.executor.Executor` that runs scenarios and replays;
+the executor checks every invariant after the step and the rule raises
+:class:`InvariantFailure` when one fails. Teardown recovers to quiescence and
+checks ``LIVE``. Hypothesis then shrinks the failing example, and the last
+example it runs (the minimal one) is what :class:`Recorder` keeps.
+
+Use it from your own pytest suite::
+
+    from faultlab.search.machine import outbox_machine
+    TestMyOutbox = outbox_machine("mypkg.outbox:SYSTEM").TestCase
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from hypothesis import HealthCheck, Verbosity, assume, event, settings
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    multiple,
+    precondition,
+    rule,
+)
+
+from faultlab.checks.invariants import STEP_INVARIANTS, Violation
+from faultlab.process.records import DEFAULT_DEADLINE
+from faultlab.process.spawn import Spawner
+from faultlab.run.executor import Executor, Observation
+from faultlab.search import data as generated
+from faultlab.search import defaults
+from faultlab.search.coverage import Coverage
+from faultlab.system import load_system
+from faultlab.trace import Step, Verdict, changed_payload
+
+STATEMENT_POINTS = ("sql:1", "sql:2", "sql:3", "sql:4", "sql:5", "sql:6", "commit:1")
+
+PAYLOADS = generated.SIMPLE_PAYLOADS
+
+
+@dataclass(frozen=True)
+class Weights:
+    """How many times each weighted rule is registered (see :func:`outbox_machine`):
+    Hypothesis picks among rules evenly, so a rule registered twice is drawn twice as often."""
+
+    crash: int = 5
+    accept: int = 2
+    service: int = 1
+    #: False: no recovery right after a dispatch that crashed nowhere and changed neither
+    #: store (it would do the same again); the step goes to a rule that adds work instead.
+    idle_repeats: bool = True
+
+
+#: explore's weights: deeper traces. The suite's weights left 45% of 200 examples (seed 7)
+#: with three or more operations and 25% with a direct delivery; a third of them accepted
+#: one operation and then dispatched an idle outbox again and again.
+WEIGHTS = Weights(crash=5, accept=4, service=2, idle_repeats=False)
+#: the suite's exploration keeps the weights its published figures were measured with.
+SUITE_WEIGHTS = Weights(crash=5, accept=2, service=1, idle_repeats=True)
+#: One example in this many reuses an earlier operation's payload for a new operation.
+REUSE_ONE_IN = 6
+
+
+class StopExploration(BaseException):
+    """Raised before a step when the exploration was told to stop (time budget spent, or
+    another job found something). A BaseException, so Hypothesis does not take it for a
+    failure: it leaves the run at once, and the unfinished example is not reported.
+
+    Hypothesis may still notice that the cut-short example drew less than an earlier one
+    with the same start, and end the search with FlakyStrategyDefinition raised while
+    handling this: :func:`ended_by_stop` recognises that as the stop it is."""
+
+
+def ended_by_stop(error: BaseException) -> bool:
+    """Whether ``error`` is a :class:`StopExploration`, or was raised while handling one.
+
+    Seen with ``explore --duration``: the stop cut an example short, Hypothesis found that
+    a run with the same choices had gone on drawing, and raised FlakyStrategyDefinition
+    (5 runs in 12 of ``explore --duration 1.5``, each then reported a clean trace as a
+    finding). A stop is only asked for while no example has failed (:func:`should_stop`),
+    so a search that ended this way has found nothing."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, StopExploration):
+            return True
+        seen = seen.__context__
+    return False
+
+
+def not_a_finding(recorded: Verdict | None, replayed: Verdict,
+                  failure: BaseException) -> str | None:
+    """Why the example a search ended on is not reported, or None when it is a finding.
+
+    A finding is a failure that its replay reproduces. A search can also end on an error
+    of Hypothesis's own (Flaky) with a clean or different last example: that is a note,
+    never a corpus file (a clean one was once printed as "FOUND: clean")."""
+    if replayed != recorded:
+        shown = recorded.describe() if recorded else "nothing"
+        return f"replay showed {replayed.describe()}, recorded {shown}: not reported"
+    if replayed.clean:
+        return (f"the search ended with {type(failure).__name__}, but no recorded example "
+                "failed an invariant: nothing reported")
+    return None
+
+
+def should_stop(stop: Callable[[], bool] | None, failure_seen: bool) -> bool:
+    """Whether to stop before the next step: asked only until an example has failed.
+
+    Once one has (``report_multiple_bugs`` is off), Hypothesis generates nothing new and
+    runs the failing example once more to report it; stopping that run would lose the
+    finding, so it runs to its end, even past a time budget."""
+    return stop is not None and not failure_seen and stop()
+
+
+class InvariantFailure(Exception):
+    """An invariant failed after a step (or in the final recovery)."""
+
+    def __init__(self, step: int | None, violations: list[Violation]) -> None:
+        where = f"after step {step}" if step is not None else "after recovery"
+        super().__init__(f"{where}: " + "; ".join(str(v) for v in violations))
+        self.step = step
+        self.violations = violations
+
+
+@dataclass
+class Recorder:
+    """Counts what exploration did, and keeps the last example's executed steps."""
+
+    progress: Callable[[Recorder], None] | None = None
+    #: Asked before every step; True stops the exploration (see :class:`StopExploration`).
+    stop: Callable[[], bool] | None = None
+    examples: int = 0
+    steps: int = 0
+    processes: int = 0
+    sigkills: int = 0
+    checks: int = 0
+    coverage: Coverage = field(default_factory=Coverage)
+    #: examples by the operation ids they accepted, and by their direct deliveries (service
+    #: steps): how deep the generated traces go
+    operations_per_example: Counter[int] = field(default_factory=Counter)
+    deliveries_per_example: Counter[int] = field(default_factory=Counter)
+    last_steps: list[Step] = field(default_factory=list)
+    last_verdict: Verdict = field(default_factory=Verdict)
+    last_violations: list[Violation] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    first_failure_examples: int | None = None
+    first_failure_seconds: float | None = None
+    #: the first error that stopped a step without a verdict (deadline, protocol, store):
+    #: a run failure, never a finding, whatever Hypothesis makes of it
+    run_error: Exception | None = None
+    _last_progress: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+    @property
+    def crash_hits(self) -> Counter[str]:
+        return self.coverage.fired
+
+    def observe(self, observation: Observation) -> None:
+        self.steps += 1
+        record = observation.record
+        self.processes += 1 + (1 if record.service else 0)
+        self.sigkills += int(record.killed) + int(record.service_killed)
+        self.checks += len(STEP_INVARIANTS)
+        self.coverage.observe(observation)
+        if observation.crashed and observation.step.crash is not None:
+            _hypothesis_call(event, f"crash point fired: {observation.step.crash}")
+        now = time.monotonic()
+        if self.progress is not None and now - self._last_progress >= 1.0:
+            self._last_progress = now
+            self.progress(self)
+
+    def finish(self, steps: list[Step], verdict: Verdict, violations: list[Violation]) -> None:
+        self.examples += 1
+        self.operations_per_example[
+            len({s.operation_id for s in steps if s.action == "accept"})] += 1
+        self.deliveries_per_example[sum(s.action == "service" for s in steps)] += 1
+        self.last_steps = steps
+        self.last_verdict = verdict
+        self.last_violations = violations
+        if not verdict.clean and self.first_failure_examples is None:
+            self.first_failure_examples = self.examples
+            self.first_failure_seconds = self.seconds
+            if self.progress is not None:
+                self.progress(self)  # at once: shrinking starts now, and may take a while
+
+
+class OutboxMachine(RuleBasedStateMachine):
+    """Base class: :func:`outbox_machine` adds rules drawn from a system's crash points."""
+
+    system_ref: ClassVar[str] = "reference"
+    deduplication: ClassVar[bool] = True
+    deadline: ClassVar[float] = DEFAULT_DEADLINE
+    spawner: ClassVar[Spawner | None] = None
+    recorder: ClassVar[Recorder]
+    operations_bundle: ClassVar[Bundle[str]] = Bundle("operations")
+    payload_source: ClassVar[st.SearchStrategy[Any]] = generated.SIMPLE_PAYLOADS
+    id_source: ClassVar[st.SearchStrategy[str] | None] = None
+    accept_points: ClassVar[tuple[str, ...]] = ()
+    dispatch_points: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        cls = type(self)
+        if cls.spawner is None:
+            cls.spawner = _shared_spawner()
+        self.system = load_system(cls.system_ref)
+        self.executor = Executor(
+            self.system, cls.spawner, deduplication=cls.deduplication, deadline=cls.deadline
+        )
+        self.executor.__enter__()
+        self.payloads: dict[str, dict[str, Any]] = {}
+        self.failure: InvariantFailure | None = None
+        self.fired: set[str] = set()
+        self.unacknowledged: list[str] = []
+        self.stopped = False
+        #: the last step was a dispatch that crashed nowhere and changed neither store
+        self.idle = False
+        # Swarm testing: an example's first crashing step enables a subset of the crash
+        # points for the whole example (drawn then, not in an @initialize rule: that rule
+        # made Hypothesis end examples early, 6 steps on average instead of 9).
+        self.all_points: tuple[str, ...] = cls.accept_points + cls.dispatch_points
+        self.enabled_points: tuple[str, ...] | None = None
+
+    def execute(self, step: Step) -> Observation:
+        if should_stop(self.recorder.stop, self.recorder.first_failure_examples is not None):
+            self.stopped = True
+            raise StopExploration
+        try:
+            observation = self.executor.run(step)
+        except Exception as error:
+            self.recorder.run_error = self.recorder.run_error or error
+            raise
+        self._observed(observation)
+        if observation.violations:
+            self.failure = InvariantFailure(observation.index, list(observation.violations))
+            raise self.failure
+        return observation
+
+    def _observed(self, observation: Observation) -> None:
+        self.recorder.observe(observation)
+        step = observation.step
+        self.idle = (step.action == "dispatch" and step.crash is None
+                     and observation.snapshot == observation.before)
+        if observation.crashed and observation.step.crash is not None:
+            self.fired.add(observation.step.crash)
+
+    def accepted(self, observation: Observation) -> Any:
+        """Put an acknowledged operation into the bundle; remember an unacknowledged one."""
+        operation_id = observation.step.operation_id or ""
+        acknowledged = operation_id in self.executor.model.acknowledged
+        if operation_id in self.unacknowledged:
+            self.unacknowledged.remove(operation_id)
+        if acknowledged:
+            return operation_id
+        self.unacknowledged.append(operation_id)
+        return multiple()
+
+    def accept_new(self, data: st.DataObject, crash: str | None) -> Any:
+        """Accept a new operation: a fresh id (see :mod:`faultlab.search.data`), a new payload or,
+        now and then, the payload of an earlier operation (two requests, one body)."""
+        operation_id = self.new_operation_id(data)
+        payload: Any
+        earlier = list(dict.fromkeys(generated_key(p) for p in self.payloads.values()))
+        if earlier and data.draw(st.integers(0, REUSE_ONE_IN - 1), label="reuse") == 1:
+            chosen = data.draw(st.sampled_from(earlier), label="reused payload")
+            payload = next(p for p in self.payloads.values() if generated_key(p) == chosen)
+        else:
+            payload = data.draw(type(self).payload_source, label="payload")
+        self.payloads[operation_id] = payload
+        return self.accepted(self.execute(Step("accept", operation_id, payload, crash)))
+
+    def new_operation_id(self, data: st.DataObject) -> str:
+        existing = list(self.payloads)
+        source = type(self).id_source
+        if source is None:
+            return generated.new_operation_id(data, existing, len(existing) + 1,
+                                              self.history())
+        for _ in range(3):
+            candidate = data.draw(source, label="operation id")
+            if candidate not in existing:
+                return candidate
+        assume(False)  # the system's ids are too few to draw a new one: abandon the example
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def history(self) -> str:
+        """The example's steps so far, as text: the salt of :func:`generated.fair_choice`."""
+        return "|".join(step.describe() for step in self.executor.steps)
+
+    def pick_point(self, data: st.DataObject, points: tuple[str, ...]) -> str:
+        """One of ``points``, fairly (see :func:`faultlab.search.data.fair_choice`)."""
+        return generated.fair_choice(data, points, self.history(), "crash point")
+
+    def has_pending_work(self) -> bool:
+        return bool(self.executor.snapshot.pending_outbox())
+
+    def complete_operations(self) -> list[str]:
+        return [
+            op.id for op in self.executor.snapshot.operations
+            if op.state == "complete" and op.id in self.payloads
+        ]
+
+    def teardown(self) -> None:
+        found: InvariantFailure | None = None
+        try:
+            if self.failure is None and not self.stopped:
+                try:
+                    observations, final = self.executor.settle()
+                except Exception as error:
+                    self.recorder.run_error = self.recorder.run_error or error
+                    raise
+                for observation in observations:
+                    self._observed(observation)
+                failed = next((o for o in observations if o.violations), None)
+                if failed is not None:
+                    found = InvariantFailure(failed.index, list(failed.violations))
+                elif final:
+                    found = InvariantFailure(None, final)
+                if failed is None:
+                    self.recorder.coverage.live_checked()
+                self.failure = found
+        finally:
+            self.executor.close()
+            verdict, violations = Verdict(), []
+            if self.failure is not None:
+                violations = self.failure.violations
+                verdict = Verdict.of(self.failure.step, violations)
+            if not self.stopped:  # an unfinished example is neither counted nor reported
+                self.recorder.finish(self.executor.steps, verdict, violations)
+        if found is not None:
+            raise found
+
+
+def _hypothesis_call(function: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """event() only exists inside a Hypothesis test; explicit examples run outside."""
+    try:
+        function(*args, **kwargs)
+    except InvalidArgument:
+        pass
+
+
+def run_example(machine: type[OutboxMachine], steps: Iterable[Step]) -> OutboxMachine:
+    """Run fixed steps through the machine's own executor, invariants and teardown.
+
+    Hypothesis has no ``@example`` for state machines; this is faultlab's. Raises
+    :class:`InvariantFailure` exactly as a generated example would.
+    """
+    instance = machine()
+    try:
+        for step in steps:
+            instance.execute(step)
+    finally:
+        instance.teardown()
+    return instance
+
+
+_spawner_singleton: Spawner | None = None
+
+
+def _shared_spawner() -> Spawner:
+    """One fork server for machines used from a user's pytest run; closed at exit."""
+    global _spawner_singleton
+    if _spawner_singleton is None:
+        import atexit
+
+        _spawner_singleton = Spawner("fork")
+        atexit.register(_spawner_singleton.close)
+    return _spawner_singleton
+
+
+def machine_settings(
+    examples: int = defaults.TESTCASE_EXAMPLES, steps: int = defaults.STEPS
+) -> settings:
+    """Settings for slow real steps: no deadline, no too-slow health check, no database."""
+    return settings(
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        database=None,
+        report_multiple_bugs=False,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                               HealthCheck.data_too_large],
+        verbosity=Verbosity.normal,
+    )
+
+
+def generated_key(payload: Any) -> str:
+    """Payloads compare as canonical JSON (1 and 1.0, or True and 1, are different)."""
+    from faultlab.base.canonical import canonical_json
+
+    return canonical_json(payload)
+
+
+def swarm(points: tuple[str, ...]) -> st.SearchStrategy[tuple[str, ...]]:
+    """A non-empty subset of ``points``, each in with probability one half (swarm testing:
+    an example that leaves out the common points exercises the rare ones in depth)."""
+    if not points:
+        return st.just(())
+    return st.lists(st.booleans(), min_size=len(points), max_size=len(points)).map(
+        lambda flags: tuple(p for p, on in zip(points, flags, strict=True) if on) or points
+    )
+
+
+def _weighted_copy(original: Callable[..., Any], name: str,
+                   guard: Callable[[Any], bool] | None = None) -> Any:
+    """Another rule doing what ``original`` (a ``target=operations, data=st.data()`` rule)
+    does, under its own name."""
+
+    def copy(self: OutboxMachine, data: st.DataObject) -> Any:
+        return original(self, data)
+
+    copy.__name__ = copy.__qualname__ = name
+    decorated = rule(target=OutboxMachine.operations_bundle, data=st.data())(copy)
+    return precondition(guard)(decorated) if guard is not None else decorated
+
+
+def _service_copy(original: Callable[..., Any], name: str) -> Any:
+    """Another rule doing what the ``service`` rule does, under its own name."""
+
+    def copy(self: OutboxMachine, operation: str) -> None:
+        original(self, operation)
+
+    copy.__name__ = copy.__qualname__ = name
+    return rule(operation=OutboxMachine.operations_bundle)(copy)
+
+
+def outbox_machine(
+    system_ref: str = "reference",
+    *,
+    deduplication: bool = True,
+    spawner: Spawner | None = None,
+    deadline: float = DEFAULT_DEADLINE,
+    examples: int = defaults.TESTCASE_EXAMPLES,
+    steps: int = defaults.STEPS,
+    recorder: Recorder | None = None,
+    statement_crashes: bool = True,
+    weights: Weights = WEIGHTS,
+) -> type[OutboxMachine]:
+    """Build the state machine for one system; its ``TestCase`` runs under pytest/unittest."""
+    system = load_system(system_ref)
+    system.require_deduplication_switch(deduplication)
+    statement_crashes = statement_crashes and system.supports_statement_points
+    accept_points = tuple(p.name for p in system.points_for("accept"))
+    dispatch_points = tuple(p.name for p in system.points_for("dispatch"))
+
+    class Machine(OutboxMachine):  # noqa: D101
+        """Crashing steps draw their point from the example's swarm (see :func:`swarm`), so
+        over many examples every named point gets a fair share, however many there are."""
+
+        operations = OutboxMachine.operations_bundle
+
+        @rule(target=operations, data=st.data())
+        def accept(self, data: st.DataObject) -> Any:
+            return self.accept_new(data, None)
+
+        @precondition(lambda self: bool(self.unacknowledged))
+        @rule(target=operations)
+        def retry_accept(self) -> Any:
+            """The caller retries an accept that was never acknowledged (same id and payload)."""
+            operation_id = self.unacknowledged[0]
+            payload = self.payloads[operation_id]
+            return self.accepted(self.execute(Step("accept", operation_id, payload)))
+
+        @rule(operation=operations, change=st.booleans())
+        def accept_again(self, operation: str, change: bool) -> None:
+            payload = self.payloads[operation]
+            self.execute(Step("accept", operation, changed_payload(payload) if change else payload))
+
+        @precondition(lambda self: bool(self.payloads)
+                      and (weights.idle_repeats or not self.idle))
+        @rule()
+        def recover(self) -> None:
+            self.execute(Step("dispatch"))
+
+        @rule(operation=operations)
+        def service(self, operation: str) -> None:
+            """A second delivery of an accepted operation, straight to the receiver."""
+            self.execute(Step("service", operation, self.payloads[operation]))
+
+        @precondition(lambda self: bool(self.complete_operations()))
+        @rule(data=st.data())
+        def service_changed(self, data: st.DataObject) -> None:
+            """The seed's conflict case: a completed operation retried with a changed payload
+            (only once complete: before delivery the receiver cannot know the accepted one)."""
+            operation = data.draw(st.sampled_from(self.complete_operations()), label="operation")
+            self.execute(Step("service", operation, changed_payload(self.payloads[operation])))
+
+        @precondition(lambda self: bool(self.all_points))
+        @rule(target=operations, data=st.data())
+        def crash(self, data: st.DataObject) -> Any:
+            """Crash at one of the example's named points: an accept for an accept point, a
+            dispatch for the others, after accepting a new operation when nothing is pending
+            or, half the time, anyway (new work arriving keeps traces deep). Every point is
+            armed where it can fire, and all points share one rule."""
+            if self.enabled_points is None:
+                self.enabled_points = data.draw(swarm(self.all_points), label="swarm")
+            point = self.pick_point(data, self.enabled_points)
+            if point in type(self).accept_points:
+                return self.accept_new(data, point)
+            held: Any = multiple()
+            if not self.has_pending_work() or generated.fair_choice(
+                    data, ("pending", "new work first"), self.history() + "|work",
+                    "work") == "new work first":
+                held = self.accept_new(data, None)
+            self.execute(Step("dispatch", crash=point))
+            return held
+
+        @precondition(lambda self: statement_crashes)
+        @rule(target=operations, data=st.data(), crash=st.sampled_from(STATEMENT_POINTS))
+        def accept_statement_crash(self, data: st.DataObject, crash: str) -> Any:
+            return self.accept_new(data, crash)
+
+        @precondition(lambda self: statement_crashes and self.has_pending_work())
+        @rule(crash=st.sampled_from(STATEMENT_POINTS))
+        def dispatch_statement_crash(self, crash: str) -> None:
+            self.execute(Step("dispatch", crash=crash))
+
+    Machine.__name__ = Machine.__qualname__ = f"OutboxMachine_{system.name}".replace("-", "_")
+    Machine.system_ref = system.ref
+    Machine.deduplication = deduplication
+    Machine.deadline = deadline
+    Machine.spawner = spawner
+    Machine.recorder = recorder if recorder is not None else Recorder()
+    # Weights: Hypothesis picks among rules evenly (and switches rules off per example by
+    # name), so the crash, accept and service rules get copies under names of their own.
+    for copy in range(2, weights.crash + 1):
+        setattr(Machine, f"crash_{copy}", _weighted_copy(
+            Machine.crash, f"crash_{copy}", lambda self: bool(self.all_points)))
+    for copy in range(2, weights.accept + 1):
+        setattr(Machine, f"accept_{copy}", _weighted_copy(Machine.accept, f"accept_{copy}"))
+    for copy in range(2, weights.service + 1):
+        setattr(Machine, f"service_{copy}", _service_copy(Machine.service, f"service_{copy}"))
+    Machine.accept_points, Machine.dispatch_points = accept_points, dispatch_points
+    Machine.payload_source = generated.payload_strategy(system)
+    Machine.id_source = generated.id_strategy(system)
+    Machine.TestCase.settings = machine_settings(examples, steps)
+    return Machine

@@ -1,0 +1,162 @@
+"""``enumerate --concurrency N``: every interleaving of a small workload, up to a bound.
+
+The workload: ``operations`` operations accepted first (one ordering key, so
+order matters), then every sequence of at most ``max_steps`` scheduling choices
+over the lanes: start a dispatcher in any free lane, start a direct delivery of
+the first operation in any free lane, start the acceptor of a new operation
+(``op-{operations + 1}``, ... , same key; at most ``acceptors`` times) in any
+free lane, held at its first point (an acceptance that commits late, after
+later ones), release a held lane to its next point, SIGKILL a held lane (at most
+``crashes`` times), advance the virtual clock past a lease (at most ``ticks``
+times). Each sequence runs on
+fresh stores in :class:`faultlab.run.interleaving.LaneExecutor`, every invariant checked
+after every step, then the final recovery and ``LIVE``.
+
+Reduction: after its choices run, a sequence's state is the stores, every
+lane's worker and point, the clock and the claims taken; a sequence that
+reaches a state an earlier one reached is not extended, so interleavings that
+commute (the same state by another order) are explored once. Sequences run
+shortest first, so the first finding is a shortest one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from faultlab.base.errors import UsageError
+from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
+from faultlab.run.interleaving import ConcurrentExecution, LaneExecutor, LaneObservation
+from faultlab.system.contract import System
+from faultlab.trace import LaneStep
+
+PAYLOAD: dict[str, Any] = {"title": "backlog"}
+#: The clock advance a ``tick`` choice makes: past any lease of the reference's length.
+TICK = 10
+#: How many new operations' acceptors a sequence may start and hold (two: one acceptance
+#: committing before another that took its position earlier).
+ACCEPTORS = 2
+
+
+@dataclass
+class ConcurrentEnumeration:
+    """What the enumeration ran and found."""
+
+    sequences: int = 0
+    pruned: int = 0
+    states: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    finding: list[LaneStep] | None = None
+    execution: ConcurrentExecution | None = None
+    by_depth: dict[int, int] = field(default_factory=dict)
+
+
+def workload(operations: int) -> list[LaneStep]:
+    return [LaneStep("run", 1, "accept", f"op-{n}", PAYLOAD) for n in range(1, operations + 1)]
+
+
+def _choices(executor: LaneExecutor, steps: list[LaneStep], crashes: int,
+             ticks: int, operations: int, acceptors: int) -> list[LaneStep]:
+    kills = sum(step.action == "kill" for step in steps)
+    advanced = sum(step.action == "tick" for step in steps)
+    held = sum(step.action == "start" and step.role == "accept" for step in steps)
+    found: list[LaneStep] = []
+    acceptor: list[LaneStep] = []  # tried last at each depth: the workload's own work first
+    for number in range(1, executor.concurrency + 1):
+        lane = executor.lanes.get(number)
+        if lane is None or not lane.alive:
+            found.append(LaneStep("start", number, "dispatch"))
+            found.append(LaneStep("start", number, "service", "op-1", PAYLOAD))
+            if held < acceptors:
+                acceptor.append(LaneStep("start", number, "accept",
+                                         f"op-{operations + held + 1}", PAYLOAD))
+        elif lane.status == "held" and not lane.paused:
+            found.append(LaneStep("release", number))
+            if kills < crashes:
+                found.append(LaneStep("kill", number))
+    if advanced < ticks and any(lane.alive for lane in executor.lanes.values()):
+        found.append(LaneStep("tick", ticks=TICK))
+    return found + acceptor
+
+
+def _state(executor: LaneExecutor) -> tuple[Any, ...]:
+    lanes = tuple(
+        (n, lane.spec.role, lane.spec.operation_id, lane.status, lane.point, lane.paused)
+        for n, lane in sorted(executor.lanes.items()) if lane.alive
+    )
+    claims = tuple(sorted((c.lane, c.operation_id, c.token, c.lease_until)
+                          for c in executor.history.claims))
+    clock = executor.clock.ticks if executor.clock is not None else 0
+    return executor.snapshot, lanes, claims, clock, tuple(executor.model.acknowledged.items())
+
+
+def _run(system: System, prefix: list[LaneStep], choices: list[LaneStep], *, concurrency: int,
+         deduplication: bool, spawn: SpawnMode, deadline: float, crashes: int, ticks: int,
+         operations: int, acceptors: int,
+         ) -> tuple[ConcurrentExecution, tuple[Any, ...] | None, list[LaneStep]]:
+    """Run a sequence; its state before the recovery (None if it failed earlier) and the
+    choices that follow from that state."""
+    with LaneExecutor(system, concurrency=concurrency, deduplication=deduplication,
+                      spawn=spawn, deadline=deadline) as executor:
+        observations: list[LaneObservation] = []
+        for step in prefix + choices:
+            observations.append(executor.run(step))
+            if observations[-1].violations:
+                return ConcurrentExecution(observations, []), None, []
+        state = _state(executor)
+        following = _choices(executor, choices, crashes, ticks, operations, acceptors)
+        _, final = executor.settle()
+        return ConcurrentExecution(list(executor.observations), final), state, following
+
+
+def enumerate_concurrent(
+    system: System, *, concurrency: int = 2, operations: int = 2, max_steps: int = 3,
+    crashes: int = 1, ticks: int = 1, acceptors: int = ACCEPTORS, deduplication: bool = True,
+    spawn: SpawnMode = "fork",
+    deadline: float = DEFAULT_DEADLINE, progress: Callable[[str], None] | None = None,
+) -> ConcurrentEnumeration:
+    """Breadth first over choice sequences; stop at the first (shortest) finding."""
+    system.require_deduplication_switch(deduplication)
+    if concurrency < 2:
+        raise UsageError("enumerate --concurrency needs at least 2 lanes")
+    result = ConcurrentEnumeration()
+    started = time.monotonic()
+    prefix = workload(operations)
+    seen: set[tuple[Any, ...]] = set()
+    frontier: list[list[LaneStep]] = [[]]
+    for depth in range(max_steps + 1):
+        following: list[list[LaneStep]] = []
+        for choices in frontier:
+            steps = prefix + choices
+            execution, state, nexts = _run(
+                system, prefix, choices, concurrency=concurrency, deduplication=deduplication,
+                spawn=spawn, deadline=deadline, crashes=crashes, ticks=ticks,
+                operations=operations, acceptors=acceptors,
+            )
+            result.sequences += 1
+            result.steps += len(execution.observations)
+            result.by_depth[depth] = result.by_depth.get(depth, 0) + 1
+            if not execution.verdict.clean:
+                result.finding, result.execution = steps, execution
+                result.seconds = time.monotonic() - started
+                return result
+            if state is None or state in seen:
+                result.pruned += 1
+                continue
+            seen.add(state)
+            if depth < max_steps:
+                following += [choices + [step] for step in nexts]
+        result.states = len(seen)
+        if progress is not None:
+            progress(f"enumerate: depth {depth}: {result.sequences} sequences, "
+                     f"{result.states} states, {result.pruned} pruned, "
+                     f"{time.monotonic() - started:.1f}s")
+        frontier = following
+        if not frontier:
+            break
+    result.seconds = time.monotonic() - started
+    return result
+

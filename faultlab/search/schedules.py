@@ -1,0 +1,572 @@
+"""``explore --concurrency N``: a Hypothesis state machine whose rules are scheduling choices.
+
+With N lanes, each rule is one :class:`faultlab.trace.LaneStep`: start a
+worker in a free lane (it runs to its first point and holds: a dispatcher, a direct
+delivery, or the acceptor of a new operation) or run one to its end, release a held
+lane to its next point, finish it, SIGKILL it where it is, SIGSTOP/SIGCONT it, or
+advance the virtual clock; one rule, ``rescue``, is the lease scenario in a few steps
+(the clock to the earliest lease's end, a rescuer, the holder waking). Hypothesis
+switches rules off per example (swarm testing), and each example draws the payload
+titles it uses as a swarm (:func:`faultlab.search.machine.swarm`). Every step runs for real in
+:class:`faultlab.run.interleaving.LaneExecutor`, which checks the per-step and history
+invariants after it; teardown recovers (finishes every lane, advances the clock
+past every lease, dispatches) and checks ``LIVE``. A failure is minimised by
+delta debugging over the scheduling choices, saved as a version 2 trace and
+replayed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+from hypothesis import Phase, Verbosity, seed, settings
+from hypothesis import strategies as st
+from hypothesis.errors import Flaky
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
+
+from faultlab.base import interrupt
+from faultlab.base.errors import UsageError
+from faultlab.base.version import __version__
+from faultlab.checks.history import HISTORY_INVARIANTS
+from faultlab.checks.invariants import INVARIANTS, STEP_INVARIANTS, Violation
+from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
+from faultlab.run.interleaving import (
+    SEQUENTIAL_ONLY,
+    ConcurrentExecution,
+    LaneExecutor,
+    LaneObservation,
+    execute_concurrent,
+)
+from faultlab.search.data import TITLES
+from faultlab.search.explore import HYPOTHESIS_VERSION, _no_local_constants
+from faultlab.search.machine import (
+    PAYLOADS,
+    InvariantFailure,
+    StopExploration,
+    ended_by_stop,
+    machine_settings,
+    not_a_finding,
+    should_stop,
+    swarm,
+)
+from faultlab.system import load_system
+from faultlab.system.contract import System
+from faultlab.trace import STARTS, ConcurrentTrace, LaneStep, Verdict
+
+#: The invariants a concurrent trace judges, in the order the coverage table shows them.
+COVERED: tuple[str, ...] = (*(i.name for i in INVARIANTS), *HISTORY_INVARIANTS)
+
+#: The per-step invariants the lane executor judges after every step (QUIET apart).
+PER_STEP: tuple[str, ...] = tuple(i.name for i in STEP_INVARIANTS if i.name not in SEQUENTIAL_ONLY)
+
+#: Clock advances the machine draws: a little, and a typical lease or more.
+TICKS = (1, 5, 10)
+
+
+@dataclass
+class ConcurrentRecorder:
+    """Counts what a concurrent exploration did, and keeps the last example's steps."""
+
+    progress: Callable[[ConcurrentRecorder], None] | None = None
+    examples: int = 0
+    steps: int = 0
+    processes: int = 0
+    sigkills: int = 0
+    blocked: int = 0
+    actions: dict[str, int] = field(default_factory=dict)
+    last_steps: list[LaneStep] = field(default_factory=list)
+    last_verdict: Verdict = field(default_factory=Verdict)
+    last_violations: list[Violation] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    first_failure_examples: int | None = None
+    first_failure_seconds: float | None = None
+    #: Per invariant, the examples in which it had something to check (non-vacuous).
+    checked: Counter[str] = field(default_factory=Counter)
+    #: Asked before every step; True stops the exploration (as :class:`machine.Recorder`).
+    stop: Callable[[], bool] | None = None
+    #: Invariant checks run: each per-step invariant per worker that ended at the step (at
+    #: least once a step), and each history invariant once a step.
+    checks: int = 0
+    _last_progress: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+    def observe(self, observation: LaneObservation) -> None:
+        self.steps += 1
+        self.sigkills += observation.sigkills
+        self.checks += len(PER_STEP) * max(1, len(observation.exited)) + len(HISTORY_INVARIANTS)
+        self.blocked += sum(state.endswith("blocked") for state in observation.lanes)
+        self.actions[observation.step.action] = self.actions.get(observation.step.action, 0) + 1
+        now = time.monotonic()
+        if self.progress is not None and now - self._last_progress >= 1.0:
+            self._last_progress = now
+            self.progress(self)
+
+    def finish(self, steps: list[LaneStep], verdict: Verdict, violations: list[Violation],
+               processes: int, checked: set[str] | None = None) -> None:
+        self.examples += 1
+        self.checked.update(checked or ())
+        self.processes += processes
+        if not verdict.clean and self.first_failure_examples is None:
+            self.first_failure_examples = self.examples
+            self.first_failure_seconds = self.seconds
+        self.last_steps, self.last_verdict, self.last_violations = steps, verdict, violations
+
+
+class ConcurrentMachine(RuleBasedStateMachine):
+    """Rules are scheduling choices over ``concurrency`` lanes (see the module docstring)."""
+
+    system_ref: ClassVar[str] = "reference"
+    concurrency: ClassVar[int] = 2
+    deduplication: ClassVar[bool] = True
+    spawn: ClassVar[SpawnMode] = "fork"
+    deadline: ClassVar[float] = DEFAULT_DEADLINE
+    statement_points: ClassVar[bool] = False
+    recorder: ClassVar[ConcurrentRecorder]
+
+    def __init__(self) -> None:
+        super().__init__()
+        cls = type(self)
+        self.executor = LaneExecutor(
+            load_system(cls.system_ref), concurrency=cls.concurrency,
+            deduplication=cls.deduplication, spawn=cls.spawn, deadline=cls.deadline,
+            statement_points=cls.statement_points,
+        )
+        self.payloads: dict[str, dict[str, Any]] = {}
+        self.failure: InvariantFailure | None = None
+        self.stopped = False
+        self.titles: tuple[str, ...] | None = None  # the example's swarm, drawn when first used
+        # last: once its run directory exists, nothing of this constructor is left to fail
+        # (an exception here would skip teardown, and leave the directory behind)
+        self.executor.__enter__()
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def execute(self, step: LaneStep) -> None:
+        if should_stop(self.recorder.stop, self.recorder.first_failure_examples is not None):
+            self.stopped = True
+            raise StopExploration  # a time budget spent, or another job found something
+        observation = self.executor.run(step)
+        self.recorder.observe(observation)
+        if observation.violations:
+            self.failure = InvariantFailure(observation.index, list(observation.violations))
+            raise self.failure
+
+    def lanes_where(self, test: Callable[[Any], bool]) -> list[int]:
+        lanes = self.executor.lanes
+        return [n for n in range(1, self.concurrency + 1)
+                if (n in lanes and lanes[n].alive and test(lanes[n]))]
+
+    def free_lanes(self) -> list[int]:
+        lanes = self.executor.lanes
+        return [n for n in range(1, self.concurrency + 1) if n not in lanes or not lanes[n].alive]
+
+    def held_lanes(self) -> list[int]:
+        return self.lanes_where(lambda lane: lane.status == "held" and not lane.paused)
+
+    def has_pending_work(self) -> bool:
+        return bool(self.executor.snapshot.pending_outbox())
+
+    def leases(self) -> list[tuple[int, int]]:
+        """(ticks until it lapses, lane) of each unexpired lease a live worker holds,
+        soonest first."""
+        executor = self.executor
+        alive = {lane.worker: lane.number for lane in executor.lanes.values() if lane.alive}
+        now = executor.clock.ticks if executor.clock is not None else 0
+        return sorted({(math.ceil(claim.lease_until - now), alive[claim.worker])
+                       for claim in executor.history.claims
+                       if claim.worker in alive and claim.lease_until is not None
+                       and claim.lease_until > now})
+
+    def accepted(self) -> list[str]:
+        return [op.id for op in self.executor.snapshot.operations if op.id in self.payloads]
+
+    # -- rules -------------------------------------------------------------------------
+
+    @precondition(lambda self: bool(self.free_lanes()))
+    @rule(data=st.data())
+    def accept(self, data: st.DataObject) -> None:
+        """A new operation accepted: the acceptor runs to its end."""
+        self.new_acceptor(data, "run")
+
+    @precondition(lambda self: bool(self.free_lanes()))
+    @rule(data=st.data())
+    def accept_held(self, data: st.DataObject) -> None:
+        """A new operation's acceptor held at its first point, to be released, killed or
+        paused while other lanes accept and relay (an acceptance that commits late). Held
+        inside its transaction it makes other writers wait: they show as blocked, and the
+        schedule goes on with the lanes that can move."""
+        self.new_acceptor(data, "start")
+
+    def new_acceptor(self, data: st.DataObject, action: str) -> None:
+        """Accept a new operation whose title (ordering key) is one of the example's swarm
+        (see :func:`faultlab.search.machine.swarm`): an example on one key is all collisions, where
+        per-key order, skipping and overtaking show."""
+        if self.titles is None:
+            self.titles = data.draw(swarm(TITLES), label="titles")
+        payload = {**data.draw(PAYLOADS, label="payload"),
+                   "title": data.draw(st.sampled_from(self.titles), label="title")}
+        lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
+        operation_id = f"op-{len(self.payloads) + 1}"
+        self.payloads[operation_id] = payload
+        self.execute(LaneStep(action, lane, "accept", operation_id, payload))
+
+    @precondition(lambda self: bool(self.free_lanes()) and bool(self.payloads))
+    @rule(data=st.data())
+    def recover(self, data: st.DataObject) -> None:
+        """A dispatcher run to its end (only once some operation was accepted: before
+        that it can only report idle)."""
+        lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
+        self.execute(LaneStep("run", lane, "dispatch"))
+
+    @precondition(lambda self: bool(self.free_lanes()) and self.has_pending_work())
+    @rule(data=st.data())
+    def dispatch(self, data: st.DataObject) -> None:
+        """A dispatcher that holds at its first point, to be released, killed or paused."""
+        lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
+        self.execute(LaneStep("start", lane, "dispatch"))
+
+    @precondition(lambda self: bool(self.free_lanes()) and bool(self.leases()))
+    @rule(data=st.data(), wake=st.booleans())
+    def rescue(self, data: st.DataObject, wake: bool) -> None:
+        """The lease every rescue exists for: the clock runs to the end of the earliest
+        lease a live worker holds, a dispatcher starts in a free lane (and claims what
+        lapsed), and, when ``wake``, the superseded holder then runs to its end while the
+        rescuer holds (the paused holder that wakes up). A plain tick rarely lands between
+        one lease's end and the next; every lease bug waits behind this rule."""
+        ticks, holder = self.leases()[0]
+        self.execute(LaneStep("tick", ticks=ticks))
+        lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
+        self.execute(LaneStep("start", lane, "dispatch"))
+        if wake and holder in self.held_lanes():
+            self.execute(LaneStep("finish", holder))
+
+    @precondition(lambda self: bool(self.free_lanes()) and bool(self.accepted()))
+    @rule(data=st.data())
+    def service(self, data: st.DataObject) -> None:
+        """A direct second delivery of an accepted operation, held at its first point."""
+        lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
+        operation_id = data.draw(st.sampled_from(self.accepted()), label="operation")
+        self.execute(LaneStep("start", lane, "service", operation_id,
+                              self.payloads[operation_id]))
+
+    @precondition(lambda self: bool(self.held_lanes()))
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        self.execute(LaneStep("release", data.draw(st.sampled_from(self.held_lanes()))))
+
+    @precondition(lambda self: bool(self.held_lanes()))
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        self.execute(LaneStep("finish", data.draw(st.sampled_from(self.held_lanes()))))
+
+    @precondition(lambda self: bool(self.lanes_where(lambda lane: True)))
+    @rule(data=st.data())
+    def kill(self, data: st.DataObject) -> None:
+        lane = data.draw(st.sampled_from(self.lanes_where(lambda lane: True)))
+        self.execute(LaneStep("kill", lane))
+
+    @precondition(lambda self: bool(self.lanes_where(lambda lane: not lane.paused)))
+    @rule(data=st.data())
+    def pause(self, data: st.DataObject) -> None:
+        lane = data.draw(st.sampled_from(self.lanes_where(lambda lane: not lane.paused)))
+        self.execute(LaneStep("pause", lane))
+
+    @precondition(lambda self: bool(self.lanes_where(lambda lane: lane.paused)))
+    @rule(data=st.data())
+    def resume(self, data: st.DataObject) -> None:
+        lane = data.draw(st.sampled_from(self.lanes_where(lambda lane: lane.paused)))
+        self.execute(LaneStep("resume", lane))
+
+    @precondition(lambda self: bool(self.lanes_where(lambda lane: True)))
+    @rule(ticks=st.sampled_from(TICKS))
+    def tick(self, ticks: int) -> None:
+        """Time only matters while a worker is alive (a lease held, a delay pending)."""
+        self.execute(LaneStep("tick", ticks=ticks))
+
+    def teardown(self) -> None:
+        found: InvariantFailure | None = None
+        try:
+            if self.failure is None and not self.stopped:
+                observations, final = self.executor.settle()
+                for observation in observations:
+                    self.recorder.observe(observation)
+                failed = next((o for o in observations if o.violations), None)
+                if failed is not None:
+                    found = InvariantFailure(failed.index, list(failed.violations))
+                elif final:
+                    found = InvariantFailure(None, final)
+                self.failure = found
+        finally:
+            # first: a signal landing anywhere later must not leave the lanes' run directory
+            self.executor.close()
+            steps = [o.step for o in self.executor.observations if o.phase == "step"]
+            processes = self.executor.processes
+            checked = self.executor.checked | {
+                name for name in HISTORY_INVARIANTS if not self.executor.history.vacuous(name)}
+            verdict, violations = Verdict(), []
+            if self.failure is not None:
+                violations = self.failure.violations
+                verdict = Verdict.of(self.failure.step, violations)
+            if not self.stopped:  # an unfinished example is neither counted nor reported
+                self.recorder.finish(steps, verdict, violations, processes, checked)
+        if found is not None:
+            raise found
+
+
+def concurrent_machine(
+    system_ref: str, *, concurrency: int, deduplication: bool = True, spawn: SpawnMode = "fork",
+    deadline: float = DEFAULT_DEADLINE, examples: int = 100, steps: int = 10,
+    recorder: ConcurrentRecorder | None = None, statement_points: bool = False,
+) -> type[ConcurrentMachine]:
+    system = load_system(system_ref)
+    system.require_deduplication_switch(deduplication)
+
+    class Machine(ConcurrentMachine):  # noqa: D101
+        pass
+
+    Machine.__name__ = Machine.__qualname__ = f"ConcurrentMachine_{system.name}".replace("-", "_")
+    Machine.system_ref = system.ref
+    Machine.concurrency = concurrency
+    Machine.deduplication = deduplication
+    Machine.spawn = spawn
+    Machine.deadline = deadline
+    Machine.statement_points = statement_points
+    Machine.recorder = recorder if recorder is not None else ConcurrentRecorder()
+    Machine.TestCase.settings = machine_settings(examples, steps)
+    return Machine
+
+
+@dataclass
+class ConcurrentExploration:
+    system: str
+    deduplication: bool
+    concurrency: int
+    seed: int
+    recorder: ConcurrentRecorder
+    seconds: float
+    trace: ConcurrentTrace | None = None
+    replay: ConcurrentExecution | None = None
+    notes: list[str] = field(default_factory=list)
+    #: True when the run was told to stop before its examples were done (no finding).
+    stopped: bool = False
+
+    @property
+    def shrunk_steps(self) -> int | None:
+        return None if self.replay is None else len(executed(self.replay))
+
+    def stats(self) -> dict[str, Any]:
+        r = self.recorder
+        return {
+            "examples": r.examples, "steps": r.steps, "processes": r.processes,
+            "sigkills": r.sigkills, "blocked_lane_steps": r.blocked,
+            "actions": dict(sorted(r.actions.items())),
+            "examples_until_found": r.first_failure_examples,
+            "seconds": round(self.seconds, 3),
+            "steps_per_second": round(r.steps / self.seconds, 1) if self.seconds else 0.0,
+            "checked": {name: r.checked[name] for name in COVERED},
+        }
+
+
+def executed(execution: ConcurrentExecution) -> list[LaneStep]:
+    """The trace's own steps up to the failing check (all of them for a final LIVE)."""
+    verdict = execution.verdict
+    upto = len(execution.observations) if verdict.step is None else verdict.step
+    return [o.step for o in execution.observations[:upto] if o.phase == "step"]
+
+
+def machine_could_draw(execution: ConcurrentExecution) -> bool:
+    """A direct service call is only drawn for an operation the caller holds."""
+    for observation in execution.observations:
+        step = observation.step
+        if step.action in STARTS and step.role == "service" and step.operation_id is not None \
+                and observation.before.operation(step.operation_id) is None:
+            return False
+    return True
+
+
+def rename(step: LaneStep, renaming: tuple[int, ...]) -> LaneStep:
+    """The same step on the lane ``renaming`` maps it to (lane n becomes renaming[n-1])."""
+    if step.lane is None:
+        return step
+    return replace(step, lane=renaming[step.lane - 1])
+
+
+def minimise(
+    system: System, trace: ConcurrentTrace, execution: ConcurrentExecution, *,
+    spawn: SpawnMode, deadline: float,
+) -> tuple[ConcurrentTrace, ConcurrentExecution]:
+    """Delta debugging over scheduling choices: remove halves, quarters, ... single steps,
+    while the trace still fails (any invariant) and stays a trace the machine could draw;
+    a step a candidate leaves without its worker (a release of a lane whose start was
+    removed) is dropped from that candidate. Then each held start is tried as a run (see
+    ``promote``), and each renaming of the lanes is tried and shrunk in turn, kept only if
+    it ends shorter."""
+
+    def size_of(result: ConcurrentExecution) -> int:
+        """The trace's own scheduling choices up to the failing check (recovery is implicit:
+        it is the same for every trace)."""
+        return len(executed(result))
+
+    size = size_of(execution)
+
+    def attempt(candidate: list[LaneStep], bound: int) -> ConcurrentExecution | None:
+        try:
+            result = execute_concurrent(
+                system, candidate, concurrency=trace.concurrency,
+                deduplication=trace.deduplication, settle=trace.settle, spawn=spawn,
+                deadline=deadline, lenient=True, statement_points=trace.statement_points,
+            )
+        except UsageError:
+            return None
+        if result.verdict.clean or not machine_could_draw(result):
+            return None
+        if size_of(result) >= bound:
+            return None
+        return result
+
+    def delete(steps: list[LaneStep], execution: ConcurrentExecution, size: int) -> tuple[
+        list[LaneStep], ConcurrentExecution, int
+    ]:
+        chunk = max(1, len(steps) // 2)
+        while True:
+            improved = False
+            start = 0
+            while start < len(steps) and len(steps) > 1:
+                found = attempt(steps[:start] + steps[start + chunk:], size)
+                if found is not None:
+                    execution, improved = found, True
+                    size = size_of(found)
+                    steps = executed(found)
+                else:
+                    start += chunk
+            if chunk == 1 and not improved:
+                return steps, execution, size
+            if not improved:
+                chunk = max(1, chunk // 2)
+
+    def promote(steps: list[LaneStep], execution: ConcurrentExecution, size: int) -> tuple[
+        list[LaneStep], ConcurrentExecution, int
+    ]:
+        """A worker started (held) and later released to its end is a worker run: try each
+        ``start`` as a ``run`` (deletion then drops the steps left moving its ended lane)."""
+        index = 0
+        while index < len(steps):
+            step = steps[index]
+            index += 1
+            if step.action != "start":
+                continue
+            found = attempt(steps[:index - 1] + [replace(step, action="run")] + steps[index:],
+                            size + 1)
+            if found is None:
+                continue
+            smaller, result, smaller_size = delete(executed(found), found, size_of(found))
+            if smaller_size < size:
+                steps, execution, size, index = smaller, result, smaller_size, 0
+        return steps, execution, size
+
+    def shrink(steps: list[LaneStep], execution: ConcurrentExecution, size: int) -> tuple[
+        list[LaneStep], ConcurrentExecution, int
+    ]:
+        return promote(*delete(steps, execution, size))
+
+    steps = executed(execution) if execution.verdict.step is not None else list(trace.steps)
+    steps, execution, size = shrink(steps, execution, size)
+    # Lanes are interchangeable, but the final recovery finishes them in lane order: the
+    # same interleaving with the lanes renamed may need fewer choices. Try each renaming.
+    for renaming in itertools.permutations(range(1, trace.concurrency + 1)):
+        if list(renaming) == sorted(renaming):
+            continue
+        renamed = [rename(step, renaming) for step in steps]
+        found = attempt(renamed, size + 1)  # as long as now, so it may shrink further
+        if found is None:
+            continue
+        smaller, result, smaller_size = shrink(executed(found), found, size_of(found))
+        if smaller_size < size:
+            steps, execution, size = smaller, result, smaller_size
+    shrunk = ConcurrentTrace(
+        system=trace.system, deduplication=trace.deduplication,
+        concurrency=trace.concurrency, steps=steps, settle=trace.settle,
+        expected=execution.verdict, violations=list(execution.violations),
+        meta={**trace.meta, "hypothesis_steps": len(trace.steps)},
+        statement_points=trace.statement_points,
+    )
+    return shrunk, execute_concurrent(
+        system, steps, concurrency=trace.concurrency, deduplication=trace.deduplication,
+        settle=trace.settle, spawn=spawn, deadline=deadline,
+        statement_points=trace.statement_points,
+    )
+
+
+def explore_concurrent(
+    system: System, *, concurrency: int, deduplication: bool = True, examples: int = 100,
+    steps: int = 10, seed_value: int = 0, spawn: SpawnMode = "fork",
+    deadline: float = DEFAULT_DEADLINE,
+    progress: Callable[[ConcurrentRecorder], None] | None = None,
+    stop: Callable[[], bool] | None = None, on_failure: Callable[[], None] | None = None,
+    statement_points: bool = False,
+) -> ConcurrentExploration:
+    """Search concurrent traces; minimise the first failure; confirm it by replay.
+
+    ``stop`` and ``on_failure`` work as in :func:`faultlab.search.explore.explore` (a time
+    budget, ``--jobs``); ``statement_points`` also holds workers at sql:K / commit:K."""
+    recorder = ConcurrentRecorder(progress=progress, stop=stop)
+    machine = concurrent_machine(
+        system.ref, concurrency=concurrency, deduplication=deduplication, spawn=spawn,
+        deadline=deadline, examples=examples, steps=steps, recorder=recorder,
+        statement_points=statement_points,
+    )
+    base = machine_settings(examples, steps)
+    phases = tuple(p for p in base.phases if p not in (Phase.shrink, Phase.explain))
+    chosen = settings(base, verbosity=Verbosity.quiet, phases=phases)
+    started = time.monotonic()
+    failure: BaseException | None = None
+    try:
+        with _no_local_constants():
+            run_state_machine_as_test(  # type: ignore[no-untyped-call,unused-ignore]
+                seed(seed_value)(machine), settings=chosen
+            )
+    except (InvariantFailure, Flaky, StopExploration) as error:
+        if ended_by_stop(error):
+            result = ConcurrentExploration(system.ref, deduplication, concurrency, seed_value,
+                                           recorder, time.monotonic() - started, stopped=True)
+            interrupt.check()
+            return result
+        failure = error
+    interrupt.check()  # an interrupted search reports nothing
+    result = ConcurrentExploration(system.ref, deduplication, concurrency, seed_value, recorder,
+                                   time.monotonic() - started)
+    if failure is None:
+        return result
+    if on_failure is not None:
+        on_failure()
+    trace = ConcurrentTrace(
+        system=system.ref, deduplication=deduplication, concurrency=concurrency,
+        steps=list(recorder.last_steps), settle=True, expected=recorder.last_verdict,
+        violations=list(recorder.last_violations),
+        meta={
+            "found_by": "explore", "seed": seed_value, "hypothesis": HYPOTHESIS_VERSION,
+            "examples": examples, "steps_per_example": steps, "concurrency": concurrency,
+            "faultlab": __version__,
+            "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+        statement_points=statement_points,
+    )
+    replay = execute_concurrent(system, trace.steps, concurrency=concurrency,
+                                deduplication=deduplication, spawn=spawn, deadline=deadline,
+                                statement_points=statement_points)
+    refused = not_a_finding(trace.expected, replay.verdict, failure)
+    if refused is not None:
+        result.notes.append(refused)
+        return result
+    trace, replay = minimise(system, trace, replay, spawn=spawn, deadline=deadline)
+    result.trace, result.replay = trace, replay
+    return result

@@ -1,0 +1,1 @@
+"""Stores: the SQLite stores and snapshot model, PostgreSQL stores."""

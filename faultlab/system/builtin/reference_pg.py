@@ -1,0 +1,522 @@
+"""The reference two-store outbox on PostgreSQL: ``reference-pg``, and its bug zoo.
+
+The behaviour of :mod:`faultlab.system.builtin.reference`, with the caller
+(``operations``, ``outbox``) and the downstream (``tickets``, ``receipts``) in two
+separate PostgreSQL databases cloned per trace (:mod:`faultlab.stores.postgres`). What
+changes is what production outboxes on PostgreSQL do:
+
+* the dispatcher *claims* the oldest claimable pending entry (lease lapsed, no earlier
+  pending entry of its key) with ``SELECT ... FOR UPDATE SKIP LOCKED`` in a short claim
+  transaction that takes a new fencing token (``attempt + 1``) and a lease
+  (``lease_until``, :data:`~faultlab.system.builtin.reference.LEASE_TICKS` on the virtual clock,
+  0 on the real one) and commits; it calls downstream holding no lock, then completes
+  only if the row still carries its token (``SELECT ... FOR UPDATE`` first), answering
+  ``superseded`` otherwise, as :mod:`faultlab.system.builtin.reference` does. A crash inside the
+  claim transaction (``during_claim``) or the completion (``during_completion``) kills a
+  client that holds row locks, which the server releases only when it has ended the
+  client's backend;
+* the receiver serialises calls for one operation id with a transaction-scoped
+  advisory lock, so concurrent services cannot both miss the receipt;
+* three *ambiguous commits*: COMMIT sent, the worker killed before reading the reply
+  (``accept_commit_sent``, ``completion_commit_sent``, ``service_commit_sent``);
+* ticket ids come from a sequence, which a rolled-back insert still advances: after a
+  crash inside the downstream transaction the recovered ticket may be 2, not 1.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from faultlab.base import clock
+from faultlab.base.canonical import canonical_json
+from faultlab.stores.sqlite import Snapshot
+from faultlab.system.builtin.reference import LEASE_TICKS, ORDERING_KEY, ClaimLost
+from faultlab.system.contract import CrashPoint, Refusal, System, WorkerContext
+from faultlab.trace import LaneStep
+
+CALLER = "caller"
+DOWNSTREAM = "downstream"
+
+CALLER_SCHEMA = """
+CREATE TABLE operations (
+    id TEXT PRIMARY KEY, payload TEXT NOT NULL, state TEXT NOT NULL, result TEXT);
+CREATE TABLE outbox (
+    seq BIGSERIAL UNIQUE, operation_id TEXT PRIMARY KEY REFERENCES operations(id),
+    state TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0,
+    lease_until DOUBLE PRECISION NOT NULL DEFAULT 0)
+"""
+DOWNSTREAM_SCHEMA = """
+CREATE TABLE tickets (
+    id BIGSERIAL PRIMARY KEY, operation_id TEXT NOT NULL, payload TEXT NOT NULL);
+CREATE TABLE receipts (
+    operation_id TEXT PRIMARY KEY, payload TEXT NOT NULL, result TEXT NOT NULL)
+"""
+SCHEMAS = {CALLER: CALLER_SCHEMA, DOWNSTREAM: DOWNSTREAM_SCHEMA}
+
+#: Lock the oldest pending entry whose lease lapsed and that no earlier pending entry of
+#: the same key precedes, skipping rows another claim transaction holds (only the outbox
+#: row is locked: ``FOR UPDATE OF o``). In a sequential trace this is the oldest pending
+#: entry. The key comparison is :data:`~faultlab.system.builtin.reference.CLAIM_SQL`'s.
+CLAIM_SQL = (
+    "SELECT o.operation_id, o.attempt, op.payload FROM outbox o "
+    "JOIN operations op ON op.id = o.operation_id "
+    "WHERE o.state = 'pending' AND o.lease_until <= %s AND NOT EXISTS ("
+    "SELECT 1 FROM outbox e JOIN operations eo ON eo.id = e.operation_id "
+    "WHERE e.state = 'pending' AND e.seq < o.seq "
+    f"AND (eo.payload::jsonb ->> '{ORDERING_KEY}') "
+    f"IS NOT DISTINCT FROM (op.payload::jsonb ->> '{ORDERING_KEY}')) "
+    "ORDER BY o.seq LIMIT 1 FOR UPDATE OF o SKIP LOCKED"
+)
+
+EXIT_CONFLICT = 3
+EXIT_DOWNSTREAM_FAILURE = 4
+
+POINTS: tuple[CrashPoint, ...] = (
+    CrashPoint(
+        "during_accept", "accept",
+        "between the operation insert and the outbox insert, inside one transaction: the "
+        "server rolls back when the backend ends; neither row exists; accepting again succeeds",
+    ),
+    CrashPoint(
+        "accept_commit_sent", "accept",
+        "COMMIT sent, the acceptor killed before its reply (ambiguous): the server committed "
+        "both rows or neither; nothing was acknowledged; accepting again is idempotent",
+    ),
+    CrashPoint(
+        "during_claim", "dispatch",
+        "inside the claim transaction, holding the row lock (FOR UPDATE SKIP LOCKED) with "
+        "the new token and lease written, not committed: the lock and the claim go with the "
+        "backend; no ticket; a fresh dispatcher claims it, ticket 1",
+    ),
+    CrashPoint(
+        "before_dispatch", "dispatch",
+        "claim committed (token and lease), no lock held, before any downstream call: no "
+        "ticket; once the lease lapses a fresh dispatcher claims it again, ticket 1",
+    ),
+    CrashPoint(
+        "after_downstream_commit", "dispatch",
+        "the service committed ticket and receipt, the dispatcher still holds its claim: one "
+        "ticket, operation pending; recovery replays the receipt, still one ticket",
+    ),
+    CrashPoint(
+        "during_completion", "dispatch",
+        "between the operation and outbox completion updates, holding both rows' locks (the "
+        "fencing check locked the outbox row): both stay pending; recovery replays the "
+        "receipt and completes both",
+    ),
+    CrashPoint(
+        "completion_commit_sent", "dispatch",
+        "COMMIT of the completion sent, the dispatcher killed before its reply (ambiguous): "
+        "both rows complete or both pending; either way one ticket after recovery",
+    ),
+    CrashPoint(
+        "service_before_commit", "service",
+        "inside the downstream transaction, after the ticket and receipt inserts (their "
+        "locks held): rolled back, no ticket; the dispatcher reports downstream_failure; "
+        "recovery makes one ticket (its id may skip a sequence value)",
+    ),
+    CrashPoint(
+        "service_commit_sent", "service",
+        "COMMIT of ticket and receipt sent, the service killed before its reply (ambiguous): "
+        "the dispatcher reports downstream_failure; recovery replays the receipt if the "
+        "server committed, or makes the ticket; one ticket either way",
+    ),
+    CrashPoint(
+        "service_after_commit", "service",
+        "downstream committed, the service dies before replying: one ticket and its receipt, "
+        "the dispatcher reports downstream_failure; recovery replays the receipt",
+    ),
+)
+
+
+class PostgresSystem(System):
+    """A Python system whose stores are PostgreSQL databases (one per entry of ``schemas``)."""
+
+    store_kind = "postgres"
+    schemas: dict[str, str] = {}
+    snapshot_queries: dict[str, dict[str, str]] = {}
+
+    def __init__(self) -> None:
+        # psycopg imported here: a fork server that loads the system gives it to every worker
+        from faultlab.nemesis import pgcrash
+        from faultlab.stores import postgres as pgstores
+
+        pgstores.psycopg_module()
+        pgcrash.traced_connection_class()
+
+    def initialise(self, directory: Path) -> None:
+        from faultlab.stores import postgres as pgstores
+
+        pgstores.create_stores(directory, self.schemas)
+
+    def release(self, directory: Path) -> None:
+        from faultlab.stores import postgres as pgstores
+
+        pgstores.release_stores(directory)
+
+    def snapshot(self, directory: Path) -> Snapshot:
+        """Wait for the step's backends to end (bounded), then read each store read-only."""
+        from faultlab.stores import postgres as pgstores
+
+        pgstores.wait_for_backends(directory)
+        tables: dict[str, Iterable[Iterable[Any]]] = {}
+        for store, queries in self.snapshot_queries.items():
+            tables.update(pgstores.query(directory, store, queries))
+        return Snapshot.from_rows(tables)
+
+
+class ReferencePg(PostgresSystem):
+    """Transactional outbox + stable operation id + deduplicating receiver, on PostgreSQL."""
+
+    name = "reference-pg"
+    description = ("the reference outbox on PostgreSQL: two databases, leased and fenced "
+                   "claims with FOR UPDATE SKIP LOCKED, ambiguous-commit crash points")
+    crash_points = POINTS
+    schemas = SCHEMAS
+    ordering_key = ORDERING_KEY
+    snapshot_queries = {
+        CALLER: {
+            "operations": "SELECT id, payload, state, result FROM operations",
+            "outbox": "SELECT operation_id, state FROM outbox",
+        },
+        DOWNSTREAM: {
+            "tickets": "SELECT id, operation_id, payload FROM tickets",
+            "receipts": "SELECT operation_id, payload, result FROM receipts",
+        },
+    }
+
+    # -- caller ------------------------------------------------------------------------------
+
+    def accept(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        from faultlab.nemesis.pgcrash import commit_or_crash
+
+        connection = context.connect_postgres(CALLER)
+        try:
+            existing = connection.execute(
+                "SELECT payload, state FROM operations WHERE id = %s FOR UPDATE", (operation_id,)
+            ).fetchone()
+            if existing is not None:
+                connection.rollback()
+                return self.accept_existing(operation_id, payload, existing[0], existing[1])
+            self.insert_operation(context, connection, operation_id, payload)
+            commit_or_crash(context, connection, "accept_commit_sent")
+        finally:
+            connection.close()
+        return {"accepted": True, "operation_id": operation_id, "state": "pending"}
+
+    def accept_existing(
+        self, operation_id: str, payload: str, stored_payload: str, state: str
+    ) -> dict[str, Any]:
+        if stored_payload != payload:
+            raise Refusal("payload_conflict", EXIT_CONFLICT, operation_id=operation_id)
+        return {
+            "accepted": True, "already_accepted": True, "operation_id": operation_id,
+            "state": state,
+        }
+
+    def insert_operation(
+        self, context: WorkerContext, connection: Any, operation_id: str, payload: str
+    ) -> None:
+        connection.execute(
+            "INSERT INTO operations (id, payload, state, result) VALUES (%s, %s, 'pending', NULL)",
+            (operation_id, payload),
+        )
+        context.crash_point("during_accept")
+        connection.execute(
+            "INSERT INTO outbox (operation_id, state) VALUES (%s, 'pending')", (operation_id,)
+        )
+
+    #: This dispatcher's claim (operation id, fencing token), set by :meth:`claim`; None
+    #: when a subclass reads the next entry without claiming it.
+    held: tuple[str, int] | None = None
+
+    def claim(self, context: WorkerContext, connection: Any) -> tuple[str, str] | None:
+        """Claim the next entry in a short transaction: lock it (SKIP LOCKED), write a new
+        token and lease, commit. Returns (operation id, payload), or None when idle."""
+        now = context.now()
+        until = now + (LEASE_TICKS if clock.is_virtual() else 0)
+        row = connection.execute(CLAIM_SQL, (now,)).fetchone()
+        if row is None:
+            connection.rollback()
+            return None
+        operation_id, attempt = str(row[0]), int(row[1]) + 1
+        connection.execute(
+            "UPDATE outbox SET attempt = %s, lease_until = %s WHERE operation_id = %s",
+            (attempt, until, operation_id),
+        )
+        context.crash_point("during_claim")
+        connection.commit()
+        self.held = (operation_id, attempt)
+        context.claimed(operation_id, attempt, lease_until=until)
+        return operation_id, str(row[2])
+
+    def dispatch(self, context: WorkerContext) -> dict[str, Any]:
+        self.held = None
+        connection = context.connect_postgres(CALLER)
+        try:
+            pending = self.claim(context, connection)
+            if pending is None:
+                return {"idle": True}
+            operation_id, payload = pending
+            context.crash_point("before_dispatch")
+            service = context.call_service(operation_id, payload)
+            service_summary = {"pid": service.pid, "exit_code": service.exit_code}
+            response = service.response or {}
+            if service.exit_code != 0 or "result" not in response:
+                # the entry stays pending; the next dispatcher claims it once the lease lapses
+                raise Refusal(
+                    "downstream_failure", EXIT_DOWNSTREAM_FAILURE, operation_id=operation_id,
+                    service=service_summary, downstream=response or None,
+                )
+            context.crash_point("after_downstream_commit")
+            try:
+                self.complete(context, connection, operation_id,
+                              canonical_json(response["result"]))
+            except ClaimLost:
+                return {"operation_id": operation_id, "superseded": True,
+                        "attempt": self.held[1] if self.held else None,
+                        "service": service_summary}
+        finally:
+            connection.close()
+        return {
+            "operation_id": operation_id, "result": response["result"],
+            "replayed": bool(response.get("replayed")), "service": service_summary,
+        }
+
+    def check_claim(self, connection: Any, operation_id: str) -> None:
+        """Fencing: lock the outbox row and require this dispatcher's token on it, still
+        pending; otherwise roll back and raise :class:`ClaimLost` (another claimed it)."""
+        if self.held is None:
+            return  # a subclass that reads without claiming completes unfenced
+        row = connection.execute(
+            "SELECT attempt, state FROM outbox WHERE operation_id = %s FOR UPDATE",
+            (operation_id,),
+        ).fetchone()
+        if row is None or int(row[0]) != self.held[1] or row[1] != "pending":
+            connection.rollback()
+            raise ClaimLost(operation_id)
+
+    def complete(
+        self, context: WorkerContext, connection: Any, operation_id: str, result: str
+    ) -> None:
+        """Mark operation and outbox row complete in one transaction, only while this
+        dispatcher still holds its claim (fencing), and commit it."""
+        from faultlab.nemesis.pgcrash import commit_or_crash
+
+        self.check_claim(connection, operation_id)
+        connection.execute(
+            "UPDATE operations SET state = 'complete', result = %s WHERE id = %s",
+            (result, operation_id),
+        )
+        context.crash_point("during_completion")
+        connection.execute(
+            "UPDATE outbox SET state = 'complete' WHERE operation_id = %s", (operation_id,)
+        )
+        commit_or_crash(context, connection, "completion_commit_sent")
+
+    # -- downstream --------------------------------------------------------------------------
+
+    def service(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        connection = context.connect_postgres(DOWNSTREAM)
+        try:
+            connection.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (operation_id,)
+            )
+            if context.deduplication:
+                receipt = connection.execute(
+                    "SELECT payload, result FROM receipts WHERE operation_id = %s",
+                    (operation_id,),
+                ).fetchone()
+                if receipt is not None:
+                    connection.rollback()
+                    return self.replay_receipt(operation_id, payload, receipt[0], receipt[1])
+            result = self.record_ticket(context, connection, operation_id, payload)
+        finally:
+            connection.close()
+        context.crash_point("service_after_commit")
+        return {"operation_id": operation_id, "result": result, "replayed": False}
+
+    def record_ticket(
+        self, context: WorkerContext, connection: Any, operation_id: str, payload: str
+    ) -> dict[str, Any]:
+        from faultlab.nemesis.pgcrash import commit_or_crash
+
+        row = connection.execute(
+            "INSERT INTO tickets (operation_id, payload) VALUES (%s, %s) RETURNING id",
+            (operation_id, payload),
+        ).fetchone()
+        result = {"ticket_id": int(row[0])}
+        if context.deduplication:
+            connection.execute(
+                "INSERT INTO receipts (operation_id, payload, result) VALUES (%s, %s, %s)",
+                (operation_id, payload, canonical_json(result)),
+            )
+        context.crash_point("service_before_commit")
+        commit_or_crash(context, connection, "service_commit_sent")
+        return result
+
+    def replay_receipt(
+        self, operation_id: str, payload: str, stored_payload: str, stored_result: str
+    ) -> dict[str, Any]:
+        if stored_payload != payload:
+            raise Refusal("payload_conflict", EXIT_CONFLICT, operation_id=operation_id)
+        return {"operation_id": operation_id, "result": json.loads(stored_result), "replayed": True}
+
+
+# --- the bug zoo, PostgreSQL form ------------------------------------------------------------
+
+
+class NoDedupPg(ReferencePg):
+    """The receiver never reads or writes receipts: a retry makes a second ticket."""
+
+    name = "no-dedup-pg"
+    description = "reference-pg whose downstream never reads or writes receipts"
+
+    def service(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        from faultlab.nemesis.pgcrash import commit_or_crash
+
+        connection = context.connect_postgres(DOWNSTREAM)
+        try:
+            row = connection.execute(
+                "INSERT INTO tickets (operation_id, payload) VALUES (%s, %s) RETURNING id",
+                (operation_id, payload),
+            ).fetchone()
+            if row is None:
+                raise RuntimeError("INSERT ... RETURNING returned no row")
+            context.crash_point("service_before_commit")
+            commit_or_crash(context, connection, "service_commit_sent")
+        finally:
+            connection.close()
+        context.crash_point("service_after_commit")
+        return {"operation_id": operation_id, "result": {"ticket_id": int(row[0])},
+                "replayed": False}
+
+
+SPLIT_POINT = CrashPoint(
+    "between_completion_commits", "dispatch",
+    "the operation's completion committed, the outbox row's not yet: a broken system shows "
+    "operation complete, outbox pending (PAIR)",
+)
+
+
+class SplitCompletePg(ReferencePg):
+    """Operation and outbox row are marked complete in two transactions."""
+
+    name = "split-complete-pg"
+    description = "reference-pg marking the operation and its outbox row complete in two commits"
+    crash_points = (*POINTS, SPLIT_POINT)
+
+    def complete(
+        self, context: WorkerContext, connection: Any, operation_id: str, result: str
+    ) -> None:
+        self.check_claim(connection, operation_id)
+        connection.execute(
+            "UPDATE operations SET state = 'complete', result = %s WHERE id = %s",
+            (result, operation_id),
+        )
+        connection.commit()
+        context.crash_point("between_completion_commits")
+        connection.execute(
+            "UPDATE outbox SET state = 'complete' WHERE operation_id = %s", (operation_id,)
+        )
+        connection.commit()
+
+
+class NoSkipLockedClaimPg(ReferencePg):
+    """Claims without a lock and marks the entry complete before sending it downstream."""
+
+    name = "claim-complete-first-pg"
+    description = ("reference-pg claiming by marking the entry complete (UPDATE ... RETURNING) "
+                   "and committing before the downstream call")
+
+    def dispatch(self, context: WorkerContext) -> dict[str, Any]:
+        connection = context.connect_postgres(CALLER)
+        try:
+            row = connection.execute(
+                "UPDATE outbox SET state = 'complete' WHERE operation_id = ("
+                "SELECT operation_id FROM outbox WHERE state = 'pending' ORDER BY seq LIMIT 1) "
+                "RETURNING operation_id"
+            ).fetchone()
+            if row is None:
+                connection.rollback()
+                return {"idle": True}
+            operation_id = str(row[0])
+            payload_row = connection.execute(
+                "UPDATE operations SET state = 'complete' WHERE id = %s RETURNING payload",
+                (operation_id,),
+            ).fetchone()
+            if payload_row is None:
+                raise RuntimeError("the outbox row has no operation")
+            connection.commit()
+            context.crash_point("before_dispatch")
+            service = context.call_service(operation_id, str(payload_row[0]))
+            service_summary = {"pid": service.pid, "exit_code": service.exit_code}
+            response = service.response or {}
+            if service.exit_code != 0 or "result" not in response:
+                raise Refusal(
+                    "downstream_failure", EXIT_DOWNSTREAM_FAILURE, operation_id=operation_id,
+                    service=service_summary, downstream=response or None,
+                )
+            context.crash_point("after_downstream_commit")
+            connection.execute(
+                "UPDATE operations SET result = %s WHERE id = %s",
+                (canonical_json(response["result"]), operation_id),
+            )
+            context.crash_point("during_completion")
+            connection.commit()
+        finally:
+            connection.close()
+        return {
+            "operation_id": operation_id, "result": response["result"],
+            "replayed": bool(response.get("replayed")), "service": service_summary,
+        }
+
+
+class NoFencingPg(ReferencePg):
+    """Completes without checking it still holds the claim: a dispatcher whose lease lapsed
+    (and whose entry another dispatcher claimed with a higher token) completes anyway.
+
+    The PostgreSQL form of :class:`faultlab.system.builtin.race_mutants.NoFencing`; only a
+    concurrent trace shows it (``explore --concurrency 2``).
+    """
+
+    name = "no-fencing-pg"
+    description = ("reference-pg whose completion is not conditional on still holding the "
+                   "claim (no fencing token check)")
+    caught_by = ("FENCE",)
+    concurrency = 2
+    # Lane 1 claims (token 1: held inside the claim, then released past its commit) and
+    # holds before the downstream call; its lease lapses; lane 2 claims (token 2) and
+    # completes; the final recovery finishes lane 1: superseded, it completes anyway.
+    minimal_trace: tuple[LaneStep, ...] = (
+        LaneStep("run", 1, "accept", "op-1", {"title": "backlog", "priority": "normal"}),
+        LaneStep("start", 1, "dispatch"),
+        LaneStep("release", 1),
+        LaneStep("tick", ticks=LEASE_TICKS),
+        LaneStep("run", 2, "dispatch"),
+    )
+    minimal_steps = len(minimal_trace)
+
+    def complete(
+        self, context: WorkerContext, connection: Any, operation_id: str, result: str
+    ) -> None:
+        from faultlab.nemesis.pgcrash import commit_or_crash
+
+        connection.execute(
+            "UPDATE operations SET state = 'complete', result = %s WHERE id = %s",
+            (result, operation_id),
+        )
+        context.crash_point("during_completion")
+        connection.execute(
+            "UPDATE outbox SET state = 'complete' WHERE operation_id = %s", (operation_id,)
+        )
+        commit_or_crash(context, connection, "completion_commit_sent")
+
+
+POSTGRES_SYSTEMS: dict[str, type[ReferencePg]] = {
+    cls.name: cls
+    for cls in (ReferencePg, NoDedupPg, SplitCompletePg, NoSkipLockedClaimPg, NoFencingPg)
+}

@@ -1,0 +1,1 @@
+"""Trials: the five scenarios, and judging the bug zoo."""

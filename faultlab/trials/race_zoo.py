@@ -1,0 +1,69 @@
+"""The concurrency mutants on trial in ``mutants``: explore and enumerate with two lanes.
+
+A concurrency mutant (:mod:`faultlab.system.builtin.race_mutants`) is invisible to
+sequential traces, so :func:`faultlab.trials.zoo.judge` hands it here: ``explore
+--concurrency 2`` with the zoo's seed and budget, then ``enumerate --concurrency
+2`` with its defaults. ``REFERENCE_CONCURRENT`` names the reference judged the
+same way (it must stay clean).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from faultlab.process.records import SpawnMode
+
+#: The row in ``mutants`` for the reference judged with two lanes.
+REFERENCE_CONCURRENT = "reference-concurrent"
+CONCURRENCY = 2
+
+
+def judge_concurrent(
+    name: str, *, examples: int, steps: int, seed: int, spawn: SpawnMode, deadline: float,
+    corpus_directory: str | None,
+) -> dict[str, Any]:
+    """The fields of :class:`faultlab.trials.zoo.Judgement` for one system judged with two lanes."""
+    from faultlab.corpus import files as corpus
+    from faultlab.search.schedule_enumeration import enumerate_concurrent
+    from faultlab.search.schedules import explore_concurrent
+    from faultlab.system import load_system
+
+    reference = name == REFERENCE_CONCURRENT
+    system = load_system("reference" if reference else name)
+    explored = explore_concurrent(
+        system, concurrency=CONCURRENCY, examples=examples, steps=steps, seed_value=seed,
+        spawn=spawn, deadline=deadline,
+    )
+    began = time.monotonic()
+    enumerated = enumerate_concurrent(system, concurrency=CONCURRENCY, spawn=spawn,
+                                      deadline=deadline)
+    enumerate_seconds = time.monotonic() - began
+    trace = explored.trace
+    saved = None
+    if trace is not None and corpus_directory is not None:
+        saved = str(corpus.save(trace, Path(corpus_directory), system.name))
+    recorder = explored.recorder
+    found = enumerated.execution
+    return dict(
+        system=name,
+        defect=system.description if not reference else "the reference, two dispatchers at once",
+        reference=reference,
+        caught_by=list(getattr(system, "caught_by", ())),
+        minimal_steps=getattr(system, "minimal_steps", None),
+        enumerate_found=found is not None,
+        enumerate_invariants=sorted(found.verdict.invariants) if found is not None else [],
+        enumerate_seconds=round(enumerated.seconds if found is not None else enumerate_seconds,
+                                3),
+        enumerate_traces=enumerated.sequences,
+        explore_found=trace is not None,
+        explore_invariants=list(trace.expected.invariants) if trace and trace.expected else [],
+        examples_until_found=recorder.first_failure_examples,
+        seconds_until_found=None if recorder.first_failure_seconds is None
+        else round(recorder.first_failure_seconds, 3),
+        shrunk_steps=explored.shrunk_steps,
+        explore_seconds=round(explored.seconds, 3),
+        explore_steps=recorder.steps,
+        corpus_file=saved,
+    )

@@ -1,0 +1,180 @@
+"""The bug zoo on trial: is every mutant caught, by both search strategies, and how fast?
+
+Each system (the reference and every mutant) is judged in its own process, so the
+zoo spreads across cores; within it, exploration (Hypothesis, fixed seed) and
+enumeration (bounded exhaustive) run one after the other with their defaults.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from faultlab.base import interrupt
+from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
+
+
+@dataclass
+class Judgement:
+    """One system's row in the zoo table."""
+
+    system: str
+    defect: str
+    reference: bool
+    caught_by: list[str]
+    minimal_steps: int | None
+    enumerate_found: bool
+    enumerate_invariants: list[str]
+    enumerate_seconds: float
+    enumerate_traces: int
+    explore_found: bool
+    explore_invariants: list[str]
+    examples_until_found: int | None
+    seconds_until_found: float | None
+    shrunk_steps: int | None
+    explore_seconds: float
+    explore_steps: int
+    corpus_file: str | None
+    #: False for data and depth mutants, which enumerate's defaults cannot express.
+    enumerable: bool = True
+
+    @property
+    def ok(self) -> bool:
+        if self.reference:
+            return not self.enumerate_found and not self.explore_found
+        return (self.enumerate_found or not self.enumerable) and self.explore_found
+
+    @property
+    def at_minimum(self) -> bool:
+        return self.reference or self.shrunk_steps == self.minimal_steps
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok, "at_minimum": self.at_minimum}
+
+
+@dataclass(frozen=True)
+class Budget:
+    examples: int
+    steps: int
+    seed: int
+    operations: int
+    crashes: int
+    spawn: SpawnMode
+    deadline: float = DEFAULT_DEADLINE
+    corpus: str | None = None
+
+
+def judge(name: str, budget: Budget) -> Judgement:
+    """Explore and enumerate one system (runs in a worker process of the pool)."""
+    from faultlab.system import concurrency_mutant_names
+    from faultlab.trials.race_zoo import REFERENCE_CONCURRENT, judge_concurrent
+
+    if name == REFERENCE_CONCURRENT or name in concurrency_mutant_names():
+        # only two lanes at once can show these
+        return Judgement(**judge_concurrent(
+            name, examples=budget.examples, steps=budget.steps, seed=budget.seed,
+            spawn=budget.spawn, deadline=budget.deadline, corpus_directory=budget.corpus,
+        ))
+    from faultlab.corpus import files as corpus
+    from faultlab.process.spawn import spawner
+    from faultlab.search.enumeration import enumerate_system
+    from faultlab.search.explore import explore
+    from faultlab.system import load_system
+
+    system = load_system(name)
+    with spawner(budget.spawn) as runner:
+        explored = explore(system, runner, examples=budget.examples, steps=budget.steps,
+                           seed_value=budget.seed, deadline=budget.deadline)
+        began = time.monotonic()
+        enumerable = bool(getattr(system, "enumerable", True))
+        enumerated = enumerate_system(system, [runner], operations=budget.operations,
+                                      crashes=budget.crashes, deadline=budget.deadline,
+                                      first=True) if enumerable else None
+        enumerate_seconds = time.monotonic() - began
+    trace = explored.trace
+    saved = None
+    if trace is not None and budget.corpus is not None:
+        saved = str(corpus.save(trace, Path(budget.corpus), system.name))
+    recorder = explored.recorder
+    return Judgement(
+        system=name,
+        defect=system.description,
+        reference=name == "reference",
+        caught_by=list(getattr(system, "caught_by", ())),
+        minimal_steps=getattr(system, "minimal_steps", None),
+        enumerate_found=enumerated is not None and enumerated.found,
+        enumerate_invariants=sorted(enumerated.best) if enumerated is not None else [],
+        enumerate_seconds=round(
+            (enumerated.first_found_seconds if enumerated is not None else None)
+            or enumerate_seconds, 3),
+        enumerate_traces=enumerated.traces if enumerated is not None else 0,
+        explore_found=trace is not None,
+        explore_invariants=list(trace.expected.invariants) if trace and trace.expected else [],
+        examples_until_found=recorder.first_failure_examples,
+        seconds_until_found=None if recorder.first_failure_seconds is None
+        else round(recorder.first_failure_seconds, 3),
+        shrunk_steps=explored.shrunk_steps,
+        explore_seconds=round(explored.seconds, 3),
+        explore_steps=recorder.steps,
+        corpus_file=saved,
+        enumerable=enumerable,
+    )
+
+
+def judge_all(
+    names: Sequence[str], budget: Budget, *, jobs: int,
+    progress: Callable[[Judgement], None] | None = None,
+) -> list[Judgement]:
+    """Judge every system, ``jobs`` at a time, each in a fresh interpreter (spawn).
+
+    The references go first: nothing catches them early, so both searches run their
+    whole budget (the longest judgements); the mutants then fill the other jobs, and the
+    last to finish is a short one (longest first)."""
+    from faultlab.trials.race_zoo import REFERENCE_CONCURRENT
+
+    context = multiprocessing.get_context("spawn")
+    results: dict[str, Judgement] = {}
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context,
+                               initializer=interrupt.install)
+    try:
+        first = sorted(names, key=lambda name: name not in ("reference", REFERENCE_CONCURRENT))
+        futures = {pool.submit(judge, name, budget): name for name in first}
+        for future in as_completed(futures):
+            judgement = future.result()
+            results[judgement.system] = judgement
+            if progress is not None:
+                progress(judgement)
+        pool.shutdown(wait=True)
+    except BaseException:
+        # interrupted (or failed): stop the judges too; each ends its own workers and fork
+        # server and removes its run directories, as the command does on SIGTERM
+        processes: dict[int, Any] = getattr(pool, "_processes", None) or {}
+        for process in list(processes.values()):
+            if process.is_alive():  # not reaped yet, so the pid is still our child's
+                os.kill(process.pid, signal.SIGTERM)
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    return [results[name] for name in names]
+
+
+def timing_summary(judgements: Sequence[Judgement]) -> dict[str, float | None]:
+    """Median and worst seconds until a mutant was first caught (explore and enumerate)."""
+    explore = [j.seconds_until_found for j in judgements
+               if not j.reference and j.seconds_until_found is not None]
+    enumerate_ = [j.enumerate_seconds for j in judgements
+                  if not j.reference and j.enumerate_found]
+    return {
+        "explore_median_seconds": round(statistics.median(explore), 3) if explore else None,
+        "explore_worst_seconds": round(max(explore), 3) if explore else None,
+        "enumerate_median_seconds": round(statistics.median(enumerate_), 3) if enumerate_
+        else None,
+        "enumerate_worst_seconds": round(max(enumerate_), 3) if enumerate_ else None,
+    }
