@@ -1,0 +1,367 @@
+"""faultlab's private PostgreSQL server: start, crash and recovery, dropped sessions,
+the virtual clock, and nothing left behind on any exit path.
+
+Skipped with a reason when this machine cannot run one (no PostgreSQL 15 binaries,
+root without a ``postgres`` user, no psycopg; the clock tests without libfaketime),
+failed instead when FAULTLAB_REQUIRE_SERVICES names ``postgres`` (``libfaketime`` for
+the clock). The shared server on 5432 is only ever read, to show it was not touched.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, require_service
+
+from faultlab.base import wall_clock
+from faultlab.stores import pgserver
+from faultlab.stores.pgserver import PrivateServer, PrivateServerUnavailable
+
+EPOCH = datetime.fromtimestamp(pgserver.EPOCH, timezone.utc)
+
+
+def _require() -> None:
+    reason = pgserver.unavailable()
+    if reason is not None:
+        require_service("postgres", reason)
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        require_service("postgres", "psycopg (the postgres extra) is not installed")
+
+
+def _require_clock() -> None:
+    if wall_clock.library() is None:
+        require_service("libfaketime", "libfaketime is not installed (pip install "
+                        "'faultlab[faketime]' or apt-get install libfaketime)")
+
+
+def _report(capsys: pytest.CaptureFixture[str], line: str) -> None:
+    """The measured costs, shown even under -q (they are what this server costs a run)."""
+    with capsys.disabled():
+        print(f"\n[pgserver] {line}")
+
+
+def _shm_key(server: PrivateServer) -> int:
+    lines = (server.data / "postmaster.pid").read_text().splitlines()
+    return int(lines[6].split()[0])
+
+
+def _zombies() -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                text = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            name, rest = text.split("(", 1)[1].rsplit(")", 1)
+            if rest.split()[0] == "Z" and name.startswith("postgres"):
+                found.add(int(entry))
+    return found
+
+
+def _pgrep(directory: Path) -> list[str]:
+    user = [] if os.geteuid() != 0 else ["-u", pgserver.SERVER_USER]
+    done = subprocess.run(["pgrep", *user, "-f", str(directory)], capture_output=True,
+                          text=True, check=False)
+    return done.stdout.split()
+
+
+def assert_nothing_left(directory: Path, key: int | None, zombies_before: set[int]) -> None:
+    assert not directory.exists(), f"{directory} is still there"
+    assert pgserver.processes_using(directory) == []
+    assert _pgrep(directory) == []
+    assert _zombies() <= zombies_before, "a server process was never reaped"
+    if key is not None:
+        assert pgserver.shared_memory_segments(key) == [], "System V segment left behind"
+
+
+@pytest.fixture
+def server() -> Iterator[PrivateServer]:
+    _require()
+    before = _zombies()
+    with PrivateServer() as running:
+        key = _shm_key(running)
+        directory = running.directory
+        yield running
+    assert directory is not None
+    assert_nothing_left(directory, key, before)
+
+
+def _count(server: PrivateServer) -> int:
+    with server.connect(autocommit=True) as connection:
+        row = connection.execute("SELECT count(*) FROM t").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+# -- start-up, settings, cleanup -----------------------------------------------------------
+
+def test_a_private_server_answers_on_its_own_socket_only(
+        server: PrivateServer, capsys: pytest.CaptureFixture[str]) -> None:
+    _report(capsys, f"start-up: initdb {server.timings['initdb']:.3f} s + start "
+                    f"{server.timings['start']:.3f} s")
+    assert server.port != 5432
+    assert server.directory is not None and server.directory.name.startswith(
+        f"{pgserver.DIRECTORY_PREFIX}{os.getpid()}-")
+    assert (server.directory.stat().st_mode & 0o777) == 0o700
+    assert (server.socket_directory / f".s.PGSQL.{server.port}").exists()
+    with server.connect(autocommit=True) as connection:
+        settings = dict(connection.execute(
+            "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)",
+            (["fsync", "autovacuum", "listen_addresses", "port", "checkpoint_timeout",
+              "dynamic_shared_memory_type", "server_version_num"],)).fetchall())
+        user = connection.execute("SELECT current_user, usesuper FROM pg_user "
+                                  "WHERE usename = current_user").fetchone()
+    assert settings["fsync"] == "on" and settings["autovacuum"] == "off"
+    assert settings["listen_addresses"] == "" and settings["port"] == str(server.port)
+    assert settings["dynamic_shared_memory_type"] == "mmap"
+    assert int(settings["checkpoint_timeout"]) >= 86400
+    assert settings["server_version_num"].startswith("15")
+    assert user == (pgserver.SUPERUSER, True)
+    assert len(server.processes()) >= 3
+
+
+def test_an_exception_inside_the_block_leaves_nothing() -> None:
+    _require()
+    before = _zombies()
+    with pytest.raises(RuntimeError, match="inside"):
+        with PrivateServer() as running:
+            key = _shm_key(running)
+            directory = running.directory
+            running.connect().close()
+            raise RuntimeError("inside")
+    assert directory is not None
+    assert_nothing_left(directory, key, before)
+
+
+def test_stop_after_a_crash_removes_what_the_killed_server_left() -> None:
+    """A killed postmaster leaves postmaster.pid, its socket and a System V segment."""
+    _require()
+    before = _zombies()
+    with PrivateServer() as running:
+        key = _shm_key(running)
+        directory = running.directory
+        backends = running.processes()
+        running.crash()
+        assert running.processes() == []
+        assert all(not Path(f"/proc/{pid}").exists() for pid in backends)
+        assert pgserver.shared_memory_segments(key) == []
+        assert not (running.data / "postmaster.pid").exists()
+    assert directory is not None
+    assert_nothing_left(directory, key, before)
+
+
+_OWNER = textwrap.dedent("""
+    import signal, sys, time
+    from faultlab.stores.pgserver import PrivateServer
+
+    def terminated(signum, frame):
+        raise SystemExit(143)
+
+    signal.signal(signal.SIGTERM, terminated)
+    with PrivateServer() as server:
+        key = (server.data / "postmaster.pid").read_text().splitlines()[6].split()[0]
+        print(server.directory, key, flush=True)
+        while True:
+            time.sleep(1)
+""")
+
+
+def _owner() -> tuple[subprocess.Popen[str], Path, int]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    child = subprocess.Popen([sys.executable, "-c", _OWNER], stdout=subprocess.PIPE,
+                             text=True, env=env, cwd=ROOT)
+    assert child.stdout is not None
+    directory, key = child.stdout.readline().split()
+    return child, Path(directory), int(key)
+
+
+def test_sigterm_to_the_process_that_owns_a_server_leaves_nothing() -> None:
+    _require()
+    before = _zombies()
+    child, directory, key = _owner()
+    assert pgserver.processes_using(directory)
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(30) == 143
+    assert_nothing_left(directory, key, before)
+
+
+def test_the_keeper_cleans_up_when_the_owner_is_sigkilled() -> None:
+    """No finally and no atexit runs after SIGKILL: the keeper sees its owner gone."""
+    _require()
+    before = _zombies()
+    child, directory, key = _owner()
+    child.kill()
+    child.wait(10)
+    deadline = time.monotonic() + 15
+    while (directory.exists() or pgserver.processes_using(directory)) and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert_nothing_left(directory, key, before)
+
+
+# -- crash and recovery --------------------------------------------------------------------
+
+def _commit_rows(server: PrivateServer, synchronous: str, start: int, rows: int) -> None:
+    """``rows`` quick single-row commits, then crash while the session is still open."""
+    with server.connect(autocommit=True) as connection:
+        connection.execute(f"SET synchronous_commit = {synchronous}")
+        for number in range(start, start + rows):
+            connection.execute("INSERT INTO t VALUES (%s, repeat('x', 100))", (number,))
+        server.crash()
+
+
+def test_commits_survive_a_crash_unless_asynchronous(capsys: pytest.CaptureFixture[str]) -> None:
+    """The negative control for an async-commit mutant: the same 200 commits, with
+    synchronous_commit on all survive a crash; off (WAL writer asleep for 10 s) some are
+    lost although every COMMIT returned."""
+    _require()
+    with PrivateServer(settings={"wal_writer_delay": "10s"}) as running:
+        with running.connect(autocommit=True) as connection:
+            connection.execute("CREATE TABLE t (n integer PRIMARY KEY, pad text)")
+        _commit_rows(running, "on", 0, 200)
+        running.restart()
+        assert _count(running) == 200
+        recovery = running.timings["restart"]
+        _commit_rows(running, "off", 200, 200)
+        running.restart()
+        survived = _count(running)
+        _report(capsys, f"restart with crash recovery: {recovery:.3f} s; asynchronous "
+                        f"commits lost in the crash: {400 - survived} of 200")
+        assert 200 <= survived < 400
+
+
+def test_a_restart_without_a_crash_crashes_first(server: PrivateServer) -> None:
+    with server.connect(autocommit=True) as connection:
+        connection.execute("CREATE TABLE t (n integer)")
+        connection.execute("INSERT INTO t VALUES (1)")
+    server.restart()
+    assert _count(server) == 1
+    with server.connect(autocommit=True) as connection:
+        recovered = connection.execute("SELECT pg_is_in_recovery()").fetchone()
+    assert recovered == (False,)
+
+
+# -- dropped sessions ----------------------------------------------------------------------
+
+_HOLDER = textwrap.dedent("""
+    import sys, psycopg
+    connection = psycopg.connect(sys.argv[1], autocommit=True,
+                                 application_name="faultlab-test-holder")
+    connection.execute("SELECT pg_advisory_lock(42)")
+    print(connection.info.backend_pid, flush=True)
+    sys.stdin.readline()
+    try:
+        connection.execute("SELECT 1")
+        print("still connected", flush=True)
+    except psycopg.OperationalError:
+        print("dropped", flush=True)
+""")
+
+
+def test_terminating_a_backend_frees_its_advisory_lock_while_the_client_lives(
+        server: PrivateServer) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, server.conninfo],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        backend = int(holder.stdout.readline())
+        with server.connect(autocommit=True) as other:
+            assert other.execute("SELECT pg_try_advisory_lock(42)").fetchone() == (False,)
+            assert server.terminate_backends_of("faultlab-test-holder") == [backend]
+            assert holder.poll() is None, "the client process must live on"
+            assert other.execute("SELECT pg_try_advisory_lock(42)").fetchone() == (True,)
+        assert server.terminate_backend(backend) is False  # already gone
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "dropped"
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+# -- the clock -----------------------------------------------------------------------------
+
+def _now(connection: Any, what: str) -> datetime:
+    row = connection.execute(f"SELECT {what}").fetchone()
+    assert row is not None
+    value: datetime = row[0]
+    return value
+
+
+def test_the_virtual_clock_moves_only_when_set(server: PrivateServer) -> None:
+    _require_clock()
+    assert server.virtual_clock
+    with server.connect(autocommit=True) as connection:
+        started = _now(connection, "pg_postmaster_start_time()")
+        assert started == EPOCH
+        first = _now(connection, "clock_timestamp()")
+        time.sleep(0.3)
+        assert _now(connection, "clock_timestamp()") == first  # frozen between ticks
+        assert _now(connection, "now()") == first
+        server.set_clock(60)
+        moved = _now(connection, "clock_timestamp()") - first
+        assert abs(moved - timedelta(seconds=60)) < timedelta(seconds=1)
+        assert _now(connection, "statement_timestamp()") == EPOCH + timedelta(seconds=60)
+    with server.connect() as connection:  # one transaction: now() is its start
+        begun = _now(connection, "now()")
+        server.set_clock(90.25)
+        assert _now(connection, "now()") == begun
+        assert _now(connection, "statement_timestamp()") == EPOCH + timedelta(seconds=90.25)
+        assert _now(connection, "clock_timestamp()") == EPOCH + timedelta(seconds=90.25)
+        connection.rollback()
+        assert _now(connection, "now()") == EPOCH + timedelta(seconds=90.25)
+    server.restart()  # the clock survives a crash and restart
+    with server.connect(autocommit=True) as connection:
+        assert _now(connection, "now()") == EPOCH + timedelta(seconds=90.25)
+
+
+def test_without_the_virtual_clock_the_server_keeps_real_time() -> None:
+    _require()
+    with PrivateServer(virtual_clock=False) as running:
+        assert not running.virtual_clock
+        with pytest.raises(PrivateServerUnavailable, match="real clock"):
+            running.set_clock(60)
+        with running.connect(autocommit=True) as connection:
+            now = _now(connection, "clock_timestamp()")
+    assert abs(now.timestamp() - time.time()) < 5
+
+
+# -- the shared server ---------------------------------------------------------------------
+
+def test_the_shared_server_is_not_touched() -> None:
+    _require()
+    import psycopg
+
+    shared = os.environ.get("FAULTLAB_TEST_POSTGRES", "")
+    try:
+        with psycopg.connect(shared, dbname="postgres", autocommit=True,
+                             connect_timeout=3) as connection:
+            before = connection.execute("SELECT pg_postmaster_start_time(), "
+                                        "current_setting('port')").fetchone()
+    except psycopg.OperationalError as error:
+        require_service("postgres", "no shared server to compare with: "
+                        + str(error).strip().splitlines()[-1])
+    assert before is not None
+    with PrivateServer() as running:
+        assert str(running.port) != before[1]
+        running.crash()
+        running.restart()
+    with psycopg.connect(shared, dbname="postgres", autocommit=True,
+                         connect_timeout=3) as connection:
+        after = connection.execute("SELECT pg_postmaster_start_time(), "
+                                   "current_setting('port')").fetchone()
+    assert after == before
