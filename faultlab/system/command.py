@@ -114,6 +114,7 @@ class CommandSystem(System):
         self.name = description.name
         self.description = description.description
         self.crash_points = description.crash_points
+        self.scenario_points = dict(description.scenario_points)
         self.supports_no_deduplication = description.no_deduplication is not None
         self.payload_schema = description.payload_schema
         self.operation_id_pattern = description.operation_id_pattern

@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from faultlab.base.errors import UsageError
@@ -76,6 +77,30 @@ def check_crash_point(system: System, action: str, point: str | None) -> None:
             f"unknown crash point {point!r} for a {action} step of system {system.name!r} "
             f"(declared: {', '.join(allowed) or 'none'}; or sql:K, commit:K)"
         )
+
+
+#: The crash points the five scenarios arm, by the role they play (``suite``). A system whose
+#: points carry other names says which of its points plays each role (``scenario_points``).
+SCENARIO_ROLES = ("during_accept", "before_dispatch", "after_downstream_commit")
+
+
+def scenario_point(system: System, role: str) -> str:
+    """The system's crash point that plays a scenario role, or a one-line UsageError.
+
+    The scenarios are written with the reference's names; a system maps each role to
+    one of its own points (``scenario_points``), and a system without a mapping for a
+    role must have a point of that very name.
+    """
+    mapped = system.scenario_points.get(role, role)
+    if system.crash_point(mapped) is None:
+        declared = ", ".join(point.name for point in system.crash_points) or "none"
+        where = ("its system file's" if system.ref.endswith(".json")
+                 else "the system's scenario_points attribute,")
+        raise UsageError(
+            f"system {system.name!r} has no crash point for the scenario role {role!r}: "
+            f"map it in {where} \"scenario_points\": {{\"{role}\": \"<one of: {declared}>\"}}"
+        )
+    return mapped
 
 
 class Refusal(Exception):
@@ -163,6 +188,10 @@ class System(ABC):
     #: ``time.time()``, ``datetime.now()`` and ``clock_gettime`` read faultlab's virtual
     #: clock (tick t is 2026-01-01T00:00:00Z + t s; see :mod:`faultlab.base.wall_clock`).
     virtual_wall_clock: bool = False
+    #: Which of the system's crash points plays each scenario role (``SCENARIO_ROLES``) in
+    #: ``suite``, when its points have names of their own, e.g.
+    #: ``{"before_dispatch": "before_send"}``. A role left out keeps its own name.
+    scenario_points: Mapping[str, str] = MappingProxyType({})
     ref: str = ""
 
     @abstractmethod

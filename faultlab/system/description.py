@@ -22,7 +22,7 @@ from faultlab.base.errors import UsageError
 from faultlab.base.inputs import read_json_file
 from faultlab.nemesis.announce import ANNOUNCE_FD_VARIABLE, RESUME_FD_VARIABLE
 from faultlab.stores.sqlite import TABLES
-from faultlab.system.contract import ROLES, CrashPoint, crash_point_problem
+from faultlab.system.contract import ROLES, SCENARIO_ROLES, CrashPoint, crash_point_problem
 from faultlab.system.fields import ResponseFields
 
 COMMANDS = ("init", "accept", "dispatch", "service")
@@ -53,7 +53,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TOP_KEYS = (
     "name", "description", "comment", "commands", "crash", "crash_points", "stores", "snapshot",
     "no_deduplication", "environment", "response_fields", "payload_schema", "operation_ids",
-    "virtual_wall_clock",
+    "virtual_wall_clock", "scenario_points",
 )
 
 
@@ -124,6 +124,8 @@ class Description:
     postgres: tuple[str, ...] = field(default=())
     #: Run the programs under libfaketime, in every trace (:mod:`faultlab.base.wall_clock`).
     virtual_wall_clock: bool = False
+    #: Which declared crash point plays each scenario role in ``suite`` (role -> point).
+    scenario_points: dict[str, str] = field(default_factory=dict)
 
     @property
     def system_dir(self) -> Path:
@@ -314,8 +316,25 @@ def read_description(path: Path) -> Description:
     wall = top.get("virtual_wall_clock", False)
     if not isinstance(wall, bool):
         reader.fail("virtual_wall_clock must be true or false")
+    scenario = _scenario_points(reader, top.get("scenario_points", {}), points)
     return Description(path, name, description, commands, arming, points, stores, queries,
-                       switch, environment, fields, payload_schema, pattern, postgres, wall)
+                       switch, environment, fields, payload_schema, pattern, postgres, wall,
+                       scenario)
+
+
+def _scenario_points(reader: Reader, value: Any,
+                     points: tuple[CrashPoint, ...]) -> dict[str, str]:
+    """``scenario_points``: each scenario role (``suite``) mapped to one declared point."""
+    entry = reader.object(value, "scenario_points", SCENARIO_ROLES)
+    declared = [point.name for point in points]
+    mapping: dict[str, str] = {}
+    for role, point in entry.items():
+        name = reader.string(point, f"scenario_points.{role}")
+        if name not in declared:
+            reader.fail(f"scenario_points.{role}: {name!r} is not a declared crash point "
+                        f"(declared: {', '.join(declared) or 'none'})")
+        mapping[role] = name
+    return mapping
 
 
 def _postgres_stores(value: Any) -> tuple[str, ...]:
