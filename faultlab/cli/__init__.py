@@ -10,6 +10,7 @@ so an exec-mode worker (``python -m faultlab worker ...``) starts quickly.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -75,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("faultlab: interrupted; nothing reported or saved", file=sys.stderr)
         code = 130
+    except BrokenPipeError:
+        code = _closed_pipe()
     if program:
         # the exception and its frames are gone, so multiprocessing's semaphores are
         # released: end its resource tracker too, rather than leave it to outlive us
@@ -116,6 +119,25 @@ def _run(argv: list[str], worker_process: bool) -> int:
         raise
     finally:
         _close_postgres()
+
+
+#: The status of a program whose reader closed the pipe (what a shell shows for SIGPIPE).
+EXIT_CLOSED_PIPE = 128 + 13
+
+
+def _closed_pipe() -> int:
+    """The reader of our output went away (``faultlab systems | head -1``): end quietly.
+
+    Workers were already stopped by the ``with`` blocks the error unwound through. Point
+    stdout at /dev/null so the interpreter's final flush does not raise again.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return EXIT_CLOSED_PIPE
 
 
 def _close_postgres() -> None:
