@@ -48,6 +48,11 @@ def register(commands: Commands) -> None:
     parser.set_defaults(handler=cmd_suite)
 
 
+def _progress(line: str) -> None:
+    """What suite is doing, on stderr: the table and evidence on stdout stay as they are."""
+    print(f"suite: {line}", file=sys.stderr, flush=True)
+
+
 def cmd_suite(args: argparse.Namespace) -> int:
     from faultlab.base.output import write_json
     from faultlab.process.spawn import spawner
@@ -75,9 +80,13 @@ def cmd_suite(args: argparse.Namespace) -> int:
             outcome = scenario.run(system, runner, directory, deadline=args.deadline)
             outcome.seconds = time.perf_counter() - began
             outcomes.append(outcome)
+            _progress(f"scenario {len(outcomes)}/{len(SCENARIOS)} {scenario.name}: "
+                      f"{outcome.verdict} ({outcome.seconds:.1f} s)")
         scenario_seconds = time.perf_counter() - started
         try:
             if args.examples > 0:
+                _progress(f"exploring {system.name} ({args.examples} examples, seed "
+                          f"{args.seed}), then the negative control")
                 exploration = suite_exploration(
                     system, runner, examples=args.examples, seed=args.seed,
                     deadline=args.deadline,

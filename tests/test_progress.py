@@ -1,0 +1,61 @@
+"""Progress: a bar with the budget, rate and ETA on a terminal; plain lines otherwise."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARGV = ["explore", "--examples", "25", "--seed", "0", "--corpus", "{corpus}"]
+
+
+def _in_a_terminal(argv: list[str], columns: int) -> tuple[int, str]:
+    """Run faultlab with stdin/stdout/stderr on a pseudo-terminal of ``columns`` columns."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a real terminal of its own
+        try:
+            fcntl.ioctl(2, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+            os.chdir(ROOT)
+            os.execv(sys.executable, [sys.executable, "-m", "faultlab", *argv])
+        finally:
+            os._exit(127)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), out.decode("utf-8", "replace")
+
+
+def test_a_terminal_gets_a_bar_with_the_budget_and_eta(tmp_path: Path) -> None:
+    pytest.importorskip("tqdm")
+    argv = [a.format(corpus=tmp_path / "c") for a in ARGV]
+    code, text = _in_a_terminal(argv, 120)
+    assert code == 0, text
+    assert "explore:" in text and "%|" in text and "/25 [" in text  # the budget
+    assert "steps/s" in text and "<" in text  # rate and remaining time
+    assert "clean: no invariant failed" in text
+
+
+def test_a_pipe_gets_plain_lines_and_no_bar(tmp_path: Path) -> None:
+    """Control: the same run with stderr on a pipe prints plain lines, no bar."""
+    argv = [a.format(corpus=tmp_path / "c") for a in ARGV]
+    result = subprocess.run([sys.executable, "-m", "faultlab", *argv], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "%|" not in result.stderr
+    assert "explore: " in result.stderr and " examples, " in result.stderr
