@@ -1,4 +1,4 @@
-"""The package's imports point down only (docs/architecture.md), and form no cycle.
+"""The package's imports point down only (docs/internals/architecture.md), and form no cycle.
 
 Every import counts: top-level, inside functions, under ``TYPE_CHECKING``. A lazy
 import hides a dependency from the interpreter, not from a reader.

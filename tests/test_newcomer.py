@@ -52,7 +52,7 @@ def assert_refused(result: subprocess.CompletedProcess[str], *words: str) -> Non
 
 
 def test_the_repository_documents_the_system_itself() -> None:
-    page = (ROOT / "docs" / "system.md").read_text()
+    page = (ROOT / "docs" / "guide" / "own-system.md").read_text()
     for point in load_system("reference").crash_points:
         assert f"`{point.name}`" in page
     for scenario in ("crash_before_dispatch", "crash_after_downstream_commit",
@@ -60,7 +60,7 @@ def test_the_repository_documents_the_system_itself() -> None:
                      "changed_payload_rejected"):
         assert f"`{scenario}`" in page
     readme = (ROOT / "README.md").read_text()
-    assert "SPEC.md" not in readme and "docs/system.md" in readme
+    assert "SPEC.md" not in readme and "docs/guide/own-system.md" in readme
     shown = faultlab("systems")
     assert shown.returncode == 0 and "SPEC.md" not in shown.stdout
     assert "docs/system.md" in shown.stdout

@@ -1,4 +1,4 @@
-"""The five regression scenarios: docs/system.md's figures, rows and PIDs, in both spawn modes."""
+"""The five regression scenarios (docs/guide/own-system.md): figures, rows and PIDs, both spawns."""
 
 from __future__ import annotations
 
