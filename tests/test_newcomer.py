@@ -63,7 +63,7 @@ def test_the_repository_documents_the_system_itself() -> None:
     assert "SPEC.md" not in readme and "docs/guide/own-system.md" in readme
     shown = faultlab("systems")
     assert shown.returncode == 0 and "SPEC.md" not in shown.stdout
-    assert "docs/system.md" in shown.stdout
+    assert "docs/guide/own-system.md" in shown.stdout
 
 
 # --- documented commands reproduce committed files -------------------------------------------

@@ -58,8 +58,8 @@ def summary_lines(outcomes: Sequence[Outcome]) -> list[str]:
 
 
 def environment() -> dict[str, Any]:
-    """``signal`` and ``platform`` as the seed lab wrote them (anything that read its results
-    file reads ours); faultlab's richer values under keys of their own."""
+    """``signal`` and ``platform`` as the original results format wrote them (anything
+    that read its results file reads ours); faultlab's richer values under keys of their own."""
     return {
         "python": sys.version.split()[0],
         "sqlite": sqlite3.sqlite_version,

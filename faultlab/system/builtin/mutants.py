@@ -441,7 +441,7 @@ class NoPayloadCheck(Mutant):
         return {"operation_id": operation_id, "result": json.loads(stored_result), "replayed": True}
 
 
-# --- data and depth (issue 11): bugs that hide in ids, payload values and long traces ----------
+# --- data and depth: bugs that hide in ids, payload values and long traces ----------
 
 
 class CaseInsensitiveKey(Mutant):

@@ -1,4 +1,5 @@
-"""The reference two-store outbox: the behaviour docs/system.md describes, for many operations.
+"""The reference two-store outbox: the behaviour the own-system guide describes, for many
+operations.
 
 Caller store ``caller.sqlite`` holds ``operations`` and ``outbox``; downstream
 store ``downstream.sqlite`` holds ``tickets`` and ``receipts``. Each worker
@@ -116,7 +117,8 @@ class ReferenceOutbox(System):
     """Transactional outbox + stable operation id + deduplicating receiver."""
 
     name = "reference"
-    description = "the correct two-store outbox (docs/system.md), extended to many operations"
+    description = ("the correct two-store outbox (docs/guide/own-system.md), extended to many "
+                   "operations")
     crash_points = REFERENCE_POINTS
     ordering_key = ORDERING_KEY
 
