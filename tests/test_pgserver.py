@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -40,7 +41,9 @@ def _require() -> None:
         require_service("postgres", "psycopg (the postgres extra) is not installed")
 
 
-def _require_clock() -> None:
+@pytest.fixture
+def faketime() -> None:
+    """Asked for before ``server``, so a missing libfaketime skips before any initdb."""
     if wall_clock.library() is None:
         require_service("libfaketime", "libfaketime is not installed (pip install "
                         "'faultlab[faketime]' or apt-get install libfaketime)")
@@ -107,6 +110,69 @@ def _count(server: PrivateServer) -> int:
 
 
 # -- start-up, settings, cleanup -----------------------------------------------------------
+
+def test_root_without_a_server_user_is_a_one_line_reason(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only root needs a user to run the server as")
+    monkeypatch.setattr(pgserver, "SERVER_USER", "faultlab-no-such-user")
+    reason = pgserver.unavailable()
+    assert reason is not None and "no 'faultlab-no-such-user' user" in reason
+    assert "\n" not in reason
+    with pytest.raises(PrivateServerUnavailable, match="refuse root"):
+        PrivateServer().start()
+
+
+def test_timeouts_run_on_the_virtual_clock(faketime: None, server: PrivateServer) -> None:
+    """pg_sleep (and statement_timeout, deadlock_timeout...) measure wall time: on a
+    frozen clock they wait until set_clock passes their deadline."""
+    mover = threading.Timer(0.5, server.set_clock, (5,))
+    with server.connect(autocommit=True) as connection:
+        began = time.monotonic()
+        mover.start()
+        connection.execute("SELECT pg_sleep(0.1)")
+        waited = time.monotonic() - began
+    mover.join()
+    assert 0.45 < waited < 3
+
+
+def test_a_forked_child_leaving_the_block_stops_nothing(server: PrivateServer) -> None:
+    pid = os.fork()
+    if pid == 0:  # the child leaves a with block it inherited, then exits normally
+        code = 0
+        try:
+            server.__exit__(None, None, None)
+            pgserver._stop_all()
+        except BaseException:  # noqa: BLE001 - report through the exit status
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert server.running
+    with pytest.raises(pgserver.PrivateServerError, match="belongs to process"):
+        _in_child(server.crash)
+    server.connect().close()
+
+
+def _in_child(action: Any) -> None:
+    """Run ``action`` in a forked child and re-raise its exception here (by type name)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            action()
+            message = b""
+        except BaseException as error:  # noqa: BLE001 - sent to the parent
+            message = f"{error}".encode()
+        os.write(write, message)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        message = pipe.read().decode()
+    os.waitpid(pid, 0)
+    if message:
+        raise pgserver.PrivateServerError(message)
 
 def test_a_private_server_answers_on_its_own_socket_only(
         server: PrivateServer, capsys: pytest.CaptureFixture[str]) -> None:
@@ -302,8 +368,7 @@ def _now(connection: Any, what: str) -> datetime:
     return value
 
 
-def test_the_virtual_clock_moves_only_when_set(server: PrivateServer) -> None:
-    _require_clock()
+def test_the_virtual_clock_moves_only_when_set(faketime: None, server: PrivateServer) -> None:
     assert server.virtual_clock
     with server.connect(autocommit=True) as connection:
         started = _now(connection, "pg_postmaster_start_time()")

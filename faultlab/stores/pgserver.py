@@ -26,6 +26,23 @@ the server runs as the unprivileged ``postgres`` user; without such a user,
 as that user. Clients connect as the superuser :data:`SUPERUSER` with ``trust``
 authentication, which is safe only because the socket directory is private.
 
+**Time.** With libfaketime installed (found as :mod:`faultlab.base.wall_clock` finds
+it) ``initdb`` and the server run under it, frozen at :data:`EPOCH` + the virtual
+seconds last given to :meth:`PrivateServer.set_clock`. Every wall-clock read in the
+server follows it: ``now()`` / ``transaction_timestamp()`` (the transaction's start, as
+always), ``statement_timestamp()``, ``clock_timestamp()``, ``timeofday()``,
+``pg_postmaster_start_time()``, ``backend_start`` / ``xact_start`` in
+``pg_stat_activity``, and log timestamps. Between two ``set_clock`` calls they do not
+move at all. Monotonic clocks stay real (``FAKETIME_DONT_FAKE_MONOTONIC``): latch waits,
+``wal_writer_delay``, the postmaster's sleeps. PostgreSQL measures its *timeouts* on the
+wall clock, so they run on virtual time: ``pg_sleep``, ``statement_timeout``,
+``lock_timeout``, ``idle_in_transaction_session_timeout``, ``authentication_timeout``
+and ``deadlock_timeout`` fire only once the virtual clock has passed their deadline
+(noticed when their real-time alarm next expires). A frozen clock therefore means
+``pg_sleep(1)`` never returns and a deadlock is never detected until ``set_clock``
+moves at least ``deadlock_timeout`` (1 s). With ``virtual_clock=False``, or without
+libfaketime, the server keeps real time and :attr:`PrivateServer.virtual_clock` is False.
+
 **The keeper.** PostgreSQL makes every child of the postmaster a process-group leader
 (``setsid`` in ``InitPostmasterChild``), so no signal to a group reaches them all, and a
 child whose postmaster was killed is re-parented to init, which on some machines (this
@@ -48,6 +65,7 @@ import json
 import math
 import os
 import pwd
+import random
 import select
 import shutil
 import signal
@@ -117,6 +135,7 @@ DEFAULT_SETTINGS: dict[str, str] = {
 
 _live: set[PrivateServer] = set()
 _live_lock = threading.Lock()
+_atexit_registered = False
 
 
 class PrivateServerUnavailable(UsageError):
@@ -207,8 +226,6 @@ def _free_port() -> int:
     """A port no PostgreSQL socket and no TCP listener uses (not needed for safety, since
     the socket lives in a private directory, but a log or a ``ps`` line then names one
     server only)."""
-    import random
-
     used = _ports_in_use() | {5432}
     chooser = random.SystemRandom()
     for _ in range(200):
@@ -451,6 +468,7 @@ class PrivateServer:
         self._admin: psycopg.Connection[Any] | None = None
         self._lock = threading.RLock()
         self._clock = 0.0
+        self._owner = os.getpid()
         #: wall seconds of the last initdb, first start and restart (crash recovery)
         self.timings: dict[str, float] = {}
 
@@ -511,7 +529,14 @@ class PrivateServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        if os.getpid() == self._owner:  # a forked child leaving the block owns nothing
+            self.stop()
+
+    def _check_owner(self) -> None:
+        if os.getpid() != self._owner:
+            raise PrivateServerError(
+                f"the private PostgreSQL server belongs to process {self._owner}, not to "
+                f"this one ({os.getpid()}, a fork of it)")
 
     def start(self) -> None:
         """initdb into a fresh private directory and start the server (once)."""
@@ -530,10 +555,8 @@ class PrivateServer:
             account = _server_account()
             self.directory = Path(tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{os.getpid()}-",
                                                    dir=_run_base()))
-            with _live_lock:
-                if not _live:
-                    atexit.register(_stop_all)
-                _live.add(self)
+            self._owner = os.getpid()
+            _track(self)
             try:
                 self._prepare(account, library)
                 began = time.monotonic()
@@ -667,6 +690,7 @@ class PrivateServer:
         the processes would: no shutdown checkpoint, WAL still in shared buffers is lost.
         Files stay; :meth:`restart` recovers from them."""
         with self._lock:
+            self._check_owner()
             self._forget_admin()
             if not self.running:
                 raise PrivateServerError("crash(): the private server is not running")
@@ -681,6 +705,7 @@ class PrivateServer:
         crash recovery (WAL replay) before it accepts connections. A running server is
         crashed first. The time it took is ``timings["restart"]``."""
         with self._lock:
+            self._check_owner()
             if self.running:
                 self.crash()
             if self.directory is None or not self.data.is_dir():
@@ -693,6 +718,7 @@ class PrivateServer:
         """Stop the server and remove its whole directory: fast shutdown, then immediate,
         then SIGKILL, each after a deadline. Safe to call twice and after a failed start."""
         with self._lock:
+            self._check_owner()
             self._forget_admin()
             if self.running:
                 for number, bound in ((signal.SIGTERM, STOP_DEADLINE),
@@ -709,10 +735,12 @@ class PrivateServer:
                 self._keeper.wait()
             self._keeper = None
             self.postmaster_pid = None
-            if self.directory is not None:
-                shutil.rmtree(self.directory, ignore_errors=True)
             with _live_lock:
                 _live.discard(self)
+            if self.directory is not None:
+                shutil.rmtree(self.directory, ignore_errors=True)
+                if self.directory.exists():
+                    raise PrivateServerError(f"could not remove {self.directory}")
 
     # -- virtual clock --------------------------------------------------------------------
 
@@ -776,7 +804,8 @@ class PrivateServer:
             return [int(pid) for (pid,) in rows if self.terminate_backend(int(pid), timeout)]
 
     def processes(self) -> list[int]:
-        """The server's live processes (postmaster and children), for tests and reports."""
+        """The server's live processes (the keeper, the postmaster and its children), for
+        tests and reports."""
         if self.directory is None:
             return []
         return processes_using(self.directory)
@@ -790,10 +819,31 @@ def _as_account(account: tuple[int, int, list[int]] | None) -> dict[str, Any]:
     return {"user": uid, "group": gid, "extra_groups": groups}
 
 
+def _track(server: PrivateServer) -> None:
+    """Remember a started server for :func:`_stop_all` (registered with atexit once)."""
+    global _atexit_registered
+    with _live_lock:
+        if not _atexit_registered:
+            atexit.register(_stop_all)
+            _atexit_registered = True
+        _live.add(server)
+
+
+def _forget_all_in_child() -> None:
+    """A forked child (faultlab's fork server forks workers) owns none of its parent's
+    servers: its atexit must not stop them."""
+    global _live_lock
+    _live.clear()
+    _live_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_all_in_child)
+
+
 def _stop_all() -> None:
     """atexit: stop every server this process still owns (a caller that forgot ``with``)."""
     with _live_lock:
-        servers = list(_live)
+        servers = [server for server in _live if server._owner == os.getpid()]
     for server in servers:
         try:
             server.stop()
