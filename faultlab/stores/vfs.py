@@ -22,9 +22,12 @@ record to ``<log_directory>/vfs.log``: the range, the bytes that were there and
 the old size. After a sync returns, it appends a sync marker. Each record is a
 single unbuffered ``os.write`` on an ``O_APPEND`` descriptor, so the log is
 exact whenever the process is SIGKILLed (the page cache survives that) and the
-records of several processes sharing one log never interleave. A record cut
-short by the kill (possible only for the record being written at the instant of
-death, whose change therefore never reached the file) is ignored.
+records of several processes sharing one log never interleave. A SIGKILL can
+cut short the record being written at that instant (Linux stops a large write
+at a page boundary when a fatal signal is pending); that record's change never
+reached the file (the record is written first), and other processes may append
+after the stump, so every record carries a CRC-32 and a reader skips a damaged
+stump to the next valid record.
 
 What a rebuild models: the machine loses power at the instant of the last
 record. Every change covered by a later sync of its file survives; the others
@@ -83,6 +86,7 @@ import os
 import sqlite3
 import struct
 import threading
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -91,7 +95,6 @@ from typing import Any
 
 __all__ = [
     "LOG_NAME",
-    "LogError",
     "PowerImageError",
     "RecorderBusy",
     "VfsError",
@@ -120,10 +123,6 @@ class VfsError(RuntimeError):
 
 class RecorderBusy(VfsError):
     """A live process still records into the log directory; a rebuild now would race it."""
-
-
-class LogError(VfsError):
-    """The log is not a log this module wrote (a record has a bad header)."""
 
 
 class PowerImageError(VfsError):
@@ -246,8 +245,10 @@ _REAL_OFFSET = 16
 
 # --- log records ------------------------------------------------------------------------------
 
-#: magic, kind, flag, path length, a, b, c, body length; then the path, then the body.
-_HEADER = struct.Struct("<2sBBHqqqQ")
+#: magic, kind, flag, path length, a, b, c, body length, CRC-32 of the rest of the header,
+#: the path and the body; then the path, then the body.
+_HEADER = struct.Struct("<2sBBHqqqQI")
+_UNCHECKED = struct.Struct("<2sBBHqqqQ")
 _MAGIC = b"FV"
 _WRITE = 1  # a=offset, b=length, c=old size, body=old bytes (the part below the old size)
 _RESIZE = 2  # a=requested size, c=old size, body=the bytes cut off (from a to c)
@@ -270,7 +271,9 @@ class _Recorder:
     def append(self, kind: int, path: bytes, a: int = 0, b: int = 0, c: int = 0,
                body: bytes = b"", flag: int = 0) -> None:
         """Append one record with one write: atomic against other appenders, unbuffered."""
-        record = _HEADER.pack(_MAGIC, kind, flag, len(path), a, b, c, len(body)) + path + body
+        fields = _UNCHECKED.pack(_MAGIC, kind, flag, len(path), a, b, c, len(body))
+        crc = zlib.crc32(body, zlib.crc32(path, zlib.crc32(fields)))
+        record = fields + struct.pack("<I", crc) + path + body
         view = memoryview(record)
         while view:
             written = os.write(self.log_fd, view)
@@ -474,8 +477,9 @@ def _x_truncate(file: int | None, size: int) -> int:
         recorder = _recorder()
         if recorder is not None:
             old_size = _size(handle.path)
-            cut = _read_real(handle, size, old_size - size)
-            recorder.append(_RESIZE, handle.path, a=size, c=old_size, body=cut)
+            if size != old_size:  # SQLite often truncates to the size a file already has
+                cut = _read_real(handle, size, old_size - size)
+                recorder.append(_RESIZE, handle.path, a=size, c=old_size, body=cut)
         rc: int = handle.methods.truncate(handle.real, size)
         return rc
     except BaseException:  # noqa: BLE001
@@ -829,7 +833,29 @@ class _File:
 class _Log:
     records: list[_Record]
     size: int
-    torn_tail: int
+    #: Bytes of records cut short by a kill (skipped: their changes never happened).
+    damaged: int
+
+
+def _parse(data: bytes, position: int) -> tuple[_Record, int] | None:
+    """The valid record at position and where the next starts, or None."""
+    if position + _HEADER.size > len(data):
+        return None
+    magic, kind, flag, path_length, a, b, c, body_length, crc = _HEADER.unpack_from(
+        data, position)
+    if magic != _MAGIC or kind not in _KINDS:
+        return None
+    start = position + _HEADER.size
+    end = start + path_length + body_length
+    if end > len(data):
+        return None
+    view = memoryview(data)
+    fields = view[position:position + _UNCHECKED.size]
+    if zlib.crc32(view[start:end], zlib.crc32(fields)) != crc:
+        return None
+    record = _Record(kind=kind, path=os.fsdecode(data[start:start + path_length]), a=a, b=b,
+                     c=c, flag=flag, body=data[start + path_length:end])
+    return record, end
 
 
 def _read_log(directory: str) -> _Log:
@@ -838,22 +864,24 @@ def _read_log(directory: str) -> _Log:
         with open(path, "rb") as handle:
             data = handle.read()
     except FileNotFoundError:
-        return _Log(records=[], size=0, torn_tail=0)
+        return _Log(records=[], size=0, damaged=0)
     records: list[_Record] = []
     position = 0
-    while position + _HEADER.size <= len(data):
-        magic, kind, flag, path_length, a, b, c, body_length = _HEADER.unpack_from(data, position)
-        if magic != _MAGIC or kind not in _KINDS:
-            raise LogError(f"{path}: no record at byte {position}")
-        start = position + _HEADER.size
-        end = start + path_length + body_length
-        if end > len(data):
-            break  # the process died inside this append: its change never reached the file
-        name = os.fsdecode(data[start:start + path_length])
-        records.append(_Record(kind=kind, path=name, a=a, b=b, c=c, flag=flag,
-                               body=data[start + path_length:end]))
+    damaged = 0
+    while position < len(data):
+        parsed = _parse(data, position)
+        if parsed is not None:
+            records.append(parsed[0])
+            position = parsed[1]
+            continue
+        # A stump left by a kill: resume at the next valid record (another process's).
+        following = data.find(_MAGIC, position + 1)
+        while following != -1 and _parse(data, following) is None:
+            following = data.find(_MAGIC, following + 1)
+        end = len(data) if following == -1 else following
+        damaged += end - position
         position = end
-    return _Log(records=records, size=len(data), torn_tail=len(data) - position)
+    return _Log(records=records, size=len(data), damaged=damaged)
 
 
 def _history(records: Sequence[_Record]) -> dict[str, _File]:
@@ -991,7 +1019,7 @@ def summary(log_directory: str | os.PathLike[str]) -> dict[str, Any]:
             "unsynced_writes": sum(1 for record in unsynced if record.kind == _WRITE),
             "unsynced_bytes": sum(record.b for record in unsynced if record.kind == _WRITE),
         }
-    return {"log_bytes": log.size, "records": len(log.records), "torn_tail_bytes": log.torn_tail,
+    return {"log_bytes": log.size, "records": len(log.records), "damaged_bytes": log.damaged,
             "files": described, "choices": len(choices(log_directory))}
 
 
@@ -1133,7 +1161,7 @@ def power_image(log_directory: str | os.PathLike[str],
         log_path = os.path.join(directory, LOG_NAME)
         if os.path.exists(log_path):
             os.truncate(log_path, 0)
-    return {"choice": dict(choice), "files": done, "torn_log_tail": log.torn_tail}
+    return {"choice": dict(choice), "files": done, "damaged_log_bytes": log.damaged}
 
 
 def settle(log_directory: str | os.PathLike[str]) -> None:
