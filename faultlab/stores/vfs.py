@@ -73,6 +73,28 @@ the WAL, so a rebuild deletes it. Temporary files, in-memory databases and
 files opened read-only are not recorded (they hold no durable state or cannot
 change). Connections opened before :func:`install` do not go through the VFS.
 
+What it shows (tests/test_power_vfs.py, 50 commits, a power cut after the
+last): WAL + FULL or EXTRA loses none; WAL + NORMAL and OFF lose all 50 (the
+WAL is synced only at checkpoints); a rollback journal loses exactly the last
+commit when its commit point is not synced, as pager.c says: DELETE + FULL or
+NORMAL (the unlink gets a directory sync only with EXTRA), TRUNCATE + NORMAL;
+DELETE + EXTRA, TRUNCATE + FULL and PERSIST + FULL or NORMAL lose none. Torn
+and reordered writes never corrupt a WAL database (frames are checksummed);
+with a rollback journal and OFF some outcomes are corrupt, which
+:func:`opens_cleanly` reports.
+
+Limits. Each file's unsynced changes are chosen independently (the same ``n``
+or ``i`` applies to each file's own list); no order between files is imposed
+beyond their syncs. With several processes sharing a file, a record is logged
+before its write reaches the file and a sync marker after the sync returns, so
+a sync racing another process's write may be credited with that write: the
+model can then keep a change a real power cut might lose, never the other way
+round; a process killed between a sync returning and its marker loses the
+credit, but SQLite had not acknowledged that commit yet. The log grows with
+every change (old bytes of every overwrite; appends cost only their header)
+until :func:`power_image` or :func:`settle` clears it. :func:`power_image`
+rebuilds files at their recorded absolute paths: move nothing in between.
+
 Only the standard library is used. The module imports nothing from faultlab so
 that it can be loaded early in a worker process.
 """
@@ -1005,8 +1027,9 @@ def choices(log_directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def summary(log_directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """How much is at stake: log size, and per file its changes, how many are durable, and
-    how many (and how many bytes of writes) a power cut now could lose."""
+    """How much is at stake: log bytes, records, damaged bytes (stumps skipped), and per file
+    its changes, how many are durable, how many (and how many bytes of writes) a power cut
+    now could lose; and how many choices there are."""
     log = _read_log(os.path.abspath(os.fspath(log_directory)))
     files = _history(log.records)
     described: dict[str, dict[str, int]] = {}
@@ -1146,8 +1169,10 @@ def power_image(log_directory: str | os.PathLike[str],
     image plus the unsynced changes the choice keeps (see the module docstring for the
     kinds and what they model); -shm files beside recorded databases are deleted (SQLite
     rebuilds them); the log is cleared, so the rebuilt files are the durable state a new run
-    starts from. Returns what was done, per file: unsynced changes, how many were kept, the
-    bytes kept of a torn write.
+    starts from. Returns what was done: the choice; per file, its unsynced changes, how many
+    were kept and the bytes kept of a torn write; and damaged_log_bytes, the stumps of
+    records cut short by a kill that were skipped. Raises ValueError for a malformed
+    choice, PowerImageError when a file the log changed is missing.
     """
     directory = os.path.abspath(os.fspath(log_directory))
     parsed = _parse_choice(choice)
