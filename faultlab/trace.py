@@ -169,6 +169,8 @@ class Trace:
     expected: Verdict | None = None
     violations: list[Violation] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    #: ``"finding"``: the recorded finding is expected (see :data:`EXPECT_FINDING`).
+    expect: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return document(TRACE_VERSION, self, [step.to_json() for step in self.steps])
@@ -204,6 +206,14 @@ class Recorded(Protocol):
     expected: Verdict | None
     violations: list[Violation]
     meta: dict[str, Any]
+    expect: str | None
+
+
+#: A trace's top-level ``"expect": "finding"``: its finding is there on purpose (a zoo
+#: mutant's, the negative control's), so replay passes while it reproduces. A trace without
+#: the field is a regression test: replay fails while the finding reproduces and passes once
+#: the bug is fixed (the trace replays clean), as a saved Hypothesis example does.
+EXPECT_FINDING = "finding"
 
 
 def document(version: int, trace: Recorded, steps: list[dict[str, Any]],
@@ -213,6 +223,8 @@ def document(version: int, trace: Recorded, steps: list[dict[str, Any]],
         "format": TRACE_FORMAT,
         "version": version,
         "system": trace.system,
+        # written only when set: a file without it reads (and is written) as before
+        **({"expect": trace.expect} if trace.expect is not None else {}),
         "deduplication": trace.deduplication,
         **(extra or {}),
         "settle": trace.settle,
@@ -246,6 +258,10 @@ def recorded_fields(data: dict[str, Any]) -> dict[str, Any]:
         data.get("violations", []), list
     ):
         raise TypeError("meta must be an object and violations a list")
+    expect = data.get("expect")
+    if expect is not None and expect != EXPECT_FINDING:
+        raise UsageError(f"trace 'expect' must be {EXPECT_FINDING!r} (an expected finding) or "
+                         f"absent (a regression test), not {json.dumps(expect)[:40]}")
     return {
         "system": system,
         "deduplication": data["deduplication"],
@@ -253,6 +269,7 @@ def recorded_fields(data: dict[str, Any]) -> dict[str, Any]:
         "expected": Verdict.from_json(data["expected"]) if "expected" in data else None,
         "violations": [Violation.from_json(v) for v in data.get("violations", ())],
         "meta": dict(data.get("meta", {})),
+        "expect": expect,
     }
 
 
@@ -394,6 +411,8 @@ class ConcurrentTrace:
     expected: Verdict | None = None
     violations: list[Violation] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    #: ``"finding"``: the recorded finding is expected (see :data:`EXPECT_FINDING`).
+    expect: str | None = None
     #: Workers also hold at sql:K and commit:K (:class:`faultlab.run.interleaving.LaneExecutor`).
     statement_points: bool = False
 
@@ -424,7 +443,8 @@ class ConcurrentTrace:
 def from_document(data: Any, *, source: str = "trace") -> Trace | ConcurrentTrace:
     """A trace document of either version, already parsed (a file, a Redis corpus entry)."""
     if isinstance(data, dict) and data.get("format") == TRACE_FORMAT \
-            and data.get("version") == TRACE_VERSION_CONCURRENT:
+            and type(data.get("version")) is int \
+            and data.get("version") == TRACE_VERSION_CONCURRENT:  # 2.0 == 2: refused below
         return ConcurrentTrace.from_json(data, source=source)
     return Trace.from_json(data, source=source)
 

@@ -37,12 +37,13 @@ def test_corpus_trace_matches_its_recorded_verdict(path: Path, fork_spawner: Spa
 
 
 def negative_control_trace() -> Trace:
+    """The negative control's finding: there on purpose, so it says so (expect)."""
     payload = {"title": "backlog"}
     return Trace(
         system="reference", deduplication=False,
         steps=[Step("accept", "op-1", payload), Step("dispatch", crash="after_downstream_commit"),
                Step("dispatch")],
-        expected=Verdict(3, ("ONE", "DONE")),
+        expected=Verdict(3, ("ONE", "DONE")), expect="finding",
     )
 
 
@@ -89,7 +90,7 @@ def test_replay_against_a_fixed_system_passes(tmp_path: Path) -> None:
          '"deduplication": true, "steps": [{"action": "dispatch", "crash": "nowhere"}]}',
          "unknown crash point"),
         ('{"format": "faultlab-trace", "version": 1, "system": "nonesuch", '
-         '"deduplication": true, "steps": []}', "unknown system"),
+         '"deduplication": true, "steps": []}', "which is not built in; name it"),
         ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
          '"deduplication": true}', "corrupt trace"),
     ],

@@ -48,8 +48,10 @@ SUITE_EPILOG = EPILOG.replace(
 
 REPLAY_EPILOG = EPILOG.replace(
     _OUTCOMES,
-    "0        every outcome matches its recording\n"
-    "  1        an outcome differs from its recording",
+    "0        every outcome matches: an expected finding (\"expect\": \"finding\") shows as\n"
+    "           recorded, a regression test (no \"expect\") replays clean: its bug is fixed\n"
+    "  1        an outcome differs: a regression test still fails, or an expected finding\n"
+    "           did not show as recorded",
 )
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from faultlab.base.errors import ExecutionError
 from faultlab.base.output import check_output_directory, write_json
-from faultlab.trace import Trace
+from faultlab.trace import EXPECT_FINDING, Trace
 
 if TYPE_CHECKING:
     from faultlab.trace import ConcurrentTrace
@@ -38,8 +38,33 @@ def finding_name(trace: Trace | ConcurrentTrace, system_name: str | None = None)
     return f"{system}{suffix}-{invariant}-{digest}.json"
 
 
+def finding_on_purpose(trace: Trace | ConcurrentTrace) -> bool:
+    """True when the trace's finding is there by design, not a bug to fix: it ran on a
+    built-in mutant of the zoo, or with deduplication off (the negative control).
+
+    The mark follows from what the trace ran on, never from the command that saved it, so
+    ``mutants`` and ``explore --system MUTANT`` write the same finding as the same bytes
+    (the committed ``corpus/`` stays byte-stable whichever regenerates it), and a finding
+    on the reference or on a user's system is always a regression test.
+    """
+    from faultlab.system import is_builtin, is_reference
+
+    if not trace.deduplication:
+        return True
+    return is_builtin(trace.system) and not is_reference(trace.system)
+
+
+def marked(trace: Trace | ConcurrentTrace) -> Trace | ConcurrentTrace:
+    """The trace as the corpus saves it: ``"expect": "finding"`` when
+    :func:`finding_on_purpose`, else without the field (a regression test)."""
+    if trace.expected is not None and not trace.expected.clean and finding_on_purpose(trace):
+        trace.expect = EXPECT_FINDING
+    return trace
+
+
 def save(trace: Trace | ConcurrentTrace, directory: Path, system_name: str | None = None) -> Path:
-    """Write the trace into the corpus directory (created if needed), atomically.
+    """Write the trace into the corpus directory (created if needed), atomically, marked
+    as an expected finding or a regression test (:func:`marked`).
 
     Saving is the run's commit point (:func:`faultlab.base.output.write_text` with ``final``):
     a signal before the rename leaves neither the file nor a directory made for it.
@@ -55,7 +80,7 @@ def save(trace: Trace | ConcurrentTrace, directory: Path, system_name: str | Non
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise ExecutionError(f"cannot create {directory}: {error.strerror or error}") from None
-        write_json(path, trace.to_json(), final=True)
+        write_json(path, marked(trace).to_json(), final=True)
     except BaseException:
         for made in missing:  # innermost first; only directories this call created
             try:

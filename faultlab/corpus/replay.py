@@ -5,6 +5,17 @@ A trace is checked against its system before anything runs (:func:`plan`), then
 executed on fresh stores by the executor its version needs (:func:`replay`): the
 sequential executor for version 1, the lane executor for version 2. The outcome
 carries its table and verdict line, so every caller prints the same thing.
+
+Which system a trace runs on is :func:`faultlab.corpus.trust.system_for`. How it
+is judged depends on what the file says it is:
+
+* ``"expect": "finding"`` (the zoo's traces, the negative control's): the finding
+  is there on purpose; the replay passes when it shows the recorded verdict.
+* no ``expect`` (what ``explore`` saves for the reference or a user's system): a
+  regression test, as a saved Hypothesis example or a pytest test is. It fails
+  while its finding (or any other) still shows and passes once the bug is fixed,
+  when it replays clean.
+* ``replay --against``: another system than recorded; it passes when clean.
 """
 
 from __future__ import annotations
@@ -19,7 +30,10 @@ from faultlab.report.columns import concurrent_table, concurrent_violation_lines
 from faultlab.run.executor import Execution, execute, validate_step
 from faultlab.run.interleaving import ConcurrentExecution, execute_concurrent
 from faultlab.system.contract import System
-from faultlab.trace import ConcurrentTrace, Trace, Verdict
+from faultlab.trace import EXPECT_FINDING, ConcurrentTrace, Trace, Verdict
+
+#: The line a failing regression replay ends with: what to do about it.
+STILL_FAILS = "still fails: fix the bug, then replay again; it passes once fixed"
 
 
 @dataclass(frozen=True)
@@ -56,19 +70,29 @@ class Replayed:
     table: str
     violation_lines: list[str]
     execution: Execution | ConcurrentExecution | None  # what ran (a page is drawn from it)
+    regression: bool = False  # a regression test of a recorded finding (no "expect")
+
+    @property
+    def still_fails(self) -> bool:
+        """A regression test whose bug is still there."""
+        return self.regression and not self.matches
 
     @property
     def status(self) -> str:
-        return "matches" if self.matches else "DIFFERS"
+        if self.matches:
+            return "matches"
+        return "STILL FAILS" if self.still_fails else "DIFFERS"
 
     def lines(self) -> list[str]:
-        """The header, the table, the violations and the verdict line, as ``replay`` prints."""
+        """The header, the table, the violations and the verdict line, as ``replay`` prints
+        (and, for a regression test that still fails, what to do about it)."""
         trace, system = self.plan.trace, self.plan.system
         header = f"{self.plan.path}: {system.ref}" + (
             "" if trace.deduplication else " (deduplication off)")
+        advice = [f"{self.plan.path}: {STILL_FAILS}"] if self.still_fails else []
         return [header, self.table, *self.violation_lines,
                 f"verdict: {self.verdict.describe()}; expected {self.expected_text}: "
-                f"{self.status}"]
+                f"{self.status}", *advice]
 
 
 def replay(planned: Plan, runner: Spawner, *, deadline: float, fmt: str = "simple") -> Replayed:
@@ -90,11 +114,17 @@ def replay(planned: Plan, runner: Spawner, *, deadline: float, fmt: str = "simpl
         verdict = execution.verdict
         table = report.execution_table(execution, fmt)
         violations = report.violation_lines(execution)
+    regression = False
     if planned.against:
         expected_text = f"clean (replayed --against {system.ref})"
         matches = verdict.clean
-    else:
+    elif trace.expect == EXPECT_FINDING or trace.expected is None or trace.expected.clean:
         expected = trace.expected if trace.expected is not None else Verdict()
         expected_text = expected.describe() if trace.expected else "clean (nothing recorded)"
         matches = verdict == expected
-    return Replayed(planned, verdict, expected_text, matches, table, violations, execution)
+    else:  # a recorded finding, not expected on purpose: a regression test
+        regression = True
+        expected_text = f"clean once fixed (a regression test of {trace.expected.describe()})"
+        matches = verdict.clean
+    return Replayed(planned, verdict, expected_text, matches, table, violations, execution,
+                    regression)

@@ -21,8 +21,8 @@ from faultlab.system.contract import (
 )
 
 __all__ = [
-    "REFERENCE", "CrashPoint", "Refusal", "System", "WorkerContext", "builtin_names", "load_system",
-    "postgres_names",
+    "REFERENCE", "CrashPoint", "Refusal", "System", "WorkerContext", "builtin_names", "is_builtin",
+    "is_reference", "load_system", "postgres_names",
 ]
 
 _cache: dict[str, System] = {}
@@ -76,6 +76,18 @@ def postgres_names() -> list[str]:
     from faultlab.system.builtin.reference_pg import POSTGRES_SYSTEMS
 
     return list(POSTGRES_SYSTEMS)
+
+
+def is_builtin(ref: str) -> bool:
+    """True for a system faultlab ships (the references and every mutant): the only systems
+    a trace file may choose by itself, since loading one runs none of the user's code."""
+    return ref in {*builtin_names(), *concurrency_mutant_all_names(), *postgres_names()}
+
+
+def is_reference(ref: str) -> bool:
+    """True for a built-in reference (``reference``, ``reference-pg``): a built-in system with
+    no defect on purpose, so a finding on it is a bug to fix, not the zoo's."""
+    return ref in (REFERENCE, f"{REFERENCE}-pg")
 
 
 def _postgres(name: str) -> System:
