@@ -136,7 +136,9 @@ def replay(trace_or_path: Trace | ConcurrentTrace | str | Path, *,
     """Run a saved trace again on fresh stores; ``clean`` when no invariant fails.
 
     A trace file is data: it never chooses what code runs. Built-in systems are found by
-    the name the trace records; any other system must be given as ``system``.
+    the name the trace records; any other system must be given as ``system``, or mapped in
+    the trace's project (``[tool.faultlab.systems]`` of the nearest ``pyproject.toml`` above
+    the trace file): the rule of :mod:`faultlab.corpus.trust`, as ``faultlab replay`` has it.
 
     >>> outcome = faultlab.replay("corpus/no-dedup-RCPT-baa0069205.json")   # doctest: +SKIP
     >>> outcome.clean                                                       # doctest: +SKIP
@@ -144,8 +146,8 @@ def replay(trace_or_path: Trace | ConcurrentTrace | str | Path, *,
     """
     from faultlab.corpus.replay import plan
     from faultlab.corpus.replay import replay as replay_planned
+    from faultlab.corpus.trust import system_for
     from faultlab.process.spawn import spawner
-    from faultlab.system import builtin_names, concurrency_mutant_names, postgres_names
     from faultlab.trace import load
 
     if isinstance(trace_or_path, (str, Path)):
@@ -153,15 +155,9 @@ def replay(trace_or_path: Trace | ConcurrentTrace | str | Path, *,
         trace = load(path)
     else:
         path, trace = Path("<trace>"), trace_or_path
-    if system is None:
-        if trace.system not in {*builtin_names(), *concurrency_mutant_names(),
-                                *postgres_names()}:
-            raise UsageError(
-                f"{path}: the trace names system {trace.system!r}, which is not built in: "
-                f"name it, e.g. faultlab.replay({str(path)!r}, system={trace.system!r})")
-        chosen = load_system(trace.system)
-    else:
-        chosen = _system(system)
+    chosen = system_for(
+        path, trace, None if system is None else _system(system),
+        how=lambda placeholder: f"faultlab.replay({str(path)!r}, system={placeholder!r})")
     planned = plan(path, trace, chosen)
     with spawner(spawn) as runner:
         replayed = replay_planned(planned, runner, deadline=deadline)

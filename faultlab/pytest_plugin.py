@@ -7,7 +7,15 @@ Installing faultlab gives every pytest run:
   stores and passes when the outcome matches its recording (``faultlab replay``
   as a test). A failing item prints the replay table. Without test paths on the
   command line only the corpus is collected, so ``pytest --faultlab-corpus
-  corpus`` runs from any directory.
+  corpus`` runs from any directory. A trace with ``"expect": "finding"`` passes
+  while it shows its recorded finding; one without (a regression test) fails
+  while its finding still shows and passes once the bug is fixed.
+* ``--faultlab-system SYSTEM``: the system every corpus trace runs on. A trace
+  never chooses code to run (:mod:`faultlab.corpus.trust`): without this
+  option a trace runs on the built-in system it names, or on the one its
+  project maps that name to in ``[tool.faultlab.systems]`` of the nearest
+  ``pyproject.toml`` above the trace file; any other trace fails in one line
+  saying how to name its system, and nothing runs for it.
 * ``--faultlab-examples N`` and ``--faultlab-seed S`` for state-machine tests
   built with :func:`faultlab.search.machine.outbox_machine` (its ``TestCase``), and the
   marker ``@pytest.mark.faultlab(examples=..., seed=..., steps=...)``, as
@@ -38,6 +46,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--faultlab-corpus", action="append", default=[], metavar="DIR",
         help="replay every trace file (*.json) in DIR as one test item named after the file; "
              "it passes when the outcome matches the recording (repeatable)",
+    )
+    group.addoption(
+        "--faultlab-system", default=None, metavar="SYSTEM",
+        help="run every corpus trace on this system (a built-in name, package.module:attribute "
+             "or path/to/system.json); without it a trace runs on the built-in system it "
+             "names, or the one [tool.faultlab.systems] of the nearest pyproject.toml above "
+             "it maps that name to, and any other trace fails without running",
     )
     group.addoption(
         "--faultlab-spawn", choices=("fork", "exec"), default="fork",
@@ -123,21 +138,17 @@ class TraceFile(pytest.File):
         yield TraceItem.from_parent(self, name=self.path.name)
 
 
-def _system_for(reference: str, trace_path: Path) -> Any:
-    """Load the recorded system; a relative system file is also looked up beside the corpus
-    (an example's corpus names ``examples/x/system.json`` from the repository root)."""
+def _system_for(config: pytest.Config, trace: Any, trace_path: Path) -> Any:
+    """The system a corpus trace runs on: ``--faultlab-system`` if given, else by the rule
+    ``faultlab replay`` follows (:func:`faultlab.corpus.trust.system_for`)."""
+    from faultlab.corpus.trust import system_for
     from faultlab.system import load_system
 
-    try:
-        return load_system(reference)
-    except UsageError:
-        if not reference.endswith(".json") or Path(reference).is_absolute():
-            raise
-        for directory in trace_path.resolve().parents:
-            candidate = directory / reference
-            if candidate.is_file():
-                return load_system(str(candidate))
-        raise
+    named = config.getoption("faultlab_system")
+    return system_for(
+        trace_path, trace, load_system(named) if named else None,
+        how=lambda system: f"pytest --faultlab-corpus {trace_path.parent} "
+                           f"--faultlab-system {system}")
 
 
 class TraceItem(pytest.Item):
@@ -148,7 +159,7 @@ class TraceItem(pytest.Item):
         from faultlab.trace import load
 
         trace = load(self.path)
-        planned = plan(self.path, trace, _system_for(trace.system, self.path))
+        planned = plan(self.path, trace, _system_for(self.config, trace, self.path))
         outcome = replay(planned, _spawner(self.config),
                          deadline=self.config.getoption("faultlab_deadline"))
         if not outcome.matches:

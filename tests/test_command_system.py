@@ -588,5 +588,6 @@ def test_explore_catches_missing_deduplication_and_the_finding_replays(tmp_path:
     assert trace["expected"]["invariants"][0] == "ONE"
     assert trace["deduplication"] is False
     assert len(trace["steps"]) == 3
-    replay = faultlab("replay", str(found), cwd=ROOT)
+    # a trace outside the project: its system runs only when named
+    replay = faultlab("replay", str(found), "--system", EXPLORE[2], cwd=ROOT)
     assert replay.returncode == 0, replay.stdout + replay.stderr
