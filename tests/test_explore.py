@@ -216,3 +216,32 @@ def test_a_seed_explores_the_same_whatever_other_code_is_loaded(tmp_path: Path) 
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     assert runs[0]["steps"] > 0
     assert runs[0] == runs[1]
+
+
+def test_a_saved_finding_stays_a_finding_when_the_html_target_vanishes(tmp_path: Path) -> None:
+    """Saving the finding is the run's commit point: a page that can no longer be written
+    (its directory removed while exploring) is a line on stderr, and the status stays 1."""
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    corpus = tmp_path / "corpus"
+    explore_run = subprocess.Popen(
+        [sys.executable, "-m", "faultlab", "explore", "--no-deduplication", "--examples", "30",
+         "--steps", "6", "--seed", "0", "--corpus", str(corpus), "--html",
+         str(pages / "finding.html")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env=child_environment())
+    assert explore_run.stderr is not None
+    seen = []
+    for line in explore_run.stderr:  # the check of --html is long past: the run is exploring
+        seen.append(line)
+        if "an invariant failed; shrinking" in line:
+            pages.rmdir()
+            break
+    out, err = explore_run.communicate(timeout=300)
+    stderr = "".join(seen) + err
+    assert explore_run.returncode == 1, out + stderr
+    (saved,) = corpus.glob("*.json")
+    assert f"saved {saved}" in out and "FOUND: ONE+DONE" in out
+    assert "wrote " not in out
+    assert "the finding is saved, but the --html page was not written" in stderr
+    assert "Traceback" not in stderr

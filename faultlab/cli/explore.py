@@ -36,6 +36,7 @@ from faultlab.corpus.redis_store import RedisCorpus, is_redis_url
 from faultlab.search import defaults
 from faultlab.search.coverage import Coverage
 from faultlab.search.streams import Shard, parse_shard
+from faultlab.system import is_builtin
 from faultlab.system.contract import System
 from faultlab.trace import Trace
 
@@ -78,7 +79,13 @@ def register(commands: Commands) -> None:
     parser.add_argument("--corpus", default=str(DEFAULT_CORPUS), metavar="DIR|URL",
                         help="where a finding is saved: a directory (default corpus/; created "
                              "when needed) or redis://HOST:PORT/DB, a corpus shared by shards "
-                             "(findings deduplicated by content, live counters per shard)")
+                             "(findings deduplicated by content, live counters per shard). "
+                             "A saved finding is a regression test: replay fails while it "
+                             "reproduces and passes once the bug is fixed; one on a built-in "
+                             "mutant or with --no-deduplication is a finding on purpose and "
+                             "says so (\"expect\": \"finding\"), so replay passes while it "
+                             "reproduces. Once saved, a finding is exit 1 even if the --html "
+                             "page cannot be written (a line on stderr says so)")
     parser.add_argument("--duration", type=positive_float, metavar="SECONDS",
                         help="explore until this time budget is spent, in rounds of --examples "
                              "examples with seeds derived from --seed (the step in flight "
@@ -158,7 +165,7 @@ class Sink:
         if self.redis is None:
             return str(corpus.save(trace, Path(self.target), system.name))
         name = corpus.finding_name(trace, system.name)
-        where, new = self.redis.save(trace.to_json(), name)
+        where, new = self.redis.save(corpus.marked(trace).to_json(), name)
         return where + ("" if new else " (already there: another shard found the same trace)")
 
     def close(self) -> None:
@@ -271,20 +278,30 @@ def cmd_explore(args: argparse.Namespace) -> int:
             for line in _finding_table(replay, plan.concurrency, args.format):
                 print(line)
         if args.html is not None and replay is not None:
+            from faultlab.base.errors import ExecutionError
+            from faultlab.base.messages import printable
             from faultlab.corpus.files import finding_name
             from faultlab.report import html as html_report
 
-            html_report.write(args.html, [html_report.TraceReport(
-                title=f"explore finding: {finding_name(trace, system.name)}", execution=replay,
-                system=system.ref, deduplication=args.deduplication,
-                verdict=replay.verdict.describe(), expected=verdict,
-            )])
-            print(f"wrote {args.html}")
+            try:
+                html_report.write(args.html, [html_report.TraceReport(
+                    title=f"explore finding: {finding_name(trace, system.name)}",
+                    execution=replay, system=system.ref, deduplication=args.deduplication,
+                    verdict=replay.verdict.describe(), expected=verdict,
+                )])
+            except ExecutionError as error:
+                # the finding is saved (the run's commit point) and printed: it stays a
+                # finding (exit 1); the page that could not be written is said on stderr
+                print(f"faultlab: the finding is saved, but the --html page was not "
+                      f"written: {printable(str(error))}", file=sys.stderr)
+            else:
+                print(f"wrote {args.html}")
+        named = "" if is_builtin(system.ref) else f" --system {system.ref}"
         if sink.redis is None:
-            print(f"replay with: python -m faultlab replay {saved[0]}")
+            print(f"replay with: python -m faultlab replay {saved[0]}{named}")
         else:
             print(f"replay with: python -m faultlab corpus export {args.corpus} DIR, then "
-                  "python -m faultlab replay DIR/...")
+                  f"python -m faultlab replay DIR/...{named}")
         return EXIT_FOUND
     finally:
         sink.close()
