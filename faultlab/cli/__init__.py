@@ -104,7 +104,13 @@ def _run(argv: list[str], worker_process: bool) -> int:
             from faultlab.stores import postgres as pgstores
 
             pgstores.configure(args.postgres)
-        result: int = args.handler(args)
+        if worker_process:
+            result: int = args.handler(args)
+            return result
+        from faultlab.search.storage import private_storage
+
+        with private_storage():  # Hypothesis's files stay out of the user's directory
+            result = args.handler(args)
         return result
     except Exception as error:
         # an error that follows a signal is the interruption's doing (a worker killed, or

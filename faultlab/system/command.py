@@ -323,7 +323,8 @@ class CommandSystem(System):
 
     def probe(self) -> None:
         """Initialise a throw-away directory and run every query once (load-time check)."""
-        directory = Path(tempfile.mkdtemp(prefix="faultlab-probe-"))
+        # named after the pid, as every run directory is (a leftover says whose it was)
+        directory = Path(tempfile.mkdtemp(prefix=f"faultlab-probe-{os.getpid()}-"))
         try:
             try:
                 self._initialise(directory, UsageError)
