@@ -344,3 +344,83 @@ def test_every_help_ends_with_the_exit_statuses_it_can_give(
     statuses = capsys.readouterr().out.split("exit status:")[1]
     assert ("  1  " in statuses) is judges
     assert "  2        bad input" in statuses and "130/143" in statuses
+
+
+# --- a snapshot query that never ends --------------------------------------------------------
+
+#: Loops for ever once the outbox has a row; on the empty stores of the load-time probe it
+#: ends at once, so the system loads.
+LOOPING_OUTBOX = (
+    "WITH RECURSIVE spin(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM spin "
+    "WHERE EXISTS (SELECT 1 FROM outbox_events)) "
+    "SELECT request_key, CASE status WHEN 'NEW' THEN 'pending' WHEN 'SENT' THEN 'complete' "
+    "ELSE status END FROM outbox_events WHERE (SELECT count(*) FROM spin) > 0"
+)
+
+
+def looping_system(tmp_path: Path) -> Path:
+    data = json.loads(STANDALONE.read_text())
+    data["snapshot"]["outbox"]["query"] = LOOPING_OUTBOX
+    system = tmp_path / "looping" / "system.json"
+    system.parent.mkdir()
+    system.write_text(json.dumps(data))
+    (system.parent / "outbox.py").symlink_to(STANDALONE.parent / "outbox.py")
+    return system
+
+
+def explore_looping(tmp_path: Path, deadline: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "faultlab", "explore", "--system", str(looping_system(tmp_path)),
+         "--examples", "3", "--deadline", deadline, "--corpus", str(tmp_path / "corpus"),
+         "--quiet"],
+        cwd=ROOT, env=child_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+
+
+def test_a_snapshot_query_that_never_ends_misses_its_deadline_exit_3(tmp_path: Path) -> None:
+    started = time.monotonic()
+    process = explore_looping(tmp_path, "1")
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 3, (out, err)
+    assert len(err.splitlines()) == 1, err
+    assert "the outbox snapshot query on store caller ran longer than its 1s deadline" in err
+    assert "FOUND" not in out and "clean" not in out
+    assert time.monotonic() - started < 60
+    assert not (tmp_path / "corpus").exists()
+
+
+@pytest.mark.parametrize(("signum", "status"), [(2, 130), (15, 143)])
+def test_a_snapshot_query_that_never_ends_stops_on_a_signal(tmp_path: Path, signum: int,
+                                                           status: int) -> None:
+    process = explore_looping(tmp_path, "600")
+    time.sleep(4)  # the system loaded, an accept ran, the snapshot query spins
+    assert process.poll() is None, process.communicate()
+    sent = time.monotonic()
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == status, (out, err)
+    assert time.monotonic() - sent < 10
+    assert "interrupted by SIG" in err and len(err.splitlines()) == 1, err
+
+
+def test_a_postgres_snapshot_query_that_never_ends_is_cancelled_exit_3(tmp_path: Path) -> None:
+    """The same loop on a real PostgreSQL server: statement_timeout cancels it."""
+    from test_postgres import DSN, _admin
+
+    _admin().close()  # skips (or fails) without a server
+    source = ROOT / "examples" / "postgres_outbox" / "system.json"
+    data = json.loads(source.read_text())
+    data["snapshot"]["outbox"]["query"] = LOOPING_OUTBOX
+    system = tmp_path / "looping-pg" / "system.json"
+    system.parent.mkdir()
+    system.write_text(json.dumps(data))
+    (system.parent / "outbox.py").symlink_to(source.parent / "outbox.py")
+    done = subprocess.run(
+        [sys.executable, "-m", "faultlab", "explore", "--system", str(system),
+         "--no-statement-crashes", "--examples", "2", "--deadline", "2", "--corpus",
+         str(tmp_path / "corpus"), "--quiet", *(["--postgres", DSN] if DSN else [])],
+        cwd=ROOT, env=child_environment(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert "store caller: snapshot query 'outbox' ran longer than its 2s deadline" in done.stderr
+    assert not (tmp_path / "corpus").exists()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import queue
 import secrets
@@ -541,13 +542,17 @@ def query(directory: Path, store: str, queries: dict[str, str]) -> dict[str, lis
 
 
 def query_described(
-    directory: Path, store: str, queries: dict[str, str]
+    directory: Path, store: str, queries: dict[str, str], *, timeout: float | None = None,
 ) -> dict[str, tuple[int, list[tuple[Any, ...]]]]:
     """Each query's column count and rows, in one ``READ ONLY`` transaction on one store.
 
     The run driving the trace keeps this read-only connection open until the trace's
     databases are released (a connection costs a server process; a snapshot follows
-    every step). On an error the connection is closed, never reused.
+    every step). On an error the connection is closed, never reused. ``timeout`` (seconds)
+    is each query's ``statement_timeout``: a query that does not end (a command-line
+    system's recursive query that loops once the outbox has rows) is cancelled by the
+    server and reported as a run failure (:class:`ExecutionError`, exit 3) naming it;
+    SIGINT/SIGTERM cancel it too (psycopg cancels a query its wait is interrupted in).
     """
     pg = psycopg_module()
     info = stores_info(directory)
@@ -559,12 +564,21 @@ def query_described(
         connection = connect(directory, store, role="snapshot")
     try:
         connection.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        if timeout is not None:  # LOCAL: ends with the transaction, the kept reader unchanged
+            milliseconds = max(1, math.ceil(timeout * 1000))
+            connection.execute(f"SET LOCAL statement_timeout = {milliseconds}")
         results: dict[str, tuple[int, list[tuple[Any, ...]]]] = {}
         for name, sql in queries.items():
             try:
                 cursor = connection.execute(sql)
                 rows = [tuple(row) for row in cursor.fetchall()] if cursor.description else []
                 results[name] = (len(cursor.description or ()), rows)
+            except pg.errors.QueryCanceled as error:
+                if timeout is None:
+                    raise StoreError(f"snapshot query {name!r}: {error}") from None
+                raise ExecutionError(
+                    f"snapshot query {name!r} ran longer than its {timeout:g}s deadline "
+                    "(--deadline) and was cancelled") from None
             except pg.Error as error:
                 message = (str(error).strip().splitlines() or ["no message"])[0]
                 raise StoreError(f"snapshot query {name!r}: {message}") from None

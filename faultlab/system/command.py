@@ -49,11 +49,13 @@ import shutil
 import sqlite3
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from faultlab.base import interrupt
 from faultlab.base.errors import ExecutionError, UsageError
 from faultlab.base.messages import printable
 from faultlab.nemesis import crash
@@ -84,6 +86,10 @@ def set_init_deadline(seconds: float) -> None:
     global _init_deadline
     _init_deadline = seconds
 
+
+#: SQLite virtual-machine instructions between two calls of a snapshot's progress handler
+#: (a few microseconds of work: a deadline or a signal is seen at once).
+_PROGRESS_INSTRUCTIONS = 1000
 
 _READ_ACTIONS = frozenset({
     sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
@@ -246,17 +252,40 @@ class CommandSystem(System):
             return snapshot(self, directory)
         connections: dict[str, sqlite3.Connection] = {}
         tables: dict[str, Iterable[Iterable[Any]]] = {}
+        deadline = self.snapshot_deadline
+        ends = time.monotonic() + deadline
+        stopped: list[str] = []
+
+        def progress() -> int:
+            """Asked by SQLite every few thousand instructions: a query that never ends (a
+            recursive CTE that loops once the outbox has rows passes the load-time probe on
+            empty stores) is stopped at the deadline or on SIGINT/SIGTERM, which otherwise
+            wait until the query returns to Python, that is for ever."""
+            if interrupt.received() is not None:
+                stopped.append("signal")
+            elif time.monotonic() >= ends:
+                stopped.append("deadline")
+            return 1 if stopped else 0
+
         try:
             for table in TABLES:
                 query = self.config.queries[table]
                 connection = connections.get(query.store)
                 if connection is None:
                     connection = self._open(directory, query.store)
+                    connection.set_progress_handler(progress, _PROGRESS_INSTRUCTIONS)
                     connections[query.store] = connection
                 try:
                     cursor = connection.execute(query.sql)
                     rows = cursor.fetchall()
                 except sqlite3.Error as error:
+                    interrupt.check()  # a signal stopped the query: the run is interrupted
+                    if stopped:
+                        raise ExecutionError(
+                            f"system {self.name!r}: the {table} snapshot query on store "
+                            f"{query.store} ran longer than its {deadline:g}s deadline "
+                            "(--deadline) and was stopped"
+                        ) from None
                     denied = "authoriz" in str(error)
                     raise UsageError(
                         f"system {self.name!r}: the {table} query failed on store "
@@ -275,6 +304,11 @@ class CommandSystem(System):
             for connection in connections.values():
                 connection.close()
         return Snapshot.from_rows(tables)
+
+    @property
+    def snapshot_deadline(self) -> float:
+        """Seconds one snapshot's queries may take together: the command's --deadline."""
+        return _init_deadline
 
     def _open(self, directory: Path, store: str) -> sqlite3.Connection:
         path = directory / self.config.stores[store]

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from faultlab.base.errors import UsageError
+from faultlab.base.errors import ExecutionError, UsageError
 from faultlab.process.records import DEFAULT_DEADLINE
 from faultlab.process.spawn import run_command
 from faultlab.stores import postgres as pgstores
@@ -41,6 +41,9 @@ class CommandSystem(Protocol):
                     deduplication: bool = True) -> dict[str, str]: ...
 
     def row(self, table: str, row: tuple[Any, ...]) -> tuple[Any, ...]: ...
+
+    @property
+    def snapshot_deadline(self) -> float: ...
 
 
 def dsn_values(directory: Path) -> dict[str, str]:
@@ -85,9 +88,12 @@ def snapshot(system: CommandSystem, directory: Path) -> Snapshot:
     tables: dict[str, Iterable[Iterable[Any]]] = {}
     for store, queries in by_store.items():
         try:
-            described = pgstores.query_described(directory, store, queries)
+            described = pgstores.query_described(directory, store, queries,
+                                                 timeout=system.snapshot_deadline)
         except StoreError as problem:
             raise UsageError(f"system {system.name!r}: store {store}: {problem}") from None
+        except ExecutionError as problem:  # a query past its deadline: the run failed (exit 3)
+            raise ExecutionError(f"system {system.name!r}: store {store}: {problem}") from None
         for table, (width, rows) in described.items():
             if width != len(COLUMNS[table]):
                 raise UsageError(
