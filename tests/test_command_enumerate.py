@@ -27,6 +27,6 @@ def test_enumerate_finds_the_negative_control_and_the_finding_replays(tmp_path: 
     shortest = json.loads(files[0].read_text())
     assert shortest["system"] == SYSTEM and shortest["deduplication"] is False
     assert "ONE" in shortest["expected"]["invariants"]
-    replayed = run_cli("replay", *map(str, files), "--system", SYSTEM)  # its system runs only when named
+    replayed = run_cli("replay", *map(str, files), "--system", SYSTEM)  # named: not built in
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
     assert "every outcome matches" in replayed.stdout

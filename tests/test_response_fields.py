@@ -200,5 +200,5 @@ def test_unmodified_program_is_caught_without_deduplication(tmp_path: Path) -> N
     trace = json.loads(found.read_text())
     assert trace["expected"]["invariants"][0] == "ONE"
     assert len(trace["steps"]) == 3
-    replay = faultlab("replay", str(found), "--system", str(MAPPED))  # its system runs only when named
+    replay = faultlab("replay", str(found), "--system", str(MAPPED))  # named: not built in
     assert replay.returncode == 0, replay.stdout + replay.stderr
