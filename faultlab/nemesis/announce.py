@@ -23,10 +23,41 @@ RESUME_FD_VARIABLE = "FAULTLAB_RESUME_FD"
 CONTINUE = b"continue\n"
 
 
+class ProtocolError(Exception):
+    """A worker broke the announcement protocol (the message says how)."""
+
+
+def channel_environment(announce_fd: int, resume_fd: int) -> dict[str, str]:
+    """The variables that tell a worker its two descriptors."""
+    return {ANNOUNCE_FD_VARIABLE: str(announce_fd), RESUME_FD_VARIABLE: str(resume_fd)}
+
+
+def parse_announcement(line: str, known: set[str] | frozenset[str],
+                       group: int) -> tuple[str, int]:
+    """``(POINT, PID)`` of one announcement line, checked: a declared point, a pid in the
+    worker's process group ``group``. Raises :class:`ProtocolError` otherwise. One check
+    for sequential steps (:class:`Announcements`) and lanes (faultlab.run.interleaving)."""
+    parts = line.split()
+    if len(parts) != 3 or parts[0] != "reached" or not parts[2].isdigit():
+        raise ProtocolError(f"expected 'reached POINT PID', got {line[:80]!r}")
+    point, pid = parts[1], int(parts[2])
+    if point not in known:
+        raise ProtocolError(f"announced {point!r}, which the system file does not declare")
+    try:
+        in_group = pid > 0 and os.getpgid(pid) == group
+    except OSError:
+        in_group = False
+    if not in_group:
+        raise ProtocolError(
+            f"announced pid {pid}, which is not in the worker's process group {group}"
+        )
+    return point, pid
+
+
 class Announcements:
     """faultlab's side of the announcement protocol for one worker run."""
 
-    def __init__(self, armed: str | None, known: set[str]) -> None:
+    def __init__(self, armed: str | None, known: set[str] | frozenset[str]) -> None:
         self.armed = armed
         self.known = known
         self.errors: list[str] = []
@@ -46,8 +77,7 @@ class Announcements:
         self.close()
 
     def environment(self) -> dict[str, str]:
-        return {ANNOUNCE_FD_VARIABLE: str(self._announce_w),
-                RESUME_FD_VARIABLE: str(self._resume_r)}
+        return channel_environment(self._announce_w, self._resume_r)
 
     def child_fds(self) -> tuple[int, int]:
         return self._announce_w, self._resume_r
@@ -83,22 +113,10 @@ class Announcements:
                     self._handle(line.decode("utf-8", "replace").strip())
 
     def _handle(self, line: str) -> None:
-        parts = line.split()
-        if len(parts) != 3 or parts[0] != "reached" or not parts[2].isdigit():
-            self._protocol_error(f"expected 'reached POINT PID', got {line[:80]!r}")
-            return
-        point, pid = parts[1], int(parts[2])
-        if point not in self.known:
-            self._protocol_error(f"announced {point!r}, which the system file does not declare")
-            return
         try:
-            in_group = pid > 0 and os.getpgid(pid) == self.group
-        except OSError:
-            in_group = False
-        if not in_group:
-            self._protocol_error(
-                f"announced pid {pid}, which is not in the worker's process group {self.group}"
-            )
+            point, pid = parse_announcement(line, self.known, self.group)
+        except ProtocolError as error:
+            self._protocol_error(str(error))
             return
         self.reached.append(point)
         if point == self.armed:

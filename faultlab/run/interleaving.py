@@ -51,8 +51,8 @@ from faultlab.checks.invariants import (
     check_live,
     check_quiet,
 )
-from faultlab.nemesis.announce import ANNOUNCE_FD_VARIABLE, RESUME_FD_VARIABLE
 from faultlab.nemesis.announce import CONTINUE as ANNOUNCE_CONTINUE
+from faultlab.nemesis.announce import channel_environment
 from faultlab.nemesis.schedule import CONTINUE, SCHEDULE_ENV, STATEMENTS_ENV
 from faultlab.process.records import (
     DEFAULT_DEADLINE,
@@ -73,8 +73,7 @@ from faultlab.process.spawn import (
 # run whatever the file holds at that moment, not what this run loaded.
 from faultlab.run.worker import run_worker
 from faultlab.stores.sqlite import Snapshot, readers_are_kept, scratch_directory
-from faultlab.system.command import CommandSystem
-from faultlab.system.contract import System
+from faultlab.system.contract import Program, System
 from faultlab.trace import STARTS, LaneStep, Verdict
 
 #: Seconds a released lane may run without reaching a point or ending before it counts as
@@ -132,6 +131,8 @@ class Lane:
     #: from start to exit (then a dispatch's QUIET can be judged as in a sequential trace).
     start_snapshot: Snapshot = field(default_factory=Snapshot)
     solitary: bool = True
+    #: The system's own program running the worker (None: faultlab's worker).
+    program: Program | None = None
 
     @property
     def alive(self) -> bool:
@@ -212,7 +213,7 @@ class LaneExecutor:
         self.block_bound = block_bound
         #: A Python system's workers sleep only in SQLite's busy handler (waiting for a
         #: lock); a command-line program may sleep for reasons of its own.
-        self.fast_blocking = not isinstance(system, CommandSystem)
+        self.fast_blocking = system.sleeps_only_on_locks
         self.directory = Path()
         self.clock: VirtualClock | None = None
         self.wall: WallClock | None = None  # libfaketime's file, for virtual_wall_clock
@@ -278,42 +279,50 @@ class LaneExecutor:
     def _spawn(self, number: int, spec: WorkerSpec) -> Lane:
         if self.clock is None:
             raise ExecutionError("the lane executor is not open")
-        forks = (not isinstance(self.system, CommandSystem) and self.spawn == "fork"
-                 and self.wall is None)  # a preload needs an exec
-        if forks and readers_are_kept():  # SQLite: no open connection may cross a fork
+        # the system decides what runs: a program of its own (argv, environment, whether it
+        # announces its points), or faultlab's worker (None), as for a sequential step
+        program = self.system.program(spec)
+        forks = program is None and self.spawn == "fork" and self.wall is None  # a preload
+        if forks and readers_are_kept():  # needs an exec; SQLite: no open connection may
             raise ExecutionError("cannot fork a lane while snapshot connections are kept "
                                  "open (a sequential executor is open in this process)")
         decide_r, decide_w = os.pipe()
         announce_r, announce_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        environment = {SCHEDULE_ENV: f"{decide_r},{announce_w}", **self.clock.environment(),
-                       **(self.wall.environment() if self.wall is not None else {})}
+        environment = {SCHEDULE_ENV: f"{decide_r},{announce_w}", **dict(spec.environment)}
         if self.statement_points:
             environment[STATEMENTS_ENV] = "1"
         started = time.monotonic()
         go = CONTINUE
-        if isinstance(self.system, CommandSystem):
-            pid, go = self._spawn_program(spec, (decide_r, announce_w), out_w, err_w)
-        elif forks:
-            pid = os.fork()
-            if pid == 0:  # child: never returns
-                for fd in (decide_w, announce_r, out_r, err_r):
-                    os.close(fd)
-                child_main(out_w, err_w, new_group=True, read_spec=lambda: spec,
-                           run=lambda spec: _run_lane_worker(spec, environment),
-                           keep=(decide_r, announce_w))
-            lead_own_group(pid)  # a kill right after the fork must reach it
-        else:
-            child = subprocess.Popen(
-                spec.argv(), stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
-                env={**child_environment(), **environment}, pass_fds=(decide_r, announce_w),
-                start_new_session=True,
-            )
-            pid = child.pid
-            child.returncode = 0  # reaped by this executor, not by Popen
-        for fd in (decide_r, announce_w, out_w, err_w):
-            os.close(fd)
+        try:
+            if program is not None:
+                pid = self._spawn_program(program, (decide_r, announce_w), out_w, err_w)
+                go = ANNOUNCE_CONTINUE
+            elif forks:
+                pid = os.fork()
+                if pid == 0:  # child: never returns
+                    for fd in (decide_w, announce_r, out_r, err_r):
+                        os.close(fd)
+                    child_main(out_w, err_w, new_group=True, read_spec=lambda: spec,
+                               run=lambda spec: _run_lane_worker(spec, environment),
+                               keep=(decide_r, announce_w))
+                lead_own_group(pid)  # a kill right after the fork must reach it
+            else:
+                child = subprocess.Popen(
+                    spec.argv(), stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
+                    env={**child_environment(), **environment}, pass_fds=(decide_r, announce_w),
+                    start_new_session=True,
+                )
+                pid = child.pid
+                child.returncode = 0  # reaped by this executor, not by Popen
+        except BaseException:
+            for fd in (decide_w, announce_r, out_r, err_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (decide_r, announce_w, out_w, err_w):
+                os.close(fd)
         self.workers += 1
         self.processes += 1
         fds = {announce_r: "announce", out_r: "stdout", err_r: "stderr"}
@@ -322,41 +331,32 @@ class LaneExecutor:
             other.solitary = False
         lane = Lane(number, self.workers, spec, pid, decide_w, fds, started, go=go,
                     chunks={"stdout": [], "stderr": []}, start_snapshot=self.snapshot,
-                    solitary=not others)
+                    solitary=not others, program=program)
         for fd in fds:
             os.set_blocking(fd, False)
             self._selector.register(fd, selectors.EVENT_READ, lane)
         return lane
 
-    def _spawn_program(self, spec: WorkerSpec, channel: tuple[int, int], out_w: int,
-                       err_w: int) -> tuple[int, bytes]:
-        """Start a command-line system's program for the role. One that speaks the
-        announcement protocol holds at every point it announces (``reached POINT PID``)
-        until faultlab answers ``continue``; any other runs free between start and end
-        (it can still be paused, resumed and killed)."""
-        system = self.system
-        if not isinstance(system, CommandSystem) or self.clock is None:
-            raise ExecutionError("not a command-line system")
-        values = system.values(Path(spec.directory), spec.operation_id, spec.payload)
-        argv = system.argv(spec.role, values, deduplication=spec.deduplication)
-        env = system.environment(values, deduplication=spec.deduplication)
-        env.update(self.clock.environment())
-        if self.wall is not None:
-            env.update(self.wall.environment())
-        arming = system.config.crash
-        announces = arming is not None and arming.mode == "announce"
-        if announces:
-            env[ANNOUNCE_FD_VARIABLE], env[RESUME_FD_VARIABLE] = str(channel[1]), str(channel[0])
+    def _spawn_program(self, program: Program, channel: tuple[int, int], out_w: int,
+                       err_w: int) -> int:
+        """Start a system's own program for the role, as the system gave it. One that speaks
+        the announcement protocol gets the control pipe and holds at every point it
+        announces (``reached POINT PID``) until faultlab answers ``continue``; any other
+        runs free between start and end (it can still be paused, resumed and killed)."""
+        env = dict(program.env)
+        if program.announces:
+            env.update(channel_environment(announce_fd=channel[1], resume_fd=channel[0]))
         try:
             child = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, env=env,
-                cwd=spec.directory, pass_fds=channel if announces else (),
+                program.argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, env=env,
+                cwd=program.cwd, pass_fds=channel if program.announces else (),
                 start_new_session=True,
             )
         except OSError as error:
-            raise ExecutionError(f"cannot run {argv[0]}: {error.strerror or error}") from None
+            raise ExecutionError(f"cannot run {program.argv[0]}: {error.strerror or error}"
+                                 ) from None
         child.returncode = 0  # reaped by this executor, not by Popen
-        return child.pid, ANNOUNCE_CONTINUE
+        return child.pid
 
     def _pump(self, timeout: float) -> None:
         """Read whatever any lane wrote; update held points, claims and ended lanes."""
@@ -424,12 +424,13 @@ class LaneExecutor:
             # the lane may start another worker and close() only knows the current one
             reap_group(lane.pid, wait=2.0)
         stdout = b"".join(lane.chunks["stdout"]).decode("utf-8", "replace")
-        lane.record = ProcessRecord(
+        # the response read as the system prints it (response_fields), as sequentially
+        lane.record = self.system.response(lane.spec, ProcessRecord(
             pid=lane.pid, exit_code=os.waitstatus_to_exitcode(status),
             response=parse_response(stdout), stdout=stdout,
             stderr=b"".join(lane.chunks["stderr"]).decode("utf-8", "replace"),
             elapsed=time.monotonic() - lane.started,
-        )
+        ))
         if (lane.record.response or {}).get("service"):
             self.processes += 1  # the service child the dispatcher started
         lane.status, lane.point = "exited", None
@@ -584,7 +585,7 @@ class LaneExecutor:
             system=self.system.ref, role=step.role or "", directory=str(self.directory),
             operation_id=step.operation_id if step.role != "dispatch" else None,
             payload=payload, deduplication=self.deduplication, spawn=self.spawn,
-            deadline=self.deadline,
+            deadline=self.deadline, environment=self._environment(),
         )
         if step.role == "service" and step.operation_id is not None:
             self.history.direct.add(step.operation_id)
@@ -592,6 +593,14 @@ class LaneExecutor:
             lane = self._spawn(number, spec)
             self.lanes[number] = lane
         return lane
+
+    def _environment(self) -> tuple[tuple[str, str], ...]:
+        """The trace's clock variables (and libfaketime's), in every lane worker's spec as in
+        a sequential step's."""
+        if self.clock is None:
+            raise ExecutionError("the lane executor is not open")
+        wall = self.wall.environment() if self.wall is not None else {}
+        return tuple(sorted({**self.clock.environment(), **wall}.items()))
 
     def _finish(self, lane: Lane) -> None:
         """Release the lane point after point until it ends (or blocks on a lock)."""

@@ -63,7 +63,14 @@ from faultlab.nemesis.announce import ANNOUNCE_FD_VARIABLE, RESUME_FD_VARIABLE, 
 from faultlab.process.records import DEFAULT_DEADLINE, ProcessRecord, WorkerSpec
 from faultlab.process.spawn import Spawner, run_command
 from faultlab.stores.sqlite import BUSY_TIMEOUT, TABLES, Snapshot, uri
-from faultlab.system.contract import ROLES, Refusal, StepRunner, System, WorkerContext
+from faultlab.system.contract import (
+    ROLES,
+    Program,
+    Refusal,
+    StepRunner,
+    System,
+    WorkerContext,
+)
 from faultlab.system.description import (
     COLUMNS,
     COMMANDS,
@@ -113,6 +120,7 @@ class CommandSystem(System):
     """A system whose workers are external programs, described by a JSON file."""
 
     supports_statement_points = False
+    sleeps_only_on_locks = False  # a program may sleep for reasons of its own
 
     def __init__(self, description: Description) -> None:
         self.config = description
@@ -176,8 +184,11 @@ class CommandSystem(System):
             values["payload"] = payload
         return values
 
-    def run_step(self, spec: WorkerSpec, runner: StepRunner) -> ProcessRecord:
-        """Run the role's command as a real process, arming the step's crash point."""
+    def program(self, spec: WorkerSpec) -> Program:
+        """The role's command for ``spec``: argv, environment (the file's, the spec's clock
+        variables, the crash point armed by argument and environment in argument mode, the
+        deduplication switch), and whether it announces its points. Sequential steps and
+        lanes start exactly this."""
         if spec.crash is not None and crash.is_statement_point(spec.crash):
             raise UsageError(
                 f"system {self.name!r} is a command-line system: statement crash points "
@@ -191,15 +202,25 @@ class CommandSystem(System):
                          deduplication=spec.deduplication)
         env = self.environment(values, crash_point=spec.crash, deduplication=spec.deduplication)
         env.update(spec.environment)
-        if self.config.crash is None or self.config.crash.mode != "announce":
-            record = runner.run_program(argv, deadline=spec.deadline, env=env,
-                                        cwd=str(directory))
-            return self.config.response_fields.apply(spec.role, record)
-        known = {point.name for point in self.crash_points}
-        with Announcements(spec.crash, known) as announcements:
-            env.update(announcements.environment())
+        announces = self.config.crash is not None and self.config.crash.mode == "announce"
+        return Program(tuple(argv), env, str(directory), announces,
+                       frozenset(point.name for point in self.crash_points))
+
+    def response(self, spec: WorkerSpec, record: ProcessRecord) -> ProcessRecord:
+        """The program's own JSON read through the file's ``response_fields``."""
+        return self.config.response_fields.apply(spec.role, record)
+
+    def run_step(self, spec: WorkerSpec, runner: StepRunner) -> ProcessRecord:
+        """Run the role's command as a real process, arming the step's crash point."""
+        program = self.program(spec)
+        if not program.announces:
+            record = runner.run_program(program.argv, deadline=spec.deadline, env=program.env,
+                                        cwd=program.cwd)
+            return self.response(spec, record)
+        with Announcements(spec.crash, program.points) as announcements:
             record = runner.run_program(
-                argv, deadline=spec.deadline, env=env, cwd=str(directory),
+                program.argv, deadline=spec.deadline,
+                env={**program.env, **announcements.environment()}, cwd=program.cwd,
                 pass_fds=announcements.child_fds(), started=announcements.start,
             )
         if announcements.errors:
@@ -207,7 +228,7 @@ class CommandSystem(System):
                 f"system {self.name!r}: {spec.role} worker (pid {record.pid}) broke the "
                 f"announcement protocol: {announcements.errors[0]}"
             )
-        return self.config.response_fields.apply(spec.role, record)
+        return self.response(spec, record)
 
     # -- stores ----------------------------------------------------------------------------------
 

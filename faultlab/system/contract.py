@@ -148,6 +148,26 @@ class WorkerContext(Protocol):
         """Run the service role as a child process of this worker and wait for it."""
 
 
+@dataclass(frozen=True)
+class Program:
+    """A system's own program running one worker, as the system decides it (command-line
+    systems): its command line, environment and working directory, and whether it speaks
+    the announcement protocol (:mod:`faultlab.nemesis.announce`), holding at each point it
+    announces (``points``: the names it may announce).
+
+    Sequential steps (:meth:`System.run_step`) and lanes
+    (:class:`faultlab.run.interleaving.LaneExecutor`) start the same program for the same
+    spec; only how they answer its announcements differs (a sequential step answers at
+    once unless the point is armed, a lane when the schedule releases it).
+    """
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    announces: bool = False
+    points: frozenset[str] = frozenset()
+
+
 class StepRunner(Protocol):
     """How a system runs one step as a real process (faultlab's spawner implements it)."""
 
@@ -192,6 +212,10 @@ class System(ABC):
     #: ``suite``, when its points have names of their own, e.g.
     #: ``{"before_dispatch": "before_send"}``. A role left out keeps its own name.
     scenario_points: Mapping[str, str] = MappingProxyType({})
+    #: True when a worker seen asleep can only be waiting for a lock (faultlab's own workers
+    #: sleep only in SQLite's busy handler), so a lane sleeping while another is alive is
+    #: blocked at once; a system's own programs may sleep for reasons of their own.
+    sleeps_only_on_locks: bool = True
     ref: str = ""
 
     @abstractmethod
@@ -237,6 +261,20 @@ class System(ABC):
         if not deduplication and not self.supports_no_deduplication:
             raise UsageError(f"system {self.ref or self.name!r} cannot switch deduplication off")
 
+    def program(self, spec: WorkerSpec) -> Program | None:
+        """The program that runs ``spec`` when this system's workers are programs of its own
+        (a command-line system: its argv, environment and announcements, with the step's
+        crash point armed as the system arms it), or None: faultlab's own worker process
+        runs the role (a Python system). Asked by sequential steps and by lanes alike."""
+        return None
+
+    def response(self, spec: WorkerSpec, record: ProcessRecord) -> ProcessRecord:
+        """The worker's record with its response read the way this system prints it (a
+        command-line system maps its own JSON with ``response_fields``,
+        :mod:`faultlab.system.fields`); faultlab's own workers print faultlab's form. Applied
+        to every worker's record, sequential or in a lane."""
+        return record
+
     def run_step(self, spec: WorkerSpec, runner: StepRunner) -> ProcessRecord:
         """Run one worker as a real process. Python systems run faultlab's own worker."""
-        return runner.run(spec)
+        return self.response(spec, runner.run(spec))
