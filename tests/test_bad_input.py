@@ -181,6 +181,8 @@ def test_a_snapshot_query_cannot_create_a_file(
      '"payload": {"n": ' + "9" * 5000 + "}}]}", "digits"),
     ('{"format": "faultlab-trace", "version": 1.0, "system": "reference", '
      '"deduplication": true, "steps": []}', "unsupported trace version 1.0"),
+    ('{"format": "faultlab-trace", "version": 2.0, "system": "reference", "concurrency": 2, '
+     '"deduplication": true, "steps": []}', "unsupported trace version 2.0"),
     ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
      '"deduplication": true, "steps": "dispatch"}', "steps must be a list"),
     ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
@@ -424,3 +426,86 @@ def test_a_postgres_snapshot_query_that_never_ends_is_cancelled_exit_3(tmp_path:
     assert len(done.stderr.splitlines()) == 1, done.stderr
     assert "store caller: snapshot query 'outbox' ran longer than its 2s deadline" in done.stderr
     assert not (tmp_path / "corpus").exists()
+
+
+# --- system files, declared data and --jobs ---------------------------------------------------
+
+
+def system_variant(tmp_path: Path, change: Any) -> Path:
+    """The standalone outbox's system file, changed by ``change(data)``."""
+    data = json.loads(STANDALONE.read_text())
+    change(data)
+    system = tmp_path / "variant" / "system.json"
+    system.parent.mkdir()
+    system.write_text(json.dumps(data))
+    (system.parent / "outbox.py").symlink_to(STANDALONE.parent / "outbox.py")
+    return system
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    (lambda d: d["commands"]["dispatch"].append("a\x00b"),
+     "commands.dispatch[5] contains a NUL character"),
+    (lambda d: d.__setitem__("environment", {"TOKEN": "a\x00b"}),
+     "environment.TOKEN contains a NUL character"),
+    (lambda d: d["crash"]["arguments"].append("\x00{crash}"),
+     "crash.arguments[2] contains a NUL character"),
+    (lambda d: d.__setitem__("payload_schema", {"$ref": "#"}),
+     "payload_schema is not usable: HypothesisRefResolutionError"),
+    (lambda d: d.__setitem__("payload_schema", False), "payload_schema is false"),
+    (lambda d: d.__setitem__("payload_schema", {"type": "nonsense"}),
+     "payload_schema['type'] is not a valid JSON Schema"),
+    (lambda d: d.__setitem__("payload_schema", {"type": "integer", "minimum": 5, "maximum": 1}),
+     "payload_schema admits no value"),
+    (lambda d: d.__setitem__("payload_schema", {"type": "object", "properties": {
+        "n": {"type": "integer", "minimum": 5, "maximum": 1}}}),
+     "payload_schema.properties['n'] admits no value"),
+    (lambda d: d.__setitem__("operation_ids", "(?<=a)b"), "uses a look-behind assertion"),
+    (lambda d: d.__setitem__("operation_ids", "a\\bb"), "admits no operation id"),
+    (lambda d: d.__setitem__("operation_ids", "\\x00"), "admits no operation id"),
+])
+def test_a_system_file_nothing_can_run_or_be_drawn_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: Any, words: str,
+) -> None:
+    """Each was a traceback and exit 1 (the finding status) from inside the search."""
+    system = system_variant(tmp_path, change)
+    refused(capsys, ["explore", "--system", str(system), "--examples", "2", "--corpus",
+                     str(tmp_path / "corpus")], words, watch=(tmp_path,))
+    refused(capsys, ["explore", "--jobs", "2", "--system", str(system), "--examples", "2",
+                     "--corpus", str(tmp_path / "corpus")], words, watch=(tmp_path,))
+
+
+def test_bad_input_inside_a_job_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Python system's payloads() that returns no strategy: exit 3 from a --jobs job,
+    where a single stream said exit 2."""
+    (tmp_path / "no_strategy.py").write_text(
+        "from faultlab.system.builtin.reference import ReferenceOutbox\n"
+        "class NoStrategy(ReferenceOutbox):\n"
+        "    name = 'no-strategy'\n"
+        "    def payloads(self):\n"
+        "        return 42\n"
+        "SYSTEM = NoStrategy()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for jobs in ("1", "2"):
+        refused(capsys, ["explore", "--system", "no_strategy:SYSTEM", "--jobs", jobs,
+                         "--examples", "2", "--corpus", str(tmp_path / "corpus")],
+                "payloads() must return a strategy", watch=(tmp_path,))
+
+
+def test_bad_input_a_job_finds_is_carried_out_as_exit_2() -> None:
+    """What a job process reports as bad input (its UsageError) stays bad input."""
+    from faultlab.base.errors import UsageError
+    from faultlab.search.rounds import Plan, run_jobs
+
+    plan = Plan(system="no-such-module-anywhere:SYSTEM", deduplication=True, seed=0,
+                examples=2, steps=2, statement_crashes=True, hypothesis_shrink=False,
+                spawn="fork", jobs=2)
+    with pytest.raises(UsageError, match="no-such-module-anywhere"):
+        run_jobs(plan)
+
+
+@pytest.mark.parametrize("jobs", ["100000", "65"])
+def test_jobs_has_an_upper_bound(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                 jobs: str) -> None:
+    for command in (["explore", "--corpus", str(tmp_path / "corpus")], ["mutants"]):
+        refused(capsys, [*command, "--jobs", jobs], "--jobs", "at most 64", watch=(tmp_path,))

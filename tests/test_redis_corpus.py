@@ -167,3 +167,58 @@ def test_concurrent_shards_share_a_corpus_and_the_export_replays(
     replayed = faultlab("replay", *map(str, files))
     assert replayed.returncode == 0, replayed.stdout  # every outcome matches its recording
     assert f"{len(files)} trace" in replayed.stdout and "every outcome matches" in replayed.stdout
+
+
+# --- a marked corpus holding bad data: one line, exit 2, nothing written ---------------------
+
+TRACE = json.dumps({"format": "faultlab-trace", "version": 1, "system": "reference",
+                    "deduplication": True, "steps": [{"action": "dispatch"}]})
+
+
+def _findings(client: Any, **values: str) -> None:
+    for name, value in values.items():
+        client.sadd("faultlab:findings", name)
+        client.set(f"faultlab:finding:{name}", value)
+
+
+@pytest.mark.parametrize(("setup", "actions", "words"), [
+    (lambda c: _findings(c, **{"bad.json": "{not json"}), ("export", "status"),
+     "invalid JSON"),
+    (lambda c: _findings(c, **{"deep.json": "[" * 100_000 + "]" * 100_000}),
+     ("export", "status"), "nested more than 64 levels"),
+    (lambda c: _findings(c, **{"list.json": "[1, 2]"}), ("export", "status"),
+     "a JSON list, not an object"),
+    (lambda c: _findings(c, **{"huge.json": " " * (17 << 20)}), ("export", "status"),
+     "at most"),
+    (lambda c: _findings(c, **{"a-good.json": TRACE, "../escape.json": TRACE}),
+     ("export", "status"), "not a plain file name"),
+    (lambda c: _findings(c, **{"a-good.json": TRACE, "b-bad.json": '{"format": 1}'}),
+     ("export", "status"), "not a faultlab trace"),
+    (lambda c: c.set("faultlab:findings", "a string, not a set"), ("export", "status"),
+     "WRONGTYPE"),
+    (lambda c: c.hset("faultlab:shard:0/1", mapping={"steps": "many"}), ("status",),
+     "counter steps is 'many', not a number"),
+    (lambda c: c.hset("faultlab:shard:0/1", mapping={"updated": "yesterday"}), ("status",),
+     "counter updated"),
+    (lambda c: c.set("faultlab:shard:0/1", "a string, not a hash"), ("status",), "WRONGTYPE"),
+])
+def test_a_corpus_holding_bad_data_is_refused(
+    empty_db: tuple[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    setup: Any, actions: tuple[str, ...], words: str,
+) -> None:
+    """Anyone who reaches the server can write it: its findings are checked as trace files
+    are (size, depth, strict JSON, a trace), every one before the first file is written."""
+    from faultlab.cli import main
+
+    url, client = empty_db
+    client.set("faultlab:corpus", "faultlab-corpus 1")
+    setup(client)
+    out_dir = tmp_path / "out"
+    for action in actions:
+        argv = ["corpus", action, url] + ([str(out_dir)] if action == "export" else [])
+        code = main(argv)
+        out, err = capsys.readouterr()
+        assert code == 2, (action, out, err)
+        assert len(err.splitlines()) == 1 and err.startswith("faultlab: error: "), err
+        assert words in err, err
+        assert not out_dir.exists() and out == ""

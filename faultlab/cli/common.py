@@ -180,10 +180,28 @@ def check_new_directory(path: Path, option: str = "--directory") -> None:
 
 
 def load_system(ref: str, deduplication: bool = True) -> System:
-    """Load the system named on the command line; refuse an impossible --no-deduplication."""
+    """Load the system named on the command line; refuse an impossible --no-deduplication,
+    and a declared payload schema or id pattern nothing can be drawn from (before any
+    store, corpus or job exists)."""
+    from faultlab.search.data import check_declared
+
     system = registry.load_system(ref)
     system.require_deduplication_switch(deduplication)
+    check_declared(system)
     return system
+
+
+#: The most job processes ``--jobs`` starts: each is an interpreter with its own fork server
+#: (100000 once started ~160 processes and then failed with tracebacks).
+MAX_JOBS = 64
+
+
+def jobs(text: str) -> int:
+    """An argparse type for ``--jobs``: 1 to :data:`MAX_JOBS`."""
+    value = int_at_least(1)(text)
+    if value > MAX_JOBS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_JOBS}: {text!r}")
+    return value
 
 
 #: The most workers ``--concurrency`` lets be alive at once.

@@ -79,9 +79,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     check_format(args.format)
     corpus = _open(args.source)
-    try:
+    try:  # both checked whole (numbers, trace documents) before anything is printed
         counters = corpus.counters()
-        findings = corpus.findings()
+        findings = corpus.traces()
     finally:
         corpus.close()
     now = time.time()
@@ -98,16 +98,13 @@ def cmd_status(args: argparse.Namespace) -> int:
                        args.format))
     print()
     finding_rows = []
-    for name, data in findings.items():
-        expected = data.get("expected") or {}
-        meta = data.get("meta") or {}
-        invariants = "+".join(expected.get("invariants", []))
-        finding_rows.append([name, data.get("system", "-"), invariants,
-                             len(data.get("steps", [])), meta.get("shard", "-"),
-                             meta.get("seed", "-")])
+    for name, trace in findings.items():
+        invariants = "+".join(trace.expected.invariants) if trace.expected else ""
+        finding_rows.append([name, trace.system, invariants, len(trace.steps),
+                             trace.meta.get("shard", "-"), trace.meta.get("seed", "-")])
     print(report.table(finding_rows, ["finding", "system", "invariants", "steps", "shard",
                                       "round seed"], args.format))
-    total = sum(int(fields.get("steps", "0")) for fields in counters.values())
+    total = sum(int(float(fields.get("steps", "0"))) for fields in counters.values())
     print(f"\n{len(counters)} shards, {total} steps, {len(findings)} distinct findings "
           f"in {corpus.address}")
     return EXIT_OK

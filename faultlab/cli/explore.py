@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from faultlab.base.errors import EXIT_FOUND, EXIT_OK, UsageError
 from faultlab.cli.common import (
+    EPILOG,
+    MAX_JOBS,
     Commands,
     add_format,
     add_html,
@@ -27,6 +29,7 @@ from faultlab.cli.common import (
     check_format,
     check_output_path,
     concurrency,
+    jobs,
     load_system,
     positive_float,
     positive_int,
@@ -91,10 +94,11 @@ def register(commands: Commands) -> None:
                              "examples with seeds derived from --seed (the step in flight "
                              "finishes; the unfinished example is not counted; a failure "
                              "found before the end is still replayed, shrunk and reported)")
-    parser.add_argument("--jobs", type=positive_int, default=1, metavar="N",
+    parser.add_argument("--jobs", type=jobs, default=1, metavar="N",
                         help="N explorations in parallel, each a process with its own fork "
                              "server and its own seed stream; without --duration they share "
-                             "--examples; the first finding stops the others (default 1)")
+                             "--examples; the first finding stops the others (default 1, "
+                             f"at most {MAX_JOBS})")
     parser.add_argument("--no-pin", dest="pin", action="store_false",
                         help="with --jobs: let the OS move jobs between CPUs (default: when "
                              "there is a CPU for every job, job K and every process it "

@@ -17,6 +17,7 @@ from faultlab.cli.common import (
     check_format,
     check_output_path,
     count,
+    jobs,
     positive_int,
 )
 from faultlab.corpus.files import DEFAULT_CORPUS, check_corpus_directory
@@ -48,7 +49,7 @@ def register(commands: Commands) -> None:
                         help=f"enumerate: operations per trace (default {defaults.OPERATIONS})")
     parser.add_argument("--crashes", type=count, default=defaults.CRASHES, metavar="C",
                         help=f"enumerate: crashes per trace (default {defaults.CRASHES})")
-    parser.add_argument("--jobs", type=positive_int, default=(os.cpu_count() or 1) + 1,
+    parser.add_argument("--jobs", type=jobs, default=(os.cpu_count() or 1) + 1,
                         metavar="J",
                         help="systems judged at once (default: the number of cores plus one: "
                              "a concurrent judgement spends much of its time waiting for "

@@ -22,14 +22,22 @@ Needs the ``redis`` client (the ``redis`` extra).
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from faultlab.base.errors import ExecutionError, UsageError
+from faultlab.base.inputs import MAX_FILE_BYTES, parse_json
+from faultlab.base.messages import printable
+
+if TYPE_CHECKING:
+    from faultlab.trace import ConcurrentTrace, Trace
 
 MARKER_KEY = "faultlab:corpus"
 MARKER = "faultlab-corpus 1"
@@ -48,6 +56,8 @@ COUNTER_TTL_SECONDS = 7 * 24 * 3600
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.json")
 COUNTER_FIELDS = ("system", "seed", "state", "examples", "steps", "sigkills", "findings",
                   "seconds", "updated")
+#: The counters ``corpus status`` computes with: each must read as a finite number.
+NUMERIC_FIELDS = ("examples", "steps", "sigkills", "findings", "seconds", "updated")
 
 
 def is_redis_url(text: str) -> bool:
@@ -126,10 +136,50 @@ class RedisCorpus:
             raise ExecutionError(f"{self.address}: cannot save {name}: {error}") from None
         return f"{self.address}#{name}", new
 
+    def _read(self, what: str, call: Callable[[], Any]) -> Any:
+        """One read; a key of the wrong type is bad input (exit 2), a lost server a run
+        failure (exit 3)."""
+        import redis
+
+        try:
+            return call()
+        except redis.ResponseError as error:  # WRONGTYPE: someone else's key, or a hand edit
+            raise UsageError(f"{self.address}: cannot read {what}: {error}") from None
+        except self._errors as error:
+            raise ExecutionError(f"{self.address}: cannot read {what}: {error}") from None
+
     def findings(self) -> dict[str, dict[str, Any]]:
-        names = sorted(self.client.smembers(FINDINGS))
-        values = self.client.mget([FINDING_PREFIX + n for n in names]) if names else []
-        return {n: json.loads(v) for n, v in zip(names, values, strict=True) if v is not None}
+        """Every finding's trace document, checked as a trace file is (untrusted: anyone who
+        can reach the server can write it): bounded size and depth, strict JSON, an object,
+        and a plain file name."""
+        names = sorted(self._read(FINDINGS, lambda: self.client.smembers(FINDINGS)))
+        for name in names:
+            if not _SAFE_NAME.fullmatch(name):
+                raise UsageError(f"{self.address}: finding name {printable(name, 80)!r} is "
+                                 "not a plain file name")
+        values = self._read("the findings", lambda: self.client.mget(
+            [FINDING_PREFIX + n for n in names])) if names else []
+        found: dict[str, dict[str, Any]] = {}
+        for name, value in zip(names, values, strict=True):
+            if value is None:
+                continue
+            where = f"{self.address}: {FINDING_PREFIX}{name}"
+            if len(value) > MAX_FILE_BYTES:
+                raise UsageError(f"{where}: {len(value)} characters; a trace has at most "
+                                 f"{MAX_FILE_BYTES} bytes")
+            data = parse_json(value, f"{where}: not a faultlab trace")
+            if not isinstance(data, dict):
+                raise UsageError(f"{where}: not a faultlab trace (a JSON "
+                                 f"{_json_kind(data)}, not an object)")
+            found[name] = data
+        return found
+
+    def traces(self) -> dict[str, Trace | ConcurrentTrace]:
+        """Every finding as a trace (either version), each checked completely."""
+        from faultlab.trace import from_document
+
+        return {name: from_document(data, source=f"{self.address}: {FINDING_PREFIX}{name}")
+                for name, data in self.findings().items()}
 
     def update_counters(self, shard: str, fields: dict[str, Any]) -> None:
         """Refresh this shard's live counters (a lost update is retried by the next one)."""
@@ -142,23 +192,45 @@ class RedisCorpus:
             raise ExecutionError(f"{self.address}: cannot update counters: {error}") from None
 
     def counters(self) -> dict[str, dict[str, str]]:
-        shards = sorted(k[len(SHARD_PREFIX):] for k in self.client.scan_iter(SHARD_PREFIX + "*"))
-        return {shard: self.client.hgetall(SHARD_PREFIX + shard) for shard in shards}
+        """Each shard's counters; a counter that is not a number is refused (exit 2)."""
+        shards = sorted(k[len(SHARD_PREFIX):] for k in self._read(
+            "the shards", lambda: list(self.client.scan_iter(SHARD_PREFIX + "*"))))
+        found: dict[str, dict[str, str]] = {}
+        for shard in shards:
+            key = SHARD_PREFIX + shard
+            fields: dict[str, str] = self._read(key, partial(self.client.hgetall, key))
+            for name in NUMERIC_FIELDS:
+                value = fields.get(name)
+                if value is not None and not _is_number(value):
+                    raise UsageError(f"{self.address}: {printable(key, 80)}: counter {name} "
+                                     f"is {printable(value, 40)!r}, not a number")
+            found[shard] = fields
+        return found
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number")
 
 
 def export(corpus: RedisCorpus, directory: Path) -> tuple[list[Path], list[Path]]:
     """Write every finding as an ordinary trace file named by its content; a file of that
     name already there is left alone (the same name is the same trace). Returns the files
-    written and the ones left alone."""
-    from faultlab.trace import from_document, write_json_atomically
+    written and the ones left alone. Every finding (name and trace) is checked before the
+    directory is made or a file written: a bad one refuses the export with nothing created."""
+    from faultlab.trace import write_json_atomically
 
-    findings = corpus.findings()  # either trace version: concurrent explores save here too
-    traces = {name: from_document(data, source=name) for name, data in findings.items()}
+    traces = corpus.traces()  # either trace version: concurrent explores save here too
     directory.mkdir(parents=True, exist_ok=True)
     written, present = [], []
     for name, trace in traces.items():
-        if not _SAFE_NAME.fullmatch(name):
-            raise UsageError(f"{corpus.address}: finding name {name!r} is not a plain file name")
         path = directory / name
         if path.exists():
             present.append(path)

@@ -39,12 +39,13 @@ from typing import Any
 from hypothesis import strategies as st
 
 from faultlab.base.errors import UsageError
+from faultlab.base.inputs import check_operation_id
 
 TWO_53 = 2**53
 
 #: The titles of simple payloads (the reference's ordering key).
 TITLES: tuple[str, ...] = ("backlog", "invoice", "report")
-#: The payloads faultlab drew before issue 11: still the simple (and shrink-target) case.
+#: The simple payloads: still the simple (and shrink-target) case.
 SIMPLE_PAYLOADS: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(
     {"title": st.sampled_from(TITLES)},
     optional={
@@ -236,10 +237,7 @@ def schema_strategy(schema: Any) -> st.SearchStrategy[Any]:
                          "pip install 'faultlab[jsonschema]'") from None
 
     def build(part: Any) -> st.SearchStrategy[Any]:
-        if isinstance(part, dict) and part.get("type") == "object" \
-                and isinstance(part.get("properties"), dict) \
-                and set(part) <= {"type", "properties", "required", "additionalProperties",
-                                  "title", "description", "$schema"}:
+        if _built_here(part):
             required = set(part.get("required", []))
             properties = part["properties"]
             return st.fixed_dictionaries(
@@ -253,6 +251,15 @@ def schema_strategy(schema: Any) -> st.SearchStrategy[Any]:
         return build(schema)
     except Exception as error:  # the library raises several kinds for a bad schema
         raise UsageError(f"payload_schema is not a usable JSON Schema: {error}") from None
+
+
+def _built_here(part: Any) -> bool:
+    """Whether :func:`schema_strategy` builds this object schema itself (not
+    hypothesis-jsonschema)."""
+    return isinstance(part, dict) and part.get("type") == "object" \
+        and isinstance(part.get("properties"), dict) \
+        and set(part) <= {"type", "properties", "required", "additionalProperties",
+                          "title", "description", "$schema"}
 
 
 def id_strategy(system: Any) -> st.SearchStrategy[str] | None:
@@ -270,9 +277,137 @@ def id_strategy(system: Any) -> st.SearchStrategy[str] | None:
 
 
 def pattern_strategy(pattern: str) -> st.SearchStrategy[str]:
-    """Ids matching the whole regular expression (no NUL: ids travel in argv)."""
+    """Ids matching the whole regular expression that are usable ids
+    (:func:`~faultlab.base.inputs.check_operation_id`: no NUL or other control character,
+    since ids travel in argv; not empty; not too long)."""
     try:
         re.compile(pattern)
     except re.error as error:
         raise UsageError(f"operation_ids is not a regular expression: {error}") from None
-    return st.from_regex(pattern, fullmatch=True).filter(lambda text: "\x00" not in text)
+    return st.from_regex(pattern, fullmatch=True).filter(_usable_id)
+
+
+def _usable_id(text: str) -> bool:
+    try:
+        check_operation_id(text)
+    except UsageError:
+        return False
+    return True
+
+
+# --- declared data, checked before a run starts ----------------------------------------------
+
+
+def check_declared(system: Any) -> None:
+    """Refuse (UsageError, one line) a command-line system's payload schema or id pattern
+    from which no value can be drawn, before anything is created.
+
+    Hypothesis would otherwise fail inside the search, where the error became a traceback
+    and exit 1 (the finding status): a ``{"$ref": "#"}`` schema cannot be resolved, a
+    ``false`` or impossible schema (``minimum`` above ``maximum``) admits nothing, a bad
+    ``type`` trips an assertion in hypothesis-jsonschema, an id pattern with a look-behind
+    or one that matches nothing leaves every example unsatisfiable. A Python system's own
+    ``payloads()``/``operation_ids()`` must return strategies; what they draw is its code,
+    and not drawn here."""
+    payload_strategy(system)  # a Python system's payloads()/operation_ids() must return
+    id_strategy(system)  # strategies: refused here, not inside a --jobs job (exit 3)
+    schema = getattr(system, "payload_schema", None)
+    pattern = getattr(system, "operation_id_pattern", None)
+    try:
+        if schema is not None and not callable(getattr(system, "payloads", None)):
+            check_schema(schema)
+        if pattern is not None and not callable(getattr(system, "operation_ids", None)):
+            check_pattern(pattern)
+    except UsageError as error:
+        raise UsageError(f"system {system.name!r}: {error}") from None
+
+
+def check_schema(schema: Any) -> None:
+    """A payload schema must be a valid JSON Schema from which a payload can be drawn."""
+    if schema is False:
+        raise UsageError("payload_schema is false: it admits no payload")
+    try:
+        from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped,unused-ignore]
+        from jsonschema.validators import validator_for  # type: ignore[import-untyped,unused-ignore]
+    except ImportError:  # hypothesis-jsonschema requires jsonschema; schema_strategy says so
+        pass
+    else:
+        try:
+            validator_for(schema).check_schema(schema)
+        except SchemaError as error:
+            where = "".join(f"[{json_key(part)}]" for part in error.absolute_path)
+            raise UsageError(f"payload_schema{where} is not a valid JSON Schema: "
+                             f"{error.message[:200]}") from None
+    _check_part(schema, "payload_schema")
+
+
+def json_key(part: Any) -> str:
+    return str(part) if isinstance(part, int) else repr(part)
+
+
+def _check_part(part: Any, where: str) -> None:
+    """Draw from each schema :func:`schema_strategy` builds (every property of an object
+    built here, since an optional property may never be drawn at the top)."""
+    if _built_here(part):
+        for key, sub in part["properties"].items():
+            _check_part(sub, f"{where}.properties[{key!r}]")
+    problem = _draw_problem(schema_strategy(part))
+    if problem is not None:
+        raise UsageError(f"{where} {problem}")
+
+
+def check_pattern(pattern: str) -> None:
+    """An id pattern must match some usable operation id that Hypothesis can draw."""
+    problem = _draw_problem(pattern_strategy(pattern))
+    if problem is None:
+        return
+    if _has_lookbehind(pattern):
+        raise UsageError(f"operation_ids {pattern!r} uses a look-behind assertion, from "
+                         "which no id can be drawn (st.from_regex cannot generate for it)")
+    raise UsageError(f"operation_ids {pattern!r} {problem.replace('value', 'operation id')}"
+                     " (an id is 1 to 200 characters, none of them a control character)")
+
+
+def _draw_problem(strategy: st.SearchStrategy[Any]) -> str | None:
+    """Why no value can be drawn from ``strategy``, or None once one was (deterministic:
+    a derandomized search that stops at the first value)."""
+    from hypothesis import HealthCheck, Phase, find, settings
+    from hypothesis.errors import NoSuchExample, Unsatisfiable
+
+    chosen = settings(database=None, max_examples=50, derandomize=True, deadline=None,
+                      phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    try:
+        find(strategy, lambda _: True, settings=chosen)
+    except (NoSuchExample, Unsatisfiable):
+        return "admits no value faultlab could draw"
+    except UsageError:
+        raise
+    except Exception as error:  # the libraries raise many kinds (even AssertionError)
+        text = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        return f"is not usable: {type(error).__name__}{': ' + text if text else ''}"
+    return None
+
+
+def _has_lookbehind(pattern: str) -> bool:
+    try:
+        from re import _parser as parser
+    except ImportError:  # pragma: no cover - Python 3.10
+        import sre_parse as parser
+
+    def walk(items: Any) -> bool:
+        for op, av in items:
+            name = str(op)
+            if name in ("ASSERT", "ASSERT_NOT") and av[0] == -1:
+                return True
+            for value in av if isinstance(av, (list, tuple)) else (av,):
+                if isinstance(value, parser.SubPattern) and walk(value):
+                    return True
+                if isinstance(value, (list, tuple)) and any(
+                        isinstance(v, parser.SubPattern) and walk(v) for v in value):
+                    return True
+        return False
+
+    try:
+        return walk(parser.parse(pattern))
+    except Exception:  # already compiled once: only a guess at the cause is lost
+        return False

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from faultlab.base import interrupt
+from faultlab.base.errors import UsageError
 from faultlab.process.affinity import allowed_cpus, pin_job
 from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
 from faultlab.process.spawn import Spawner
@@ -246,8 +247,6 @@ def _job_main(plan: Plan, job: int, messages: Any, stop_event: Any) -> None:
     from faultlab.system import load_system
 
     interrupt.install()  # SIGINT (the terminal's group) or SIGTERM (the parent) end it cleanly
-    cpus = pin_job(job, plan.jobs) if plan.pinned else allowed_cpus()
-    system = load_system(plan.system)
     last = [0.0]
 
     def progress(totals: Totals) -> None:
@@ -257,12 +256,17 @@ def _job_main(plan: Plan, job: int, messages: Any, stop_event: Any) -> None:
             messages.put(("progress", job, vars(totals)))
 
     try:
+        cpus = pin_job(job, plan.jobs) if plan.pinned else allowed_cpus()
+        system = load_system(plan.system)  # the parent checked it; a job reports its own
         with spawner(plan.spawn) as runner:
             result, _ = run_stream(system, runner, plan, job, stop=stop_event.is_set,
                                    on_failure=stop_event.set, progress=progress)
             server = runner.server_pid  # alive until the block ends: still ours to ask
             result.cpus = allowed_cpus(server) if server is not None else cpus
         messages.put(("done", job, result))
+    except UsageError as error:  # bad input stays bad input (exit 2), not a run failure
+        stop_event.set()
+        messages.put(("usage", job, str(error)))
     except BaseException as error:  # reported to the parent, which stops with an error
         stop_event.set()
         messages.put(("error", job, f"{type(error).__name__}: {error}"))
@@ -283,6 +287,7 @@ def run_jobs(
     live: dict[int, Totals] = {}
     results: dict[int, StreamResult] = {}
     errors: list[str] = []
+    usage: list[str] = []
     try:
         for process in processes:
             # deferred: a signal as a job starts is raised once it is known, so the handler
@@ -307,6 +312,9 @@ def run_jobs(
             elif kind == "done":
                 results[job] = payload
                 live[job] = payload.totals
+            elif kind == "usage":
+                usage.append(payload)
+                errors.append(f"job {job}: {payload}")
             else:
                 errors.append(f"job {job}: {payload}")
             if progress is not None:
@@ -334,6 +342,8 @@ def run_jobs(
                 process.join()
         messages.close()
         messages.join_thread()
+    if usage:  # the same words a single job would have printed, exit 2
+        raise UsageError(usage[0])
     if errors:
         from faultlab.base.errors import ExecutionError
 

@@ -162,6 +162,9 @@ class Reader:
         return value
 
     def template(self, text: str, where: str, allowed: frozenset[str]) -> str:
+        if "\x00" in text:  # execve takes C strings: Python's fork_exec raises ValueError
+            self.fail(f"{where} contains a NUL character, which no argument or environment "
+                      "value can carry")
         for name in placeholders_in(text):
             if name in allowed:
                 continue
@@ -257,6 +260,8 @@ def read_description(path: Path) -> Description:
         if isinstance(filename, dict):
             reader.fail(f'stores.{store}: an object must be {{"kind": "postgres"}}')
         filename = reader.string(filename, f"stores.{store}")
+        if "\x00" in filename:
+            reader.fail(f"stores.{store} contains a NUL character, which no file name can")
         relative = Path(filename)
         if relative.is_absolute() or ".." in relative.parts:
             reader.fail(f"stores.{store}: {filename!r} must be a path inside the run directory")
