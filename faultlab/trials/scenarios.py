@@ -78,7 +78,9 @@ class Scenario:
             system, self.steps_for(system), spawner, deduplication=self.deduplication,
             directory=directory, deadline=deadline,
         )
-        return self.judge(self, execution)
+        outcome = self.judge(self, execution)
+        outcome.crash_point = scenario_point(system, self.crash_point)  # the point armed
+        return outcome
 
 
 def process_json(record: ProcessRecord) -> dict[str, Any]:
