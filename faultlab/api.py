@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 class Outcome:
     """What an exploration or a replay showed.
 
-    ``clean`` is True only when something was tested and no invariant failed. ``trace`` is
+    ``clean`` is True only when something was tested and no invariant failed (a vacuous
+    exploration, one that accepted no operation, never fired a declared crash point or
+    never let concurrent workers overlap, is not clean: ``notes`` says why). ``trace`` is
     the shrunk trace of a finding (``None`` when clean); ``violations`` the invariant
     failures its replay showed; ``path`` the corpus file a finding was saved to, if any;
     ``notes`` anything the run wants a reader to know (for example a failure whose replay
@@ -61,6 +63,15 @@ def _system(system: str | Path | System) -> System:
     return load_system(system)
 
 
+def _explorable(system: str | Path | System) -> System:
+    """The system, with its declared data checked before anything runs."""
+    from faultlab.search.data import check_declared
+
+    chosen = _system(system)
+    check_declared(chosen)
+    return chosen
+
+
 def explore(
     system: str | Path | System,
     *,
@@ -89,8 +100,9 @@ def explore(
     True
     """
     from faultlab.process.spawn import spawner
+    from faultlab.search.coverage import concurrent_vacuity, vacuity
 
-    chosen = _system(system)
+    chosen = _explorable(system)
     if concurrency < 1:
         raise UsageError(f"concurrency must be at least 1, not {concurrency}")
     if examples < 1 or steps < 1:
@@ -108,6 +120,7 @@ def explore(
         found, stats, notes = result.trace, result.stats(), result.notes
         checked = result.recorder.checks
         violations = tuple(result.replay.violations) if result.replay else ()
+        vacuous = vacuity(result.recorder.coverage, chosen, result.recorder.examples)
     else:
         from faultlab.search.schedules import explore_concurrent
 
@@ -119,6 +132,9 @@ def explore(
         found, stats, notes = concurrent.trace, concurrent.stats(), concurrent.notes
         checked = concurrent.recorder.steps
         violations = tuple(concurrent.replay.violations) if concurrent.replay else ()
+        recorder = concurrent.recorder
+        vacuous = concurrent_vacuity(recorder.checked, recorder.examples, recorder.held,
+                                     concurrency)
     path = None
     if found is not None and corpus is not None:
         from faultlab.corpus import files
@@ -126,7 +142,10 @@ def explore(
         path = files.save(found, Path(corpus))
     if found is None and not checked:
         notes = [*notes, "nothing was checked: the run is not clean"]
-    return Outcome(clean=found is None and bool(checked), trace=found, violations=violations,
+    elif found is None and vacuous is not None:
+        notes = [*notes, f"vacuous: nothing was tested: {vacuous}"]
+    tested = bool(checked) and vacuous is None
+    return Outcome(clean=found is None and tested, trace=found, violations=violations,
                    path=path, notes=tuple(notes), stats=stats)
 
 

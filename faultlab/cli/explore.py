@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from faultlab.base.errors import EXIT_FOUND, EXIT_OK, UsageError
+from faultlab.base.errors import EXIT_FOUND, EXIT_OK, EXIT_VACUOUS, UsageError
 from faultlab.cli.common import (
     EPILOG,
     MAX_JOBS,
@@ -37,7 +37,7 @@ from faultlab.cli.common import (
 from faultlab.corpus.files import DEFAULT_CORPUS, check_corpus_directory
 from faultlab.corpus.redis_store import RedisCorpus, is_redis_url
 from faultlab.search import defaults
-from faultlab.search.coverage import Coverage
+from faultlab.search.coverage import Coverage, concurrent_vacuity, vacuity
 from faultlab.search.streams import Shard, parse_shard
 from faultlab.system import is_builtin
 from faultlab.system.contract import System
@@ -57,6 +57,15 @@ def _shard(text: str) -> Shard:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+#: explore's exit statuses: every command's, and 4 for a run that tested nothing.
+EXPLORE_EPILOG = EPILOG.replace("  130/143", f"""\
+  {EXIT_VACUOUS}        vacuous: nothing failed, but nothing was tested (no operation was ever
+           accepted, an invariant family never had anything to check, the declared
+           crash points were armed and never fired, or --concurrency workers never
+           overlapped); one line says which
+  130/143""")
+
+
 def register(commands: Commands) -> None:
     parser = commands.add_parser(
         "explore", help="search for a crash that breaks an invariant (Hypothesis state machine)",
@@ -65,7 +74,9 @@ def register(commands: Commands) -> None:
                     "process on fresh SQLite stores, checking every invariant after every step. "
                     "A failure is shrunk to its shortest trace, saved to the corpus and printed "
                     "as a table. Exit 0 when nothing was found, 1 when something was, 2 on bad "
-                    "input.",
+                    "input, 3 when the run failed, 4 when the run tested nothing (a "
+                    "vacuous run is not clean).",
+        epilog=EXPLORE_EPILOG,
     )
     add_system(parser)
     parser.add_argument("--examples", type=positive_int, default=defaults.EXAMPLES, metavar="N",
@@ -269,6 +280,11 @@ def cmd_explore(args: argparse.Namespace) -> int:
             for note in r.notes:
                 print(f"note: {note}")
         if trace is None:
+            vacuous = _vacuity(results, system, plan, totals)
+            if vacuous is not None:
+                print(f"\nvacuous: nothing failed in {totals.examples} examples, but nothing "
+                      f"was tested: {vacuous}")
+                return EXIT_VACUOUS
             print(f"\nclean: no invariant failed in {totals.examples} examples")
             return EXIT_OK
         saved = [sink.save(from_document(r.trace), system) for r in finders]
@@ -354,6 +370,21 @@ def _print_coverage(results: list[StreamResult], system: System, plan: Plan,
     for r in results:
         coverage.merge(Coverage(Counter(r.armed), Counter(r.fired), Counter(r.checked)))
     report.print_coverage(coverage, system, fmt)
+
+
+def _vacuity(results: list[StreamResult], system: System, plan: Plan,
+             totals: Totals) -> str | None:
+    """Why a run that found nothing tested nothing either (see
+    :mod:`faultlab.search.coverage`), over every job's coverage; None when it tested."""
+    if plan.concurrency > 1:
+        checked: Counter[str] = Counter()
+        for r in results:
+            checked.update(r.checked)
+        return concurrent_vacuity(checked, totals.examples, totals.held, plan.concurrency)
+    coverage = Coverage()
+    for r in results:
+        coverage.merge(Coverage(Counter(r.armed), Counter(r.fired), Counter(r.checked)))
+    return vacuity(coverage, system, totals.examples)
 
 
 def _cpus(results: list[StreamResult]) -> str:

@@ -1,12 +1,17 @@
 """What a search exercised: crash points armed and fired, invariants checked non-vacuously.
 
 A clean result means little if the crash points never fired or an invariant never
-had anything to check; explore and enumerate both print this table.
+had anything to check; explore and enumerate both print this table, and
+:func:`vacuity` turns it into explore's "vacuous" outcome (exit status 4): a run in
+which no operation was ever accepted, no ticket made, no operation completed, or the
+system's declared crash points were armed and never fired tested nothing, and must
+not be reported as clean.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,3 +61,54 @@ class Coverage:
     def invariant_rows(self) -> list[list[Any]]:
         """Rows: invariant, times it had something to check."""
         return [[invariant.name, self.checked[invariant.name]] for invariant in INVARIANTS]
+
+
+#: Invariants grouped by what the run must have done for any of them to check something
+#: (each :class:`~faultlab.checks.invariants.Invariant`'s ``vacuous`` rule): a family of
+#: which no member ever checked anything means the run never exercised that part of the
+#: outbox, whatever its examples were. In order: each family's cause implies the next.
+FAMILIES: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("ATOM", "PAIR", "ACK"),
+     "no operation was ever accepted (the caller store stayed empty and no accept was "
+     "acknowledged)"),
+    (("ONE", "RCPT", "KEY", "PAY"), "no ticket was ever made downstream"),
+    (("DONE",), "no operation was ever complete"),
+)
+
+
+def vacuous_families(checked: Mapping[str, int]) -> list[str]:
+    """Why the invariants had nothing to check, one cause per vacuous family (the first
+    cause only once a family's cause already explains the ones after it)."""
+    causes = [cause for names, cause in FAMILIES if not any(checked.get(n, 0) for n in names)]
+    return causes[:1] if causes and causes[0] == FAMILIES[0][1] else causes
+
+
+def vacuity(coverage: Coverage, system: System, examples: int) -> str | None:
+    """Why a clean sequential run tested nothing, as one line, or None when it tested
+    something: no example ran, an invariant family was vacuous for the whole run, or the
+    system declares crash points, some were armed, and none ever fired (its arming does
+    not work). A run too short to arm any point is not blamed for it."""
+    if examples == 0:
+        return "no example completed"
+    causes = vacuous_families(coverage.checked)
+    declared = [point.name for point in system.crash_points]
+    armed = sum(coverage.armed[name] for name in declared)
+    if declared and armed and not any(coverage.fired[name] for name in declared):
+        causes.append(f"no declared crash point ever fired (armed {armed} times)")
+    return "; ".join(causes) or None
+
+
+def concurrent_vacuity(checked: Mapping[str, int], examples: int, held: int,
+                       concurrency: int) -> str | None:
+    """Why a clean concurrent run tested nothing, as one line, or None: as
+    :func:`vacuity` (``checked`` counts examples per invariant), and workers that never
+    overlapped (no lane was ever held at a point: the system announces none, so every
+    worker ran to its end before the next one could start)."""
+    if examples == 0:
+        return "no example completed"
+    causes = vacuous_families(checked)
+    if not held:
+        causes.append(f"workers never overlapped: no lane was ever held at a point (the "
+                      f"system announces none), so --concurrency {concurrency} ran one "
+                      "worker at a time")
+    return "; ".join(causes) or None

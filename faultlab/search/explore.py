@@ -25,6 +25,7 @@ from faultlab.process.records import DEFAULT_DEADLINE
 from faultlab.process.spawn import Spawner
 from faultlab.run.executor import Execution, execute
 from faultlab.search import defaults
+from faultlab.search.coverage import vacuity
 from faultlab.search.machine import (
     SUITE_WEIGHTS,
     WEIGHTS,
@@ -253,13 +254,18 @@ def _describe(trace: Trace) -> str:
 def suite_exploration(
     system: System, spawner: Spawner, *, examples: int, seed: int, deadline: float
 ) -> dict[str, Any]:
-    """suite's exploration phase: the system must be clean; the negative control must be
-    caught by ONE, shrunk to exactly 3 steps."""
+    """suite's exploration phase: the system must be clean, and not vacuously (an
+    exploration that accepted nothing or fired no declared crash point tested nothing:
+    :func:`faultlab.search.coverage.vacuity`); the negative control must be caught by
+    ONE, shrunk to exactly 3 steps."""
     clean = explore(system, spawner, examples=examples, seed_value=seed, deadline=deadline,
                     weights=SUITE_WEIGHTS)
     stats = clean.stats()
-    clean_ok = clean.trace is None
-    outcome = "clean" if clean.trace is None else f"FOUND {_describe(clean.trace)}: FAIL"
+    vacuous = None if clean.trace is not None or examples == 0 else vacuity(
+        clean.recorder.coverage, system, clean.recorder.examples)
+    clean_ok = clean.trace is None and vacuous is None
+    outcome = "clean" if clean_ok else f"VACUOUS ({vacuous}): FAIL" if clean.trace is None \
+        else f"FOUND {_describe(clean.trace)}: FAIL"
     lines = [
         f"explore {system.ref} (seed {seed}, Hypothesis {HYPOTHESIS_VERSION}): "
         f"{stats['examples']} examples, {stats['steps']} steps, {stats['sigkills']} SIGKILLs, "

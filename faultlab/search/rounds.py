@@ -109,6 +109,9 @@ class Totals:
     rounds: int = 0
     #: Concurrent traces: lane-steps that ended blocked on another lane's lock.
     blocked: int = 0
+    #: Concurrent traces: steps after which some lane was held at a point (none: the
+    #: workers never overlapped).
+    held: int = 0
     #: Sequential traces: examples by operations accepted, and by direct deliveries
     #: (Counters add up like the numbers above; a new one on every add, since a progress
     #: snapshot shares them)
@@ -123,6 +126,7 @@ class Totals:
         self.checks += recorder.checks
         if isinstance(recorder, ConcurrentRecorder):
             self.blocked += recorder.blocked
+            self.held += recorder.held
         else:
             self.operations = self.operations + recorder.operations_per_example
             self.deliveries = self.deliveries + recorder.deliveries_per_example

@@ -93,6 +93,9 @@ class ConcurrentRecorder:
     #: Invariant checks run: each per-step invariant per worker that ended at the step (at
     #: least once a step), and each history invariant once a step.
     checks: int = 0
+    #: Steps after which some lane was held at a point: 0 for a whole run means its
+    #: workers never overlapped (:func:`faultlab.search.coverage.concurrent_vacuity`).
+    held: int = 0
     _last_progress: float = 0.0
 
     @property
@@ -101,6 +104,7 @@ class ConcurrentRecorder:
 
     def observe(self, observation: LaneObservation) -> None:
         self.steps += 1
+        self.held += any(" @" in state for state in observation.lanes)  # LaneState.shown
         self.sigkills += observation.sigkills
         self.checks += len(PER_STEP) * max(1, len(observation.exited)) + len(HISTORY_INVARIANTS)
         self.blocked += sum(state.endswith("blocked") for state in observation.lanes)
@@ -373,6 +377,7 @@ class ConcurrentExploration:
             "seconds": round(self.seconds, 3),
             "steps_per_second": round(r.steps / self.seconds, 1) if self.seconds else 0.0,
             "checked": {name: r.checked[name] for name in COVERED},
+            "held_steps": r.held,
         }
 
 
