@@ -13,14 +13,18 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from faultlab.base import interrupt
 from faultlab.base.errors import EXIT_RUN_FAILED, EXIT_USAGE, ExecutionError, UsageError
 from faultlab.base.messages import printable
 from faultlab.base.version import __version__
 from faultlab.cli import corpus, enumeration, explore, init, mutants, replay, suite, systems, worker
-from faultlab.cli.common import Parser
+from faultlab.cli.common import PRIVATE_POSTGRES, Parser
 from faultlab.stores.sqlite import StoreError
+
+if TYPE_CHECKING:
+    from faultlab.stores.pgserver import PrivateServer
 
 #: Every command, in the order ``--help`` lists them.
 COMMANDS = {
@@ -103,7 +107,7 @@ def _run(argv: list[str], worker_process: bool) -> int:
         if getattr(args, "postgres", None) is not None:
             from faultlab.stores import postgres as pgstores
 
-            pgstores.configure(args.postgres)
+            pgstores.configure(_postgres_server(args.postgres))
         if worker_process:
             result: int = args.handler(args)
             return result
@@ -125,6 +129,7 @@ def _run(argv: list[str], worker_process: bool) -> int:
         raise
     finally:
         _close_postgres()
+        _stop_private_server()
 
 
 #: The status of a program whose reader closed the pipe (what a shell shows for SIGPIPE).
@@ -144,6 +149,32 @@ def _closed_pipe() -> int:
     except (OSError, ValueError):
         pass
     return EXIT_CLOSED_PIPE
+
+
+#: The PostgreSQL server this run started for itself (``--postgres private``), if any.
+_private_server: list[PrivateServer] = []
+
+
+def _postgres_server(value: str) -> str:
+    """``--postgres``'s connection string: as given, or that of a private server started now.
+
+    ``private`` starts faultlab's own cluster for this run (``initdb`` into a RAM
+    directory, its own socket, no network): the shared server is never touched, and the
+    cluster is stopped and removed when the command ends, fails or is interrupted.
+    """
+    if value != PRIVATE_POSTGRES:
+        return value
+    from faultlab.stores.pgserver import PrivateServer
+
+    server = PrivateServer()
+    _private_server.append(server)  # stopped in _run's finally, whatever happens next
+    server.start()
+    return server.conninfo
+
+
+def _stop_private_server() -> None:
+    while _private_server:
+        _private_server.pop().stop()
 
 
 def _close_postgres() -> None:
