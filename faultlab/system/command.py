@@ -278,7 +278,7 @@ class CommandSystem(System):
         stopped: list[str] = []
 
         def progress() -> int:
-            """Asked by SQLite every few thousand instructions: a query that never ends (a
+            """Asked by SQLite every thousand instructions: a query that never ends (a
             recursive CTE that loops once the outbox has rows passes the load-time probe on
             empty stores) is stopped at the deadline or on SIGINT/SIGTERM, which otherwise
             wait until the query returns to Python, that is for ever."""
