@@ -9,7 +9,9 @@ who changed them. These checks keep a little state across steps:
 * ``EXCL``: a claim is exclusive while its lease runs: no worker claims an
   operation while another live worker holds an unexpired lease on it.
 * ``ORDER``: where the system declares an ordering key (a payload field), the
-  operations of one key get their tickets in acceptance order. An operation
+  operations of one key get their tickets in acceptance order: an operation whose
+  acceptance was acknowledged before another's accept began is relayed first
+  (two overlapping acceptances have no order a caller saw). An operation
   delivered straight to the receiver (a ``service`` step) is exempt: that
   delivery is the caller's own, not the relay's.
 * ``FENCE``: a dispatcher whose claim was superseded (its lease lapsed and
@@ -77,7 +79,16 @@ class History:
     ordered: bool = False  # ORDER had something to check at some step
     contested: int = 0  # claims taken while another live worker held one on the operation
     idle_with_pending: int = 0  # SKIP had something to check: a lone idle relay, rows pending
+    #: Steps checked so far; the step an operation's first accept began, and the step its
+    #: acceptance was first acknowledged (ORDER orders only acceptances that did not overlap)
+    steps: int = 0
+    began: dict[str, int] = field(default_factory=dict)
+    acknowledged_at: dict[str, int] = field(default_factory=dict)
     _exclusion: list[str] = field(default_factory=list)
+
+    def accept_begins(self, operation_id: str) -> None:
+        """An accept of ``operation_id`` starts in the step being run now."""
+        self.began.setdefault(operation_id, self.steps + 1)
 
     def claim(self, claim: Claim, *, alive: set[int]) -> None:
         """Record a claim; ``alive`` are the workers still running when it was taken."""
@@ -126,6 +137,9 @@ class History:
         step (so a change of the stores is its doing), ``exited`` the workers that ended;
         ``solitary`` says no other worker was alive at all (not even held or paused), so
         every claim on the stores was announced; ``now`` is the virtual clock."""
+        self.steps += 1
+        for operation_id in acknowledged or {}:
+            self.acknowledged_at.setdefault(operation_id, self.steps)
         found = [Violation("TERM", m) for m in self._terminal(after)]
         found += [Violation("EXCL", m) for m in self._exclusion]
         self._exclusion = []
@@ -192,9 +206,21 @@ class History:
             return None
         return value.get(self.ordering_key) if isinstance(value, dict) else None
 
+    def _precedes(self, earlier: str, later: str) -> bool:
+        """Whether ``earlier``'s acceptance was acknowledged before ``later``'s accept began.
+
+        Two acceptances that overlap (one's COMMIT in flight while the other is accepted and
+        acknowledged) have no order a caller could rely on: the store may hold either
+        first. An operation whose start is unknown keeps the acknowledgement order.
+        """
+        began = self.began.get(later)
+        acknowledged = self.acknowledged_at.get(earlier)
+        return began is None or acknowledged is None or acknowledged < began
+
     def _order(self, after: Snapshot, acknowledged: dict[str, str]) -> list[str]:
         """Within each key, in acceptance (acknowledgement) order, no relayed operation has a
-        ticket while an earlier one has none or a later-numbered one."""
+        ticket while an earlier one has none or a later-numbered one. Only acceptances in
+        real-time order count: ``earlier`` acknowledged before ``later`` began."""
         if self.ordering_key is None:
             return []
         first: dict[str, int] = {}
@@ -213,6 +239,8 @@ class History:
                 if later not in first:
                     continue
                 for earlier in operations[:index]:
+                    if not self._precedes(earlier, later):
+                        continue
                     if earlier not in first or first[earlier] > first[later]:
                         shown = f"ticket {first[earlier]}" if earlier in first else "no ticket"
                         found.append(

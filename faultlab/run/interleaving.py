@@ -589,6 +589,8 @@ class LaneExecutor:
         )
         if step.role == "service" and step.operation_id is not None:
             self.history.direct.add(step.operation_id)
+        if step.role == "accept" and step.operation_id is not None:
+            self.history.accept_begins(step.operation_id)
         with interrupt.deferred():  # a started lane is known (killed and reaped at close)
             lane = self._spawn(number, spec)
             self.lanes[number] = lane
