@@ -8,10 +8,11 @@ processes on fresh real stores and cleans up after itself.
 
 from __future__ import annotations
 
+import unittest
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from faultlab.base.errors import UsageError
 from faultlab.checks.invariants import Violation
@@ -187,11 +188,33 @@ def replay(trace_or_path: Trace | ConcurrentTrace | str | Path, *,
                    path=path)
 
 
+#: Where a failing state-machine test saves its finding when neither ``corpus=`` nor the
+#: pytest plugin's ``--faultlab-corpus`` says: beside the tests, apart from the committed
+#: ``corpus/`` that ``explore`` writes, so a test run never mixes into it unasked.
+TEST_CORPUS = Path("faultlab-corpus")
+
+
 def state_machine(system: str | Path | System, *, deduplication: bool = True,
                   examples: int = defaults.EXAMPLES, steps: int = defaults.STEPS,
-                  deadline: float = DEFAULT_DEADLINE) -> type[OutboxMachine]:
+                  deadline: float = DEFAULT_DEADLINE,
+                  corpus: str | Path | None = None) -> type[OutboxMachine]:
     """A Hypothesis ``RuleBasedStateMachine`` over ``system``; its ``TestCase`` runs under
-    pytest or unittest.
+    pytest or unittest and fails the way ``faultlab explore`` reports a finding.
+
+    The ``TestCase`` does not run Hypothesis's own test loop: every example is real
+    processes, and Hypothesis's shrinker spent minutes on them (114 s for a bug ``explore``
+    reports in 5 s) and then printed its raw draws. It runs :func:`faultlab.search.explore.
+    explore` instead: the search stops at the first failing example, faultlab's minimiser
+    shrinks it, the replay confirms it, the finding is saved, and the test fails with an
+    ``AssertionError`` whose message is the replay table (also printed), with the command
+    that replays the saved trace. A clean run passes.
+
+    Its ``settings`` give the examples (``max_examples``) and the steps per example
+    (``stateful_step_count``); the seed is the machine's (``@hypothesis.seed``, or the
+    plugin's ``--faultlab-seed`` and ``@pytest.mark.faultlab(seed=...)``), else explore's
+    default, so a run is the same run every time. A finding is saved into ``corpus``; without
+    it into the first ``--faultlab-corpus`` directory of the pytest run (where the plugin
+    replays it as a regression test next time), else into ``./faultlab-corpus``.
 
     >>> TestMyOutbox = faultlab.state_machine("reference", examples=20).TestCase  # doctest: +SKIP
     """
@@ -200,5 +223,79 @@ def state_machine(system: str | Path | System, *, deduplication: bool = True,
     chosen = _system(system)
     machine = outbox_machine(chosen.ref, deduplication=deduplication, deadline=deadline,
                              examples=examples, steps=steps)
+    test_case = _finding_test_case(machine, chosen, deduplication=deduplication,
+                                   deadline=deadline,
+                                   corpus=None if corpus is None else Path(corpus))
+    # Hypothesis's TestCase property builds its class with _to_test_case: this one instead
+    setattr(machine, "_to_test_case", classmethod(lambda cls: test_case))  # noqa: B010
     machine.TestCase.settings = machine_settings(examples, steps)
     return machine
+
+
+def _finding_test_case(machine: type[OutboxMachine], system: System, *, deduplication: bool,
+                       deadline: float, corpus: Path | None) -> type[unittest.TestCase]:
+    """The ``TestCase`` of :func:`state_machine`: one exploration, reported as explore does."""
+    from hypothesis import settings as Settings  # noqa: N812
+
+    class StateMachineTestCase(unittest.TestCase):
+        settings: ClassVar[Settings]
+        #: set by the pytest plugin for the run of one test: its first --faultlab-corpus
+        faultlab_plugin_corpus: ClassVar[Path | None] = None
+
+        def runTest(self) -> None:  # noqa: N802 - unittest's name
+            __tracebackhide__ = True  # pytest shows the message (the table), not this frame
+            chosen = corpus or type(self).faultlab_plugin_corpus or TEST_CORPUS
+            seed = getattr(machine, "_hypothesis_internal_use_seed", None)
+            failure = explore_as_test(
+                system, examples=self.settings.max_examples,
+                steps=self.settings.stateful_step_count,
+                seed=defaults.SEED if seed is None else int(seed),
+                deduplication=deduplication, deadline=deadline, corpus=chosen)
+            if failure is not None:
+                print(failure, flush=True)
+                raise AssertionError(failure)
+
+        # what Hypothesis's own TestCase carries: the plugin finds the machine by it
+        runTest.is_hypothesis_test = True  # type: ignore[attr-defined]
+        runTest._hypothesis_state_machine_class = machine  # type: ignore[attr-defined]
+
+    StateMachineTestCase.__name__ = machine.__name__ + ".TestCase"
+    StateMachineTestCase.__qualname__ = machine.__qualname__ + ".TestCase"
+    return StateMachineTestCase
+
+
+def explore_as_test(system: System, *, examples: int, steps: int, seed: int,
+                    deduplication: bool, deadline: float, corpus: Path) -> str | None:
+    """Explore ``system`` as ``faultlab explore`` does; the report of a finding, or None.
+
+    The report is what explore prints for it: the ``FOUND`` line naming the saved file, the
+    replay table, its violations, the first worker that died with an undeclared error (with
+    its stderr) and the command that replays the saved trace. A failure that its replay does
+    not reproduce is no finding (as in explore): it is a warning, and the test passes.
+    """
+    import warnings
+
+    from faultlab.corpus import files
+    from faultlab.process.spawn import spawner
+    from faultlab.report import tables as report
+    from faultlab.search.explore import explore as explore_sequential
+
+    with spawner("fork") as runner:
+        result = explore_sequential(
+            system, runner, deduplication=deduplication, examples=examples, steps=steps,
+            seed_value=seed, deadline=deadline)
+    for note in result.notes:
+        warnings.warn(f"faultlab: {note}", stacklevel=3)
+    if result.trace is None or result.replay is None:
+        return None
+    path = files.save(result.trace, corpus, system.name)
+    expected = result.trace.expected
+    verdict = expected.describe() if expected else "a failure"
+    return "\n".join([
+        f"FOUND: {verdict}, shrunk to {result.shrunk_steps} executed steps "
+        f"(seed {seed}, {result.recorder.examples} examples); saved {path}",
+        report.execution_table(result.replay, "table"),
+        *report.violation_lines(result.replay),
+        *report.worker_error_lines(result.replay),
+        f"replay with: {files.replay_command(path, system.ref)}",
+    ])

@@ -17,10 +17,13 @@ Installing faultlab gives every pytest run:
   ``pyproject.toml`` above the trace file; any other trace fails in one line
   saying how to name its system, and nothing runs for it.
 * ``--faultlab-examples N`` and ``--faultlab-seed S`` for state-machine tests
-  built with :func:`faultlab.search.machine.outbox_machine` (its ``TestCase``), and the
-  marker ``@pytest.mark.faultlab(examples=..., seed=..., steps=...)``, as
-  Hypothesis's own plugin does for its settings. A marker wins over an option,
-  an option over what ``outbox_machine`` was given.
+  built with :func:`faultlab.state_machine` (its ``TestCase``; also the lower-level
+  :func:`faultlab.search.machine.outbox_machine`), and the marker
+  ``@pytest.mark.faultlab(examples=..., seed=..., steps=...)``, as Hypothesis's own
+  plugin does for its settings. A marker wins over an option, an option over what
+  ``faultlab.state_machine`` was given. A failing ``faultlab.state_machine`` test saves
+  its finding into the first ``--faultlab-corpus`` directory, when one is given, so the
+  next run replays it as a regression test.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from faultlab.base.errors import ExecutionError, UsageError
 _CORPUS_KEY = pytest.StashKey[list[Path]]()
 _SPAWNER_KEY = pytest.StashKey[contextlib.ExitStack]()
 MARKER = ("faultlab(examples=None, seed=None, steps=None): settings for a faultlab "
-          "state-machine test (outbox_machine(...).TestCase)")
+          "state-machine test (faultlab.state_machine(...).TestCase)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -64,8 +67,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--faultlab-examples", type=int, default=None, metavar="N",
-        help="examples for faultlab state-machine tests (outbox_machine(...).TestCase); a "
-             "@pytest.mark.faultlab(examples=...) marker wins",
+        help="examples for faultlab state-machine tests (faultlab.state_machine(...).TestCase); "
+             "a @pytest.mark.faultlab(examples=...) marker wins",
     )
     group.addoption(
         "--faultlab-seed", type=int, default=None, metavar="S",
@@ -220,9 +223,21 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         from hypothesis import seed as hypothesis_seed
 
         hypothesis_seed(int(seed))(machine)
+    corpora = item.config.stash.get(_CORPUS_KEY, [])
+    # faultlab.state_machine's TestCase saves a finding where this run replays its corpus
+    saves = bool(corpora) and hasattr(cls, "faultlab_plugin_corpus")
+    had_corpus = "faultlab_plugin_corpus" in cls.__dict__
+    old_corpus = cls.__dict__.get("faultlab_plugin_corpus")
+    if saves:
+        cls.faultlab_plugin_corpus = corpora[0]
     try:
         yield
     finally:
+        if saves:
+            if had_corpus:
+                cls.faultlab_plugin_corpus = old_corpus
+            else:
+                del cls.faultlab_plugin_corpus
         if changes:
             if original is None:
                 del cls.settings

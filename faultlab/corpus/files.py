@@ -89,3 +89,16 @@ def save(trace: Trace | ConcurrentTrace, directory: Path, system_name: str | Non
                 break
         raise
     return path
+
+
+def replay_command(path: Path | str, system_ref: str) -> str:
+    """The command that replays a saved finding, as explore and a state-machine test print it.
+
+    A trace never chooses the code it runs (:mod:`faultlab.corpus.trust`): a built-in system
+    is found by the name the trace records, any other one must be named, so the command says
+    ``--system`` with the reference the finding was explored with.
+    """
+    from faultlab.system import is_builtin
+
+    named = "" if is_builtin(system_ref) else f" --system {system_ref}"
+    return f"python -m faultlab replay {path}{named}"

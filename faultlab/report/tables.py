@@ -12,7 +12,9 @@ from typing import Any
 
 from tabulate import tabulate
 
+from faultlab.base.messages import printable
 from faultlab.base.version import __version__
+from faultlab.process.records import KILLED, ProcessRecord
 from faultlab.run.executor import Execution, Observation
 from faultlab.search.coverage import Coverage
 from faultlab.system.contract import System
@@ -138,6 +140,52 @@ def violation_lines(execution: Execution) -> list[str]:
         lines += [f"  step {observation.index}: {v}" for v in observation.violations]
     lines += [f"  final: {v}" for v in execution.final_violations]
     return lines
+
+
+#: How much of a failed worker's stderr is shown: the end of a traceback says what broke.
+WORKER_STDERR_LINES = 20
+WORKER_STDERR_WIDTH = 200
+
+
+def unexpected_exit(record: ProcessRecord) -> bool:
+    """Whether a worker ended with an error nobody declared: a non-zero exit that is neither
+    faultlab's SIGKILL, nor the deadline's, nor a refusal the worker printed as
+    ``{"error": ...}`` (a payload conflict exits 3 on purpose)."""
+    if record.exit_code in (0, KILLED) or record.timed_out:
+        return False
+    response = record.response
+    return not (isinstance(response, dict) and "error" in response)
+
+
+def worker_error(execution: Execution) -> Observation | None:
+    """The first step whose worker died with an unexpected error (a traceback, a store
+    error), or None. Every check after it fails for the same reason, so a report shows
+    this one cause, with what the worker printed on stderr, before anything else."""
+    return next((o for o in execution.observations if unexpected_exit(o.record)), None)
+
+
+def worker_stderr(record: ProcessRecord, indent: str = "    ") -> list[str]:
+    """The worker's stderr, its last :data:`WORKER_STDERR_LINES` lines, each escaped
+    (a user's program may print control characters) and cut to a terminal's width."""
+    lines = record.stderr.rstrip("\n").splitlines()
+    if not lines:
+        return [f"{indent}(nothing on stderr)"]
+    shown = lines[-WORKER_STDERR_LINES:]
+    cut = [f"{indent}... ({len(lines) - len(shown)} earlier lines)"] if len(shown) < len(lines) \
+        else []
+    return cut + [f"{indent}{printable(line, WORKER_STDERR_WIDTH)}" for line in shown]
+
+
+def worker_error_lines(execution: Execution) -> list[str]:
+    """``step N: the ROLE worker (pid P) failed with exit E; its stderr:`` and the stderr,
+    for the first unexpected worker error of ``execution`` (none: no lines)."""
+    observation = worker_error(execution)
+    if observation is None:
+        return []
+    record = observation.record
+    return [f"  step {observation.index}: the {observation.step.action} worker (pid "
+            f"{record.pid}) failed with exit {record.exit_code}; its stderr:",
+            *worker_stderr(record, "    ")]
 
 
 def print_coverage(coverage: Coverage, system: System, fmt: str) -> None:
