@@ -309,6 +309,12 @@ def write_json_atomically(path: Path, data: Any) -> None:
 # * ``pause`` / ``resume``: SIGSTOP / SIGCONT a live lane (a GC pause, a frozen VM);
 # * ``tick``: advance the trace's virtual clock (:mod:`faultlab.base.clock`).
 #
+# A ``run`` or ``start`` may arm a crash point (``crash``) as a sequential step does:
+# the worker dies there by SIGKILL (its own, or the announcement nemesis's), which is
+# how a command-line system armed by argument, whose workers never hold, crashes in a
+# concurrent trace at all. The field is written only when set, so every file recorded
+# without it reads and writes byte for byte as before.
+#
 # A trace recorded with ``"statement_points": true`` also holds a Python worker
 # before each SQL statement (``sql:K``) and after each COMMIT (``commit:K``), so a
 # ``release`` moves it one statement; the field is written only when true, so
@@ -325,7 +331,8 @@ MAX_TICKS = 1_000_000
 
 @dataclass(frozen=True)
 class LaneStep:
-    """One scheduling choice; ``run``/``start`` name the worker's role (and operation)."""
+    """One scheduling choice; ``run``/``start`` name the worker's role (and operation), and
+    may arm a crash point (``crash``) as a sequential step does."""
 
     action: str
     lane: int | None = None
@@ -333,6 +340,7 @@ class LaneStep:
     operation_id: str | None = None
     payload: Any = None
     ticks: int | None = None
+    crash: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"action": self.action}
@@ -344,6 +352,8 @@ class LaneStep:
             data["operation_id"] = self.operation_id
         if self.action in STARTS and self.role in ("accept", "service"):
             data["payload"] = self.payload
+        if self.crash is not None:  # absent when unarmed: older files stay byte for byte
+            data["crash"] = self.crash
         if self.ticks is not None:
             data["ticks"] = self.ticks
         return data
@@ -362,10 +372,18 @@ class LaneStep:
             raise UsageError(f"step role must be a string: {role!r}")
         if operation_id is not None:
             check_operation_id(operation_id, "step operation_id")
-        return cls(data["action"], lane, role, operation_id, data.get("payload"), ticks)
+        crash_point = data.get("crash")
+        if crash_point is not None and (
+            not isinstance(crash_point, str) or not crash_point or len(crash_point) > 200
+        ):
+            raise UsageError(f"step crash must be a point name: {json.dumps(crash_point)[:80]}")
+        return cls(data["action"], lane, role, operation_id, data.get("payload"), ticks,
+                   crash_point)
 
     def validate(self, concurrency: int) -> None:
         """Refuse a step that is malformed whatever the lanes' states (before running)."""
+        if self.crash is not None and self.action not in STARTS:
+            raise UsageError(f"only run and start arm a crash point, not {self.action}")
         if self.action == "tick":
             if self.ticks is None or not 0 < self.ticks <= MAX_TICKS:
                 raise UsageError(f"tick needs 1 to {MAX_TICKS} ticks, not {self.ticks!r}")
@@ -396,6 +414,8 @@ class LaneStep:
         parts = [self.operation_id] if self.operation_id else []
         if self.role != "dispatch":
             parts.append(canonical_json(self.payload))
+        if self.crash:
+            parts.append(f"crash={self.crash}")
         return f"L{self.lane} {self.action} {self.role}({', '.join(parts)})"
 
 

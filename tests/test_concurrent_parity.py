@@ -84,3 +84,94 @@ def test_response_fields_make_ack_checked_sequentially_and_in_lanes(tmp_path: Pa
                        "--seed", "0", "--quiet", "--corpus", corpus)
     assert code in NOTHING_FOUND, out
     assert checked(out, "ACK") > 0
+
+
+# --- 2. crash points armed by argument ------------------------------------------------------
+
+STANDALONE = ROOT / "examples" / "standalone_outbox"
+ARGUMENT = str(STANDALONE / "system.json")
+ANNOUNCE = str(STANDALONE / "system-announce.json")
+
+
+def test_a_lane_step_arms_a_crash_point_by_argument() -> None:
+    """A program armed by argument never holds, so only an armed step can crash it: the
+    dispatcher dies at after_downstream_commit (one ticket, still pending), the recovery
+    replays the receipt; the table shows the armed point."""
+    from faultlab.report.columns import concurrent_table
+    from faultlab.run.interleaving import execute_concurrent
+
+    system = load_system(ARGUMENT)
+    steps = [LaneStep("run", 1, "accept", "op-1", P),
+             LaneStep("run", 2, "dispatch", crash="after_downstream_commit")]
+    execution = execute_concurrent(system, steps, concurrency=2)
+    crashed = execution.observations[1]
+    assert [record.exit_code for _, record in crashed.exited] == [-9]
+    assert crashed.sigkills == 1
+    assert len(crashed.snapshot.tickets) == 1 and crashed.snapshot.pending_outbox()
+    assert execution.verdict.clean and len(execution.observations[-1].snapshot.tickets) == 1
+    assert "L2 run dispatch(crash=after_downstream_commit)" in concurrent_table(
+        execution, 2, "simple")
+    control = execute_concurrent(system, steps[:1] + [LaneStep("run", 2, "dispatch")],
+                                 concurrency=2)
+    assert control.observations[1].sigkills == 0  # unarmed: it runs to its end
+
+
+def test_an_armed_point_of_an_announcing_program_is_killed_there() -> None:
+    """An announcing program holds at the points before its armed one and is SIGKILLed at
+    the armed one by faultlab, as the sequential nemesis does."""
+    system = load_system(ANNOUNCE)
+    with LaneExecutor(system, concurrency=2) as ex:
+        ex.run(LaneStep("run", 1, "accept", "op-1", P))
+        held = ex.run(LaneStep("start", 2, "dispatch", crash="after_downstream_commit"))
+        assert held.lanes == ("exit 0", "dispatch @before_dispatch")
+        while ex.lanes[2].alive:  # the service holds at its own points on the way
+            killed = ex.run(LaneStep("release", 2))
+        assert ex.lanes[2].points == ["before_dispatch", "service_before_commit",
+                                      "service_after_commit"]
+        assert [r.exit_code for _, r in killed.exited] == [-9] and killed.sigkills == 1
+        assert len(killed.snapshot.tickets) == 1 and killed.snapshot.pending_outbox()
+
+
+def test_the_crash_field_is_written_only_when_set(tmp_path: Path) -> None:
+    from faultlab.base.errors import UsageError
+    from faultlab.trace import ConcurrentTrace, load
+
+    armed = LaneStep("run", 1, "dispatch", crash="before_dispatch")
+    assert armed.to_json() == {"action": "run", "lane": 1, "role": "dispatch",
+                               "crash": "before_dispatch"}
+    assert LaneStep.from_json(armed.to_json()) == armed
+    assert "crash" not in LaneStep("run", 1, "dispatch").to_json()
+    for saved in sorted((ROOT / "corpus").glob("*.json")):  # old files read and write as before
+        data = json.loads(saved.read_text())
+        if data["version"] == 2:
+            trace = load(saved)
+            assert isinstance(trace, ConcurrentTrace)
+            assert [s.to_json() for s in trace.steps] == data["steps"]
+    bad = ConcurrentTrace("reference", True, 2, []).to_json()
+    bad["steps"] = [{"action": "release", "lane": 1, "crash": "before_dispatch"}]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    try:
+        load(path)
+    except UsageError as error:
+        assert "only run and start arm a crash point" in str(error)
+    else:
+        raise AssertionError("a release that arms a crash point was read")
+
+
+def test_an_undeclared_crash_point_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    from faultlab.trace import ConcurrentTrace
+
+    trace = ConcurrentTrace(ARGUMENT, True, 2, [LaneStep("run", 1, "dispatch", crash="nowhere")])
+    path = tmp_path / "armed.json"
+    path.write_text(json.dumps(trace.to_json()))
+    code, _, err = cli("replay", str(path), "--system", ARGUMENT)
+    assert code == 2 and "unknown crash point 'nowhere'" in err, err
+
+
+def test_argument_mode_crash_points_fire_under_concurrency(tmp_path: Path) -> None:
+    code, out, _ = cli("explore", "--system", ARGUMENT, "--concurrency", "2", "--examples",
+                       "20", "--seed", "0", "--quiet", "--corpus", str(tmp_path / "corpus"))
+    assert code in NOTHING_FOUND, out
+    sigkills = re.search(r"^SIGKILLs\s+(\d+)\s*$", out, re.MULTILINE)
+    assert sigkills is not None and int(sigkills.group(1)) > 0, out

@@ -29,7 +29,7 @@ from faultlab.report import tables as report
 from faultlab.report.columns import concurrent_table, concurrent_violation_lines
 from faultlab.run.executor import Execution, execute, validate_step
 from faultlab.run.interleaving import ConcurrentExecution, execute_concurrent
-from faultlab.system.contract import System
+from faultlab.system.contract import System, check_crash_point
 from faultlab.trace import EXPECT_FINDING, ConcurrentTrace, Trace, Verdict
 
 #: The line a failing regression replay ends with: what to do about it.
@@ -54,6 +54,9 @@ def plan(path: Path, trace: Trace | ConcurrentTrace, system: System, *,
         if isinstance(trace, Trace):
             for step in trace.steps:
                 validate_step(system, step)
+        else:
+            for lane_step in trace.steps:  # a crash point the step's role cannot arm
+                check_crash_point(system, lane_step.role or "", lane_step.crash)
     except UsageError as error:
         raise UsageError(f"{path}: {error}") from None
     return Plan(Path(path), trace, system, against)

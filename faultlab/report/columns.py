@@ -3,9 +3,11 @@ what when. Nothing here runs a process."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from faultlab.run.interleaving import ConcurrentExecution, LaneObservation
+from faultlab.trace import LaneStep
 
 
 def lane_headers(concurrency: int) -> list[str]:
@@ -13,16 +15,32 @@ def lane_headers(concurrency: int) -> list[str]:
             "ops p/c", "outbox p/c", "tickets", "receipts", "violations"]
 
 
+#: The widest step the table shows; a longer one is cut, its armed crash point kept.
+STEP_WIDTH = 60
+
+
+def shown_step(step: LaneStep) -> str:
+    """The step as the table's step column shows it: a long payload is cut, the armed crash
+    point (``crash=P``) always shown."""
+    text = step.describe()
+    if len(text) <= STEP_WIDTH:
+        return text
+    if step.crash is None:
+        return text[:STEP_WIDTH - 3] + "..."
+    armed = f"... crash={step.crash})"
+    return replace(step, crash=None).describe()[:max(STEP_WIDTH - len(armed), 20)] + armed
+
+
 def lane_row(observation: LaneObservation) -> list[Any]:
     counts = observation.snapshot.counts()
-    step = observation.step.describe()
+    step = shown_step(observation.step)
     if observation.phase != "step":
         step += " (settle)"
     ended = ", ".join(f"{record.pid} {record.exit_code}" for _, record in observation.exited)
     violations = ", ".join(sorted({v.invariant for v in observation.violations})) or "-"
     return [
         observation.index,
-        step if len(step) <= 60 else step[:57] + "...",
+        step,
         *observation.lanes,
         ended or "-",
         f"{counts['operations_pending']}/{counts['operations_complete']}",

@@ -29,6 +29,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from faultlab.process.records import KILLED
 from faultlab.run.executor import Execution, Observation
 from faultlab.run.interleaving import ConcurrentExecution, LaneObservation
 from faultlab.stores.sqlite import TABLES, Snapshot
@@ -228,9 +229,13 @@ def _lane_timeline(anchor: str, observations: Sequence[LaneObservation], final: 
     lanes = max((len(o.lanes) for o in observations), default=0)
     for number in range(1, lanes + 1):
         cells = [f'<th class="lane-name">L{number}</th>']
+        previous = "-"
         for observation in observations:
             state = observation.lanes[number - 1]
-            killed = observation.step.action == "kill" and observation.step.lane == number
+            # a kill step on this lane, or its worker ending by SIGKILL at its armed point
+            killed = (observation.step.action == "kill" and observation.step.lane == number) \
+                or (state == f"exit {KILLED}" and previous != state)
+            previous = state
             if state == "-":
                 cells.append("<td></td>")
                 continue
@@ -261,7 +266,7 @@ def _violations(observation: Observation | LaneObservation) -> str:
 
 def _lane_step_section(anchor: str, observation: LaneObservation) -> str:
     """A scheduling choice: the lanes after it, the workers that ended, both stores."""
-    killed = observation.step.action == "kill"
+    killed = observation.step.action == "kill" or observation.sigkills > 0
     classes = "step" + (" violated" if observation.violations else "")
     classes += " crashed" if killed else ""
     settle = " (settle: recovery)" if observation.phase != "step" else ""

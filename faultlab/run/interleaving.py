@@ -73,7 +73,7 @@ from faultlab.process.spawn import (
 # run whatever the file holds at that moment, not what this run loaded.
 from faultlab.run.worker import run_worker
 from faultlab.stores.sqlite import Snapshot, readers_are_kept, scratch_directory
-from faultlab.system.contract import Program, System
+from faultlab.system.contract import Program, System, check_crash_point
 from faultlab.trace import STARTS, LaneStep, Verdict
 
 #: Seconds a released lane may run without reaching a point or ending before it counts as
@@ -391,7 +391,10 @@ class LaneExecutor:
     def _announced(self, lane: Lane, line: str) -> None:
         kind, _, rest = line.partition(" ")
         if kind == "reached":  # the announcement protocol: reached POINT PID
-            kind, rest = "held", rest.rsplit(" ", 1)[0]
+            rest, _, pid = rest.rpartition(" ")
+            if rest == lane.spec.crash and self._kill_announced(lane, pid):
+                return  # killed at its armed point, as a sequential step's nemesis does
+            kind = "held"
         if kind == "held":
             lane.status, lane.point = "held", rest
             lane.points.append(rest)
@@ -404,6 +407,17 @@ class LaneExecutor:
                       self.clock.ticks if self.clock is not None else 0),
                 alive=alive,
             )
+
+    def _kill_announced(self, lane: Lane, pid: str) -> bool:
+        """SIGKILL the process that announced the lane's armed point (only one in the lane's
+        own process group: faultlab never signals a process it did not start)."""
+        try:
+            if not pid.isdigit() or os.getpgid(int(pid)) != lane.pid:
+                return False
+            os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            return False
+        return True
 
     def _reap(self, lane: Lane) -> None:
         """The lane's pipes are closed: its process is ending; wait for it (bounded)."""
@@ -520,6 +534,7 @@ class LaneExecutor:
         if step.action in STARTS:
             if alive:
                 raise UsageError(f"{step.describe()}: lane {step.lane} is busy")
+            check_crash_point(self.system, step.role or "", step.crash)
             return
         if lane is None:
             raise UsageError(f"{step.describe()}: lane {step.lane} never started a worker")
@@ -584,8 +599,8 @@ class LaneExecutor:
         spec = WorkerSpec(
             system=self.system.ref, role=step.role or "", directory=str(self.directory),
             operation_id=step.operation_id if step.role != "dispatch" else None,
-            payload=payload, deduplication=self.deduplication, spawn=self.spawn,
-            deadline=self.deadline, environment=self._environment(),
+            crash=step.crash, payload=payload, deduplication=self.deduplication,
+            spawn=self.spawn, deadline=self.deadline, environment=self._environment(),
         )
         if step.role == "service" and step.operation_id is not None:
             self.history.direct.add(step.operation_id)
@@ -652,7 +667,10 @@ class LaneExecutor:
             before, after, alone=alone, exited=exited, acknowledged=self.model.acknowledged,
             now=self.clock.ticks if self.clock is not None else None, solitary=solitary)
         self.snapshot = after
-        sigkills += sum(1 for _, record in exited if record.killed and step.action != "kill")
+        # an armed point that fired: the worker, or the service a dispatcher started (a kill
+        # step's own SIGKILL is counted by the step)
+        sigkills += sum(int(record.killed and step.action != "kill") + int(record.service_killed)
+                        for _, record in exited)
         observation = LaneObservation(
             len(self.observations) + 1, step, self.lane_states(), tuple(exited), before, after,
             tuple(dict.fromkeys(violations)), phase, sigkills,

@@ -43,6 +43,7 @@ from faultlab.run.interleaving import (
     LaneObservation,
     execute_concurrent,
 )
+from faultlab.search import data as generated
 from faultlab.search.data import TITLES
 from faultlab.search.explore import HYPOTHESIS_VERSION, _no_local_constants
 from faultlab.search.machine import (
@@ -135,6 +136,10 @@ class ConcurrentMachine(RuleBasedStateMachine):
     deadline: ClassVar[float] = DEFAULT_DEADLINE
     statement_points: ClassVar[bool] = False
     recorder: ClassVar[ConcurrentRecorder]
+    #: The system's named crash points a step of each kind may arm (a dispatcher also arms
+    #: its service's), as the sequential machine draws them.
+    accept_points: ClassVar[tuple[str, ...]] = ()
+    dispatch_points: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self) -> None:
         super().__init__()
@@ -148,6 +153,10 @@ class ConcurrentMachine(RuleBasedStateMachine):
         self.failure: InvariantFailure | None = None
         self.stopped = False
         self.titles: tuple[str, ...] | None = None  # the example's swarm, drawn when first used
+        # swarm testing of the crash points, as sequentially: an example's first armed step
+        # draws the subset its armed steps choose from
+        self.all_points: tuple[str, ...] = cls.accept_points + cls.dispatch_points
+        self.enabled_points: tuple[str, ...] | None = None
         # last: once its run directory exists, nothing of this constructor is left to fail
         # (an exception here would skip teardown, and leave the directory behind)
         self.executor.__enter__()
@@ -193,6 +202,10 @@ class ConcurrentMachine(RuleBasedStateMachine):
     def accepted(self) -> list[str]:
         return [op.id for op in self.executor.snapshot.operations if op.id in self.payloads]
 
+    def history(self) -> str:
+        """The example's steps so far, as text: the salt of :func:`generated.fair_choice`."""
+        return "|".join(o.step.describe() for o in self.executor.observations)
+
     # -- rules -------------------------------------------------------------------------
 
     @precondition(lambda self: bool(self.free_lanes()))
@@ -210,7 +223,7 @@ class ConcurrentMachine(RuleBasedStateMachine):
         schedule goes on with the lanes that can move."""
         self.new_acceptor(data, "start")
 
-    def new_acceptor(self, data: st.DataObject, action: str) -> None:
+    def new_acceptor(self, data: st.DataObject, action: str, crash: str | None = None) -> None:
         """Accept a new operation whose title (ordering key) is one of the example's swarm
         (see :func:`faultlab.search.machine.swarm`): an example on one key is all collisions, where
         per-key order, skipping and overtaking show."""
@@ -221,7 +234,31 @@ class ConcurrentMachine(RuleBasedStateMachine):
         lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
         operation_id = f"op-{len(self.payloads) + 1}"
         self.payloads[operation_id] = payload
-        self.execute(LaneStep(action, lane, "accept", operation_id, payload))
+        self.execute(LaneStep(action, lane, "accept", operation_id, payload, crash=crash))
+
+    @precondition(lambda self: bool(self.free_lanes()) and bool(self.all_points))
+    @rule(data=st.data(), through=st.booleans())
+    def crash(self, data: st.DataObject, through: bool) -> None:
+        """A worker armed at one of the example's crash points, drawn as the sequential
+        machine's crash rule draws them (a swarm per example, each point fairly): an accept
+        point arms a new operation's acceptor, any other point a dispatcher (which arms its
+        service's points too), after accepting new work when nothing is pending. It starts
+        and holds at the points before the armed one or, ``through``, runs to its end. The
+        only crash a system whose workers never hold (a command-line program armed by
+        argument) can have in a concurrent trace."""
+        if self.enabled_points is None:
+            self.enabled_points = data.draw(swarm(self.all_points), label="swarm")
+        point = generated.fair_choice(data, self.enabled_points, self.history(), "crash point")
+        action = "run" if through else "start"
+        if point in type(self).accept_points:
+            self.new_acceptor(data, action, crash=point)
+            return
+        if not self.has_pending_work():
+            self.new_acceptor(data, "run")
+            if not self.free_lanes():
+                return  # the acceptor blocked on a lock another lane holds: no lane left
+        lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
+        self.execute(LaneStep(action, lane, "dispatch", crash=point))
 
     @precondition(lambda self: bool(self.free_lanes()) and bool(self.payloads))
     @rule(data=st.data())
@@ -344,6 +381,8 @@ def concurrent_machine(
     Machine.spawn = spawn
     Machine.deadline = deadline
     Machine.statement_points = statement_points
+    Machine.accept_points = tuple(p.name for p in system.points_for("accept"))
+    Machine.dispatch_points = tuple(p.name for p in system.points_for("dispatch"))
     Machine.recorder = recorder if recorder is not None else ConcurrentRecorder()
     Machine.TestCase.settings = machine_settings(examples, steps)
     return Machine
@@ -478,10 +517,28 @@ def minimise(
                 steps, execution, size, index = smaller, result, smaller_size, 0
         return steps, execution, size
 
+    def disarm(steps: list[LaneStep], execution: ConcurrentExecution, size: int) -> tuple[
+        list[LaneStep], ConcurrentExecution, int
+    ]:
+        """Each armed step tried without its crash, as the sequential minimiser does (as
+        long a trace without the crash is simpler too)."""
+        index = 0
+        while index < len(steps):
+            step = steps[index]
+            index += 1
+            if step.crash is None:
+                continue
+            found = attempt(steps[:index - 1] + [replace(step, crash=None)] + steps[index:],
+                            size + 1)
+            if found is not None:
+                steps, execution, size = delete(executed(found), found, size_of(found))
+                index = 0
+        return steps, execution, size
+
     def shrink(steps: list[LaneStep], execution: ConcurrentExecution, size: int) -> tuple[
         list[LaneStep], ConcurrentExecution, int
     ]:
-        return promote(*delete(steps, execution, size))
+        return disarm(*promote(*delete(steps, execution, size)))
 
     steps = executed(execution) if execution.verdict.step is not None else list(trace.steps)
     steps, execution, size = shrink(steps, execution, size)
