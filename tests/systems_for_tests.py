@@ -260,3 +260,38 @@ class SlowStartOutbox(ReferenceOutbox):
         while time.monotonic() < end:
             pass
         return super().dispatch(context)
+
+
+class DividingOutbox(ReferenceOutbox):
+    """Every dispatcher dies with an unexpected Python exception (a traceback on stderr,
+    exit 70): each later check fails for that one reason, which a report must show once."""
+
+    name = "dividing"
+
+    def dispatch(self, context: WorkerContext) -> dict[str, Any]:
+        return {"ratio": len(context.directory.name) // 0}
+
+
+class RefusingOutbox(ReferenceOutbox):
+    """accept refuses every payload as bad input: a JSON error on stdout, exit 2, nothing
+    on stderr."""
+
+    name = "refusing"
+
+    def accept(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        from faultlab.system.contract import Refusal
+
+        raise Refusal("unsupported_payload", 2, operation_id=operation_id)
+
+
+class NullServicePidOutbox(ReferenceOutbox):
+    """The dispatcher reports its service child with a null PID, as a command-line program
+    whose response_fields point at an empty field does."""
+
+    name = "null-service-pid"
+
+    def dispatch(self, context: WorkerContext) -> dict[str, Any]:
+        response = super().dispatch(context)
+        if isinstance(response.get("service"), dict):
+            response["service"] = {**response["service"], "pid": None}
+        return response

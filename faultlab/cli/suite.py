@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from faultlab.base.errors import EXIT_FOUND, EXIT_OK
+from faultlab.base.messages import plural
 from faultlab.cli.common import (
     SUITE_EPILOG,
     Commands,
@@ -123,9 +124,40 @@ def print_scenarios(outcomes: Sequence[Any], fmt: str) -> None:
     print()
     for line in report.summary_lines(outcomes):
         print(line)
+    crashed = [o for o in outcomes if o.failures and report.worker_error(o.execution)]
     for outcome in outcomes:
+        if outcome in crashed:
+            continue  # its checks fail because a worker died: said once, below
         for failure in outcome.failures:
             print(f"FAIL: {outcome.name}: {failure}")
         for unknown in outcome.unknowns:
             print(f"UNKNOWN: {outcome.name}: {unknown}")
+    for line in worker_error_lines(crashed):
+        print(line)
     sys.stdout.flush()
+
+
+def worker_error_lines(crashed: Sequence[Any]) -> list[str]:
+    """A worker that died with an unexpected error (a traceback, exit 70) fails every check
+    after it: 47 ``FAIL:`` lines once hid the one cause, whose stderr was never shown. The
+    first such failure is shown with the worker's stderr; the other scenarios it broke and
+    the count of checks that failed after it are one line (``--output`` lists every check)."""
+    from faultlab.report import tables as report
+
+    if not crashed:
+        return []
+    first = crashed[0]
+    observation = report.worker_error(first.execution)
+    if observation is None:  # pragma: no cover - crashed holds only outcomes with one
+        return []
+    record = observation.record
+    lines = [f"FAIL: {first.name}: step {observation.index}: the {observation.step.action} "
+             f"worker (pid {record.pid}) failed with exit {record.exit_code}, an error it "
+             "did not declare; its stderr:", *report.worker_stderr(record)]
+    hidden = sum(len(o.failures) for o in crashed)
+    others = [o.name for o in crashed[1:]]
+    also = (f" (a worker also failed with an undeclared error in {', '.join(others)})"
+            if others else "")
+    lines.append(f"FAIL: {plural(hidden, 'failed check')} not listed: they follow a worker's "
+                 f"undeclared error{also}; --output records every one")
+    return lines
