@@ -34,7 +34,7 @@ from faultlab.cli.common import (
     positive_float,
     positive_int,
 )
-from faultlab.corpus.files import DEFAULT_CORPUS, check_corpus_directory
+from faultlab.corpus.files import DEFAULT_CORPUS, check_corpus_directory, replay_command
 from faultlab.corpus.redis_store import RedisCorpus, is_redis_url
 from faultlab.search import defaults
 from faultlab.search.coverage import Coverage, concurrent_vacuity, vacuity
@@ -318,7 +318,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
                 print(f"wrote {args.html}")
         named = "" if is_builtin(system.ref) else f" --system {system.ref}"
         if sink.redis is None:
-            print(f"replay with: python -m faultlab replay {saved[0]}{named}")
+            print(f"replay with: {replay_command(saved[0], system.ref)}")
         else:
             print(f"replay with: python -m faultlab corpus export {args.corpus} DIR, then "
                   f"python -m faultlab replay DIR/...{named}")
@@ -336,7 +336,8 @@ def _finding_table(replay: Execution | ConcurrentExecution, concurrency: int,
 
     if isinstance(replay, ConcurrentExecution):
         return [concurrent_table(replay, concurrency, fmt), *concurrent_violation_lines(replay)]
-    return [report.execution_table(replay, fmt), *report.violation_lines(replay)]
+    return [report.execution_table(replay, fmt), *report.violation_lines(replay),
+            *report.worker_error_lines(replay)]
 
 
 def _executed(replay: Execution | ConcurrentExecution) -> int:
@@ -395,11 +396,18 @@ def _cpus(results: list[StreamResult]) -> str:
     return "; ".join(f"job {r.job}: {one(r.cpus)}" for r in results)
 
 
+def system_label(system: System) -> str:
+    """The system as a summary names it: its name, then the reference it was loaded from when
+    that is another string (``standalone-outbox (my_outbox/system.json)``), since a path or
+    ``package.module:attribute`` says where the system is, not which one it is."""
+    return system.name if system.ref == system.name else f"{system.name} ({system.ref})"
+
+
 def _summary_rows(system: System, args: argparse.Namespace, plan: Plan, totals: Totals,
                   results: list[StreamResult], seconds: float,
                   hypothesis: str) -> list[list[Any]]:
     rows: list[list[Any]] = [
-        ["system", f"{system.ref}{'' if args.deduplication else ' (deduplication off)'}"],
+        ["system", f"{system_label(system)}{'' if args.deduplication else ' (deduplication off)'}"],
     ]
     if plan.concurrency > 1:
         rows.append(["concurrency", plan.concurrency])
