@@ -67,7 +67,7 @@ TestDividing = faultlab.state_machine({DIVIDING!r}, examples=5).TestCase
     result.assert_outcomes(failed=1)
     text = result.stdout.str()
     assert "ZeroDivisionError: integer division or modulo by zero" in text
-    assert f"faultlab-corpus/dividing-LIVE-" in text and f"--system {DIVIDING}" in text
+    assert "faultlab-corpus/dividing-LIVE-" in text and f"--system {DIVIDING}" in text
 
 
 def test_the_stderr_shown_is_trimmed_and_escaped() -> None:

@@ -42,7 +42,9 @@ def register(commands: Commands) -> None:
                     "from a broken variant replayed against a fixed one must pass).",
         epilog=REPLAY_EPILOG,
     )
-    parser.add_argument("traces", nargs="+", type=Path, metavar="TRACE")
+    parser.add_argument("traces", nargs="+", type=Path, metavar="TRACE",
+                        help="a saved trace file (.json), as explore or mutants saved it in "
+                             "corpus/; several are replayed in turn")
     parser.add_argument("--system", metavar="SYSTEM",
                         help="run every trace on this system, judged by its recording: a "
                              "built-in name, package.module:attribute or path/to/system.json "

@@ -15,7 +15,9 @@ def register(commands: Commands) -> None:
                     "and the outcome a correct system shows at each.",
         epilog=TOOL_EPILOG,
     )
-    parser.add_argument("--system", metavar="NAME")
+    parser.add_argument("--system", metavar="SYSTEM",
+                        help="show this system's crash points instead of the list: a built-in "
+                             "name, package.module:attribute or path/to/system.json")
     parser.add_argument(
         "--deadline", type=positive_float, default=15.0, metavar="SECONDS",
         help="kill a command-line system's init (run once to check the system file) that runs "

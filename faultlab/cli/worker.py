@@ -20,9 +20,15 @@ def register(commands: Commands) -> None:
                "4 downstream_failure, -9 (SIGKILL) when the armed crash point fires",
     )
     parser.add_argument("role", choices=("accept", "dispatch", "service"))
-    parser.add_argument("--directory", required=True, metavar="DIR")
-    parser.add_argument("--operation-id", metavar="ID")
-    parser.add_argument("--payload", metavar="JSON")
+    parser.add_argument("--directory", required=True, metavar="DIR",
+                        help="the run directory whose stores faultlab initialised (the "
+                             "worker reads and writes them there)")
+    parser.add_argument("--operation-id", metavar="ID",
+                        help="the operation to accept or deliver (required for accept and "
+                             "service; dispatch claims what its outbox holds)")
+    parser.add_argument("--payload", metavar="JSON",
+                        help="the operation's payload as one JSON value (required for accept "
+                             "and service)")
     parser.add_argument("--crash", metavar="POINT",
                         help="arm a crash point: a declared name, sql:K or commit:K")
     add_system(parser)

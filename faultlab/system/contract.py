@@ -67,6 +67,11 @@ def crash_point_problem(points: Iterable[object]) -> str | None:
     return None
 
 
+def article(word: str) -> str:
+    """``an`` before a vowel (``an accept step``), else ``a`` (``a dispatch step``)."""
+    return "an" if word[:1].lower() in "aeiou" and word else "a"
+
+
 def check_crash_point(system: System, action: str, point: str | None) -> None:
     """Refuse a crash point a step of ``action`` cannot arm on ``system`` (UsageError)."""
     if point is None or is_statement_point(point):
@@ -74,7 +79,8 @@ def check_crash_point(system: System, action: str, point: str | None) -> None:
     allowed = [declared.name for declared in system.points_for(action)]
     if point not in allowed:
         raise UsageError(
-            f"unknown crash point {point!r} for a {action} step of system {system.name!r} "
+            f"unknown crash point {point!r} for {article(action)} {action} step of system "
+            f"{system.name!r} "
             f"(declared: {', '.join(allowed) or 'none'}; or sql:K, commit:K)"
         )
 
