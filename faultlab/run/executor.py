@@ -30,7 +30,7 @@ from faultlab.base import inputs, interrupt
 from faultlab.base.canonical import canonical_json
 from faultlab.base.clock import SETTLE_HORIZON, VirtualClock
 from faultlab.base.errors import EXIT_USAGE, ExecutionError, UsageError
-from faultlab.base.messages import printable
+from faultlab.base.messages import worker_message
 from faultlab.base.wall_clock import WallClock
 from faultlab.checks.invariants import Check, Model, Violation, check_live, check_step
 from faultlab.process.records import DEFAULT_DEADLINE, ProcessRecord, WorkerSpec
@@ -208,7 +208,7 @@ class Executor:
                 f"{where} missed its {self.deadline:g}s deadline and was killed"
             )
         if record.exit_code == EXIT_USAGE:
-            last = printable((record.stderr.strip().splitlines() or ["no message"])[-1], 200)
+            last = worker_message(record.stderr, record.response)
             raise ExecutionError(f"{where} refused its input (exit 2): {last}")
         before = self.snapshot
         after = self.system.snapshot(self.directory)

@@ -40,6 +40,7 @@ from faultlab.base import interrupt
 from faultlab.base.canonical import canonical_json
 from faultlab.base.clock import SETTLE_HORIZON, VirtualClock
 from faultlab.base.errors import EXIT_USAGE, ExecutionError, UsageError
+from faultlab.base.messages import worker_message
 from faultlab.base.wall_clock import WallClock
 from faultlab.checks.history import Claim, History
 from faultlab.checks.invariants import (
@@ -450,7 +451,7 @@ class LaneExecutor:
         lane.status, lane.point = "exited", None
         self._exited.append((lane.worker, lane.record))
         if lane.record.exit_code == EXIT_USAGE:
-            last = (lane.record.stderr.strip().splitlines() or ["no message"])[-1]
+            last = worker_message(lane.record.stderr, lane.record.response)
             raise ExecutionError(f"lane {lane.number} worker pid {lane.pid} refused its input "
                                  f"(exit 2): {last}")
 
