@@ -26,6 +26,10 @@ from faultlab.checks.invariants import Violation
 TRACE_FORMAT = "faultlab-trace"
 TRACE_VERSION = 1
 ACTIONS = ("accept", "dispatch", "service")
+#: A power cut of the machine between two workers (:mod:`faultlab.stores.vfs`): not a
+#: worker, so not in :data:`ACTIONS`; its ``choice`` says which unsynced changes survive.
+POWER = "power"
+STEP_ACTIONS = (*ACTIONS, POWER)
 MAX_STEPS = 10_000
 
 
@@ -45,14 +49,23 @@ def changed_payload(payload: Any) -> Any:
 
 @dataclass(frozen=True)
 class Step:
-    """One worker run: ``accept``/``service`` name an operation and payload."""
+    """One worker run: ``accept``/``service`` name an operation and payload.
+
+    A ``power`` step is no worker: the machine loses power after the previous step, and
+    ``choice`` (the VFS choice JSON, e.g. ``{"kind": "drop_all"}``) says which unsynced
+    writes reached the disk. Only a power step writes ``choice``, so every other step's
+    JSON is as before, byte for byte.
+    """
 
     action: str
     operation_id: str | None = None
     payload: Any = None
     crash: str | None = None
+    choice: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
+        if self.action == POWER:
+            return {"action": POWER, "choice": dict(self.choice or {})}
         data: dict[str, Any] = {"action": self.action}
         if self.operation_id is not None:
             data["operation_id"] = self.operation_id
@@ -64,8 +77,10 @@ class Step:
 
     @classmethod
     def from_json(cls, data: Any) -> Step:
-        if not isinstance(data, dict) or data.get("action") not in ACTIONS:
+        if not isinstance(data, dict) or data.get("action") not in STEP_ACTIONS:
             raise UsageError(f"not a trace step: {json.dumps(data)[:80]}")
+        if data["action"] == POWER:
+            return cls.power(data.get("choice"))
         crash_point = data.get("crash")
         operation_id = data.get("operation_id")
         if crash_point is not None and (
@@ -76,7 +91,20 @@ class Step:
             inputs.check_operation_id(operation_id, "step operation_id")
         return cls(data["action"], operation_id, data.get("payload"), crash_point)
 
+    @classmethod
+    def power(cls, choice: Any) -> Step:
+        """A power step, its choice checked as :func:`faultlab.stores.vfs.power_image` will."""
+        from faultlab.stores import vfs  # ctypes and all: loaded only for a power step
+
+        try:
+            vfs.check_choice(choice)
+        except ValueError as error:
+            raise UsageError(f"power step: {error}") from None
+        return cls(POWER, choice=dict(choice))
+
     def describe(self) -> str:
+        if self.action == POWER:
+            return f"power({canonical_json(self.choice)})"
         parts = [self.operation_id] if self.operation_id else []
         if self.action != "dispatch":
             parts.append(canonical_json(self.payload))

@@ -43,11 +43,21 @@ class Model:
 
     acknowledged: dict[str, str] = field(default_factory=dict)
     submitted: set[str] = field(default_factory=set)
+    #: Operation id -> the ticket id a dispatcher was answered with (exit 0): the downstream
+    #: acknowledged that delivery, so a power cut must not lose its ticket (``DURABLE``).
+    delivered: dict[str, Any] = field(default_factory=dict)
 
     def observe(self, action: str, operation_id: str | None, payload: str | None,
                 record: ProcessRecord) -> None:
         """An accept that printed a non-error response acknowledged the operation,
-        whether or not its process was killed afterwards."""
+        whether or not its process was killed afterwards. A dispatch that ended with a
+        result was answered by the downstream: that delivery was acknowledged."""
+        if action == "dispatch":
+            response = record.response or {}
+            result = response.get("result")
+            if record.exit_code == 0 and isinstance(result, dict) and "ticket_id" in result:
+                self.delivered.setdefault(str(response.get("operation_id")), result["ticket_id"])
+            return
         if action != "accept" or operation_id is None or payload is None:
             return
         self.submitted.add(operation_id)
@@ -68,6 +78,8 @@ class Check:
     payload: str | None
     record: ProcessRecord
     deduplication: bool
+    #: After a power step: why each store that no longer opens does not (``OPEN``).
+    unopenable: tuple[str, ...] = ()
 
 
 def _result(text: str | None) -> Any:
@@ -218,6 +230,37 @@ def check_ack(c: Check) -> list[str]:
     return found
 
 
+def check_open(c: Check) -> list[str]:
+    return list(c.unopenable)
+
+
+def check_durable(c: Check) -> list[str]:
+    """After a power cut: nothing acknowledged before it is gone (the model is data: the
+    acknowledgements recorded, and the snapshot taken just before the cut)."""
+    if c.action != "power":
+        return []
+    found = [f"acknowledged operation {operation_id} was lost in the power cut"
+             for operation_id in sorted(c.model.acknowledged)
+             if c.after.operation(operation_id) is None]
+    for operation in c.before.operations:
+        if operation.state != "complete":
+            continue
+        now = c.after.operation(operation.id)
+        if now is None or now.state != "complete" or now.result != operation.result:
+            state = "gone" if now is None else now.state
+            found.append(f"operation {operation.id} was complete before the power cut and is "
+                         f"{state} after it")
+    for operation_id, ticket_id in sorted(c.model.delivered.items()):
+        if not any(t.id == ticket_id for t in c.after.tickets_for(operation_id)):
+            found.append(f"ticket {ticket_id} for {operation_id}, whose receipt a dispatcher "
+                         "got, was lost in the power cut")
+    return found
+
+
+def _not_power(c: Check) -> bool:
+    return c.action != "power"
+
+
 def _never(c: Check) -> bool:
     return False
 
@@ -276,6 +319,12 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
         "ACK", "every acknowledged operation is in the caller store with its acknowledged "
         "payload", check_ack, lambda c: not c.model.acknowledged,
+    ),
+    Invariant("OPEN", "every store still opens after a power cut", check_open, _not_power),
+    Invariant(
+        "DURABLE", "after a power cut every acknowledged operation, every completion and "
+        "every ticket a dispatcher got a receipt for is still recorded", check_durable,
+        _not_power,
     ),
     Invariant("LIVE", "after recovery every accepted operation is complete with exactly one "
               "ticket", None),

@@ -138,6 +138,10 @@ def register(commands: Commands) -> None:
                              "each SQL statement (sql:K) and after each COMMIT (commit:K), so "
                              "every release, kill or pause can land between two statements; "
                              "recorded in the trace, so replay holds them there too")
+    parser.add_argument("--power-loss", action="store_true",
+                        help="also cut the machine's power between steps: the stores are "
+                             "recorded through faultlab's SQLite VFS and rebuilt as a power "
+                             "cut could leave them (sequential traces, Python systems)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_html(parser, "for a finding, write its replay as one self-contained HTML page (a "
                      "timeline with a lane per process, both stores after each step); nothing "
@@ -221,6 +225,8 @@ def cmd_explore(args: argparse.Namespace) -> int:
     if args.statement_points and not concurrent:
         raise UsageError("--statement-points needs --concurrency 2 or more (sequential traces "
                          "already crash at sql:K/commit:K)")
+    if args.power_loss and concurrent:
+        raise UsageError("--power-loss applies to sequential traces only (--concurrency 1)")
     if args.html is not None:
         check_output_path(args.html, "--html")
     system = load_system(args.system, args.deduplication)
@@ -233,6 +239,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
         hypothesis_shrink=args.hypothesis_shrink, spawn=args.spawn, deadline=args.deadline,
         duration=args.duration, jobs=args.jobs, shard=args.shard,
         concurrency=args.concurrency, statement_points=args.statement_points, pin=args.pin,
+        power_loss=args.power_loss,
     )
     sink = Sink(args.corpus, str(args.shard), system, args.seed)
     started = time.monotonic()

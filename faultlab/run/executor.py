@@ -35,9 +35,21 @@ from faultlab.base.wall_clock import WallClock
 from faultlab.checks.invariants import Check, Model, Violation, check_live, check_step
 from faultlab.process.records import DEFAULT_DEADLINE, ProcessRecord, WorkerSpec
 from faultlab.process.spawn import Spawner
-from faultlab.stores.sqlite import Snapshot, readers_kept_open, scratch_directory
+from faultlab.run.worker import POWER_LOG_VARIABLE
+from faultlab.stores import vfs
+from faultlab.stores.sqlite import (
+    Snapshot,
+    kept_connections,
+    readers_kept_open,
+    scratch_directory,
+)
 from faultlab.system.contract import System, check_crash_point
-from faultlab.trace import ACTIONS, Step, Verdict
+from faultlab.trace import ACTIONS, POWER, Step, Verdict
+
+#: The run directory's subdirectory the recording VFS logs into for a trace with power steps.
+POWER_LOG = "power-log"
+#: How a power step shows as a process record: no process ran.
+NO_PROCESS = ProcessRecord(pid=0, exit_code=0, response=None, stdout="", stderr="", elapsed=0.0)
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,9 @@ class Observation:
 
 def validate_step(system: System, step: Step) -> None:
     """Refuse a step the system cannot run (before anything is executed)."""
+    if step.action == POWER:
+        Step.power(step.choice)  # raises UsageError for a malformed choice
+        return
     if step.action not in ACTIONS:
         raise UsageError(f"unknown action {step.action!r}")
     if step.action in ("accept", "service"):
@@ -100,8 +115,12 @@ class Executor:
         deduplication: bool = True,
         directory: Path | None = None,
         deadline: float = DEFAULT_DEADLINE,
+        power: bool = False,
     ) -> None:
         system.require_deduplication_switch(deduplication)
+        #: Record every SQLite change (workers and this process's readers) so that power
+        #: steps can rebuild the stores as a power cut would leave them.
+        self.power = power
         self.system = system
         self.spawner = spawner
         self.deduplication = deduplication
@@ -128,9 +147,18 @@ class Executor:
             self.wall.set(self.clock.advance(ticks))
 
     def _environment(self) -> tuple[tuple[str, str], ...]:
+        power = {POWER_LOG_VARIABLE: str(self._power_log())} if self.power else {}
         if self.clock is None or self.wall is None:
-            return ()
-        return tuple(sorted({**self.clock.environment(), **self.wall.environment()}.items()))
+            return tuple(sorted(power.items()))
+        return tuple(sorted({**self.clock.environment(), **self.wall.environment(),
+                             **power}.items()))
+
+    def _power_log(self) -> Path:
+        return self.directory / POWER_LOG
+
+    def _store_files(self) -> list[Path]:
+        """The SQLite stores of the run (what a power cut rebuilds and must still open)."""
+        return sorted(self.directory.glob("*.sqlite"))
 
     @classmethod
     def resume(
@@ -157,8 +185,11 @@ class Executor:
                 else:
                     self.directory = self._requested_directory
                     self.directory.mkdir(parents=True)
+            self.system.initialise(self.directory)  # durable: nothing records it yet
+            if self.power:
+                # before the readers open: their recovery of a hot journal is recorded too
+                vfs.install(self._power_log())
             self._readers.enter_context(readers_kept_open())
-            self.system.initialise(self.directory)
             self._start_clock(existing=False)
             self.snapshot = self.system.snapshot(self.directory)
         except BaseException:
@@ -175,6 +206,8 @@ class Executor:
     def close(self) -> None:
         with interrupt.deferred():  # a signal must not leave half a run directory
             self._readers.close()  # before the stores go
+            if self.power and vfs.installed_directory() == str(self._power_log()):
+                vfs.uninstall()
             owned = self._temporary or self._requested_directory is not None  # not resumed
             if owned and self.directory != Path():
                 self.system.release(self.directory)  # PostgreSQL databases never outlive a trace
@@ -188,6 +221,8 @@ class Executor:
     def run(self, step: Step, *, phase: str = "step") -> Observation:
         interrupt.check()  # after a SIGINT/SIGTERM no further worker starts
         validate_step(self.system, step)
+        if step.action == POWER:
+            return self._power_cut(step, phase)
         payload = None if step.action == "dispatch" else canonical_json(step.payload)
         spec = WorkerSpec(
             system=self.system.ref,
@@ -221,6 +256,48 @@ class Executor:
         self.snapshot = after
         observation = Observation(
             len(self.observations) + 1, step, record, before, after,
+            tuple(check_step(check)), phase, check,
+        )
+        self.observations.append(observation)
+        return observation
+
+    def _power_cut(self, step: Step, phase: str) -> Observation:
+        """The machine loses power now (the previous worker is dead: it ended or was killed).
+
+        The stores are rebuilt from the recording as the step's choice says, each must still
+        open (``OPEN``), and what was acknowledged before the cut must still be there
+        (``DURABLE``, with every other invariant). This process's readers are closed first
+        without checkpointing a WAL (a checkpoint would sync what the cut must be able to
+        lose) and reopened on the rebuilt files.
+        """
+        if not self.power:
+            raise ExecutionError("a power step needs an executor that records (power=True)")
+        for connection in kept_connections():
+            vfs.keep_wal_on_close(connection)
+        self._readers.close()
+        self._readers = ExitStack()
+        vfs.uninstall()
+        try:
+            vfs.power_image(self._power_log(), step.choice or {})
+        except vfs.VfsError as error:
+            raise ExecutionError(f"power step {step.describe()}: {error}") from None
+        unopenable = tuple(
+            f"{path.name} does not open after the power cut: {problem}"
+            for path in self._store_files()
+            if (problem := vfs.opens_cleanly(path)) is not None
+        )
+        vfs.install(self._power_log())  # after the recovery opens_cleanly ran: it is durable
+        self._readers.enter_context(readers_kept_open())
+        before = self.snapshot
+        after = before if unopenable else self.system.snapshot(self.directory)
+        check = Check(
+            model=self.model, before=before, after=after, action=POWER, operation_id=None,
+            payload=None, record=NO_PROCESS, deduplication=self.deduplication,
+            unopenable=unopenable,
+        )
+        self.snapshot = after
+        observation = Observation(
+            len(self.observations) + 1, step, NO_PROCESS, before, after,
             tuple(check_step(check)), phase, check,
         )
         self.observations.append(observation)
@@ -285,8 +362,10 @@ def execute(
     steps = list(steps)
     for step in steps:
         validate_step(system, step)
+    power = any(step.action == POWER for step in steps)
     with Executor(
-        system, spawner, deduplication=deduplication, directory=directory, deadline=deadline
+        system, spawner, deduplication=deduplication, directory=directory, deadline=deadline,
+        power=power,
     ) as executor:
         for step in steps:
             executor.run(step)

@@ -64,7 +64,9 @@ class Context:
             self.spec, role="service", operation_id=operation_id, payload=payload,
             crash=service_crash,
         )
-        if self.spec.spawn == "exec":
+        # A recording worker execs its service too: a service forked from a recording
+        # dispatcher left a WAL database malformed (seen with wal-normal-receiver).
+        if self.spec.spawn == "exec" or os.environ.get(POWER_LOG_VARIABLE):
             return exec_worker(spec, new_group=False)
         return fork_worker(spec, run_worker, new_group=False)
 
@@ -77,9 +79,29 @@ def emit(response: dict[str, Any]) -> None:
     os.write(1, (json.dumps(response, sort_keys=True) + "\n").encode())
 
 
+#: Set by the executor for a trace with power steps: the directory the worker's SQLite
+#: changes are recorded in (:mod:`faultlab.stores.vfs`), so a power cut can be rebuilt.
+POWER_LOG_VARIABLE = "FAULTLAB_POWER_LOG"
+
+
+def record_for_power_loss() -> None:
+    """Install the recording VFS when the executor asked for it, before any store opens.
+
+    Only then: recording costs a log record per write, and a trace without power steps
+    needs none. A forked service inherits the installed VFS; an exec'd one reads the
+    variable again (same directory, same log).
+    """
+    directory = os.environ.get(POWER_LOG_VARIABLE)
+    if directory:
+        from faultlab.stores import vfs
+
+        vfs.install(directory)
+
+
 def run_worker(spec: WorkerSpec) -> int:
     """Run the role; return the exit status (0, a refusal's status, or 2 for bad input)."""
     system = load_system(spec.system)
+    record_for_power_loss()
     crash.disarm()  # a forked service must not inherit its dispatcher's statement point
     schedule.disarm()  # nor its dispatcher's scheduling channel
     schedule.arm_from_environment()

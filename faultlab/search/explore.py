@@ -161,8 +161,12 @@ def explore(
     stop: Callable[[], bool] | None = None,
     on_failure: Callable[[], None] | None = None,
     weights: Weights = WEIGHTS,
+    power_loss: bool = False,
 ) -> Exploration:
     """Search for a violating trace; shrink it; confirm it by replay.
+
+    ``power_loss`` adds the ``power`` rule (a power cut between two steps); the workers then
+    record through :mod:`faultlab.stores.vfs`.
 
     Shrinking is faultlab's own trace minimiser (:func:`minimise`), run on the first
     failing example: deterministic and fast, since every candidate costs real
@@ -175,7 +179,7 @@ def explore(
     machine = outbox_machine(
         system.ref, deduplication=deduplication, spawner=spawner, deadline=deadline,
         examples=examples, steps=steps, recorder=recorder, statement_crashes=statement_crashes,
-        weights=weights,
+        weights=weights, power_loss=power_loss,
     )
     settings = machine_settings(examples, steps)
     phases = tuple(settings.phases) if hypothesis_shrink else tuple(

@@ -209,6 +209,8 @@ class OutboxMachine(RuleBasedStateMachine):
     id_source: ClassVar[st.SearchStrategy[str] | None] = None
     accept_points: ClassVar[tuple[str, ...]] = ()
     dispatch_points: ClassVar[tuple[str, ...]] = ()
+    #: ``explore --power-loss``: the stores are recorded and a ``power`` rule cuts power.
+    power_loss: ClassVar[bool] = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -217,7 +219,8 @@ class OutboxMachine(RuleBasedStateMachine):
             cls.spawner = _shared_spawner()
         self.system = load_system(cls.system_ref)
         self.executor = Executor(
-            self.system, cls.spawner, deduplication=cls.deduplication, deadline=cls.deadline
+            self.system, cls.spawner, deduplication=cls.deduplication, deadline=cls.deadline,
+            power=cls.power_loss,
         )
         self.executor.__enter__()
         self.payloads: dict[str, dict[str, Any]] = {}
@@ -435,6 +438,25 @@ def _service_copy(original: Callable[..., Any], name: str) -> Any:
     return rule(operation=OutboxMachine.operations_bundle)(copy)
 
 
+#: What a power cut keeps of the unsynced writes, drop_all first so a finding shrinks to it
+#: (:mod:`faultlab.stores.vfs`); a small fixed set, so every choice replays as data.
+POWER_CHOICES: tuple[dict[str, Any], ...] = (
+    {"kind": "drop_all"},
+    {"kind": "prefix", "keep": 1},
+    {"kind": "torn", "keep": 0, "sector": 512},
+    {"kind": "reorder", "drop": 0},
+)
+
+
+def _power_rule() -> Any:
+    """The ``power`` rule: the machine loses power between two steps."""
+
+    def power(self: OutboxMachine, choice: dict[str, Any]) -> None:
+        self.execute(Step.power(choice))
+
+    return rule(choice=st.sampled_from(POWER_CHOICES))(power)
+
+
 def outbox_machine(
     system_ref: str = "reference",
     *,
@@ -446,6 +468,7 @@ def outbox_machine(
     recorder: Recorder | None = None,
     statement_crashes: bool = True,
     weights: Weights = WEIGHTS,
+    power_loss: bool = False,
 ) -> type[OutboxMachine]:
     """Build the state machine for one system; its ``TestCase`` runs under pytest/unittest."""
     system = load_system(system_ref)
@@ -542,6 +565,9 @@ def outbox_machine(
     for copy in range(2, weights.service + 1):
         setattr(Machine, f"service_{copy}", _service_copy(Machine.service, f"service_{copy}"))
     Machine.accept_points, Machine.dispatch_points = accept_points, dispatch_points
+    if power_loss:  # only then: without it the rules, and so every seed's examples, are as before
+        Machine.power_loss = True
+        Machine.power = _power_rule()  # type: ignore[attr-defined]
     Machine.payload_source = generated.payload_strategy(system)
     Machine.id_source = generated.id_strategy(system)
     Machine.TestCase.settings = machine_settings(examples, steps)

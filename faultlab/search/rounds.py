@@ -72,6 +72,8 @@ class Plan:
     concurrency: int = 1
     #: Concurrent traces also hold workers at sql:K / commit:K.
     statement_points: bool = False
+    #: Sequential traces also draw power cuts (``--power-loss``, :mod:`faultlab.stores.vfs`).
+    power_loss: bool = False
     #: Jobs may be pinned, one CPU each (see :mod:`faultlab.process.affinity`); ``--no-pin``
     #: clears it.
     pin: bool = True
@@ -238,7 +240,7 @@ def explore_round(
         system, spawner, deduplication=plan.deduplication, examples=examples,
         steps=plan.steps, seed_value=seed, deadline=plan.deadline, progress=progress,
         statement_crashes=plan.statement_crashes, hypothesis_shrink=plan.hypothesis_shrink,
-        stop=stop, on_failure=on_failure,
+        stop=stop, on_failure=on_failure, power_loss=plan.power_loss,
     )
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 from faultlab.base.canonical import canonical_json
@@ -105,7 +106,8 @@ def _lookalike_pairs(steps: list[Step]) -> list[tuple[str, str, Callable[[str], 
 
 
 def _rename(steps: list[Step], old: str, new: str) -> list[Step]:
-    return [Step(s.action, new if s.operation_id == old else s.operation_id, s.payload, s.crash)
+    # replace(): a power step keeps its choice
+    return [replace(s, operation_id=new if s.operation_id == old else s.operation_id)
             for s in steps]
 
 
@@ -139,7 +141,7 @@ def _replace_payload(steps: list[Step], base: Any, new: Any) -> list[Step] | Non
             if not isinstance(new, dict) or "revision" in new:
                 return None
             payload = {**new, "revision": step.payload["revision"]}
-        out.append(Step(step.action, step.operation_id, payload, step.crash))
+        out.append(replace(step, payload=payload))
     return out
 
 

@@ -120,9 +120,11 @@ __all__ = [
     "PowerImageError",
     "RecorderBusy",
     "VfsError",
+    "check_choice",
     "choices",
     "install",
     "installed_directory",
+    "keep_wal_on_close",
     "opens_cleanly",
     "power_image",
     "settle",
@@ -973,6 +975,45 @@ def _parse_choice(choice: Mapping[str, Any]) -> _Choice:
         raise ValueError("power choice 'torn': sector and sectors must be >= 1")
     return _Choice(kind=kind, count=values.get("keep", values.get("drop", 0)),
                    sector=values.get("sector", 512), sectors=values.get("sectors", 1))
+
+
+def check_choice(choice: Any) -> None:
+    """Raise ValueError unless ``choice`` is a valid choice: a trace checks its power steps
+    on load, before anything runs, with the same rules :func:`power_image` applies."""
+    _parse_choice(choice)
+
+
+#: sqlite3_db_config's op that keeps the last connection's close from checkpointing a WAL.
+_DBCONFIG_NO_CKPT_ON_CLOSE = 1006
+
+
+def keep_wal_on_close(connection: sqlite3.Connection) -> None:
+    """Make closing ``connection`` leave a WAL as it is (no checkpoint, no delete).
+
+    Why: the process that judges a run reads the stores with its own connections; when it
+    closes the last one on a WAL database, SQLite checkpoints (and syncs) the WAL into the
+    database, which would make durable exactly the unsynced commits a power cut must be
+    able to lose. Python 3.11's sqlite3 has no ``setconfig``, so this reaches the
+    connection's ``sqlite3*`` (the first field after the object header in CPython) and
+    checks it names the same database before and after setting the flag. Raises VfsError
+    when it cannot.
+    """
+    library = _library()
+    handle = ctypes.c_void_p.from_address(id(connection) + object.__basicsize__).value
+    library.sqlite3_db_filename.restype = ctypes.c_char_p
+    library.sqlite3_db_filename.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    expected = connection.execute("PRAGMA database_list").fetchall()
+    main = next((row[2] for row in expected if row[1] == "main"), None)
+    if handle is None or main is None or library.sqlite3_db_filename(handle, b"main") \
+            != os.fsencode(main):
+        raise VfsError("cannot reach the sqlite3 handle of a Python connection")
+    value = ctypes.c_int(-1)
+    library.sqlite3_db_config.restype = ctypes.c_int
+    status = library.sqlite3_db_config(ctypes.c_void_p(handle),
+                                       ctypes.c_int(_DBCONFIG_NO_CKPT_ON_CLOSE),
+                                       ctypes.c_int(1), ctypes.byref(value))
+    if status != 0 or value.value != 1:
+        raise VfsError(f"sqlite3_db_config(NO_CKPT_ON_CLOSE) failed: {status}")
 
 
 def _torn_part(record: _Record, sector: int, sectors: int) -> int:

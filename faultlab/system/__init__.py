@@ -55,6 +55,13 @@ def _concurrency_builtins() -> dict[str, Callable[[], System]]:
     return dict(CONCURRENCY_MUTANTS)
 
 
+def power_mutant_names() -> list[str]:
+    """The mutants only a power cut can catch (``explore --power-loss``), loadable by name."""
+    from faultlab.system.builtin.mutants import POWER_MUTANTS
+
+    return list(POWER_MUTANTS)
+
+
 def concurrency_mutant_names() -> list[str]:
     """The mutants only a concurrent trace can catch (``explore --concurrency 2``) that
     ``mutants`` judges; :func:`concurrency_mutant_all_names` adds the ones it cannot yet."""
@@ -81,7 +88,8 @@ def postgres_names() -> list[str]:
 def is_builtin(ref: str) -> bool:
     """True for a system faultlab ships (the references and every mutant): the only systems
     a trace file may choose by itself, since loading one runs none of the user's code."""
-    return ref in {*builtin_names(), *concurrency_mutant_all_names(), *postgres_names()}
+    return ref in {*builtin_names(), *concurrency_mutant_all_names(), *postgres_names(),
+                   *power_mutant_names()}
 
 
 def is_reference(ref: str) -> bool:
@@ -103,6 +111,10 @@ def load_system(ref: str) -> System:
     builtins = {REFERENCE: _reference} if ref == REFERENCE else _builtins()
     if ref not in builtins and ref in _concurrency_builtins():
         builtins = _concurrency_builtins()  # named apart: sequential traces cannot catch them
+    if ref not in builtins and ref in power_mutant_names():
+        from faultlab.system.builtin.mutants import POWER_MUTANTS
+
+        builtins = dict(POWER_MUTANTS)  # named apart: only power steps catch them
     if ref in builtins:
         system = builtins[ref]()
     elif ref.endswith("-pg") and ref in postgres_names():

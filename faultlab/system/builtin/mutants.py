@@ -641,6 +641,79 @@ class BoundedReceipts(Mutant):
         return result
 
 
+# --- durability: power loss (caught only by traces with power steps) ------------------------
+
+
+class _StorePragmas:
+    """A worker context whose connections to one store get extra PRAGMAs: the one defect of
+    a durability mutant is how that store is configured, not what the code does."""
+
+    def __init__(self, context: WorkerContext, filename: str, pragmas: tuple[str, ...],
+                 *, pooled: bool = False) -> None:
+        self._context = context
+        self._filename = filename
+        self._pragmas = pragmas
+        self._pooled = pooled
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    def connect(self, filename: str) -> sqlite3.Connection:
+        connection = self._context.connect(filename)
+        if filename == self._filename:
+            for pragma in self._pragmas:
+                connection.execute(pragma).fetchall()
+            if self._pooled:
+                # as a connection pool that never closes the last connection: closing does
+                # not checkpoint (a checkpoint on close would sync the WAL after all)
+                from faultlab.stores import vfs
+
+                vfs.keep_wal_on_close(connection)
+        return connection
+
+
+class WalNormalReceiver(Mutant):
+    name = "wal-normal-receiver"
+    description = ("the receiver's store runs in WAL mode with synchronous=NORMAL behind a pool "
+                   "of open connections: a commit is not synced until a checkpoint, so a power "
+                   "cut loses acknowledged tickets")
+    # DURABLE: the ticket (and receipt) the dispatcher was answered with are gone after the
+    # cut, while the caller, synced, still says complete (DONE: no ticket).
+    caught_by = ("DONE", "DURABLE")
+    minimal_steps = 3
+    minimal_trace = (Step("accept", OP, PAYLOAD), Step("dispatch"),
+                     Step.power({"kind": "drop_all"}))
+    enumerable = False
+
+    def service(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        wal = _StorePragmas(context, DOWNSTREAM,
+                            ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL"), pooled=True)
+        return super().service(wal, operation_id, payload)  # type: ignore[arg-type]
+
+
+class SyncOffCaller(Mutant):
+    name = "sync-off-caller"
+    description = ("the caller's store runs with synchronous=OFF: nothing is synced, so a "
+                   "power cut loses an acknowledged acceptance")
+    caught_by = ("ACK", "DURABLE")
+    minimal_steps = 2
+    minimal_trace = (Step("accept", OP, PAYLOAD), Step.power({"kind": "drop_all"}))
+    enumerable = False
+
+    def accept(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        off = _StorePragmas(context, CALLER, ("PRAGMA synchronous=OFF",))
+        return super().accept(off, operation_id, payload)  # type: ignore[arg-type]
+
+    def dispatch(self, context: WorkerContext) -> dict[str, Any]:
+        off = _StorePragmas(context, CALLER, ("PRAGMA synchronous=OFF",))
+        return super().dispatch(off)  # type: ignore[arg-type]
+
+
+#: Mutants only a power cut can catch (``explore --power-loss``); loadable by name, kept out
+#: of :data:`MUTANTS` so the zoo's tables (explore and enumerate without power) are as before.
+POWER_MUTANT_CLASSES: tuple[type[Mutant], ...] = (WalNormalReceiver, SyncOffCaller)
+POWER_MUTANTS: dict[str, Callable[[], System]] = {cls.name: cls for cls in POWER_MUTANT_CLASSES}
+
 MUTANT_CLASSES: tuple[type[Mutant], ...] = (
     NoDedup,
     SplitAccept,

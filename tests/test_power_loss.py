@@ -1,0 +1,134 @@
+"""Power loss in sequential traces: the ``power`` step, DURABLE/OPEN, the two durability
+mutants, replay and ``explore --power-loss``.
+
+The reference must stay clean under power cuts (its stores commit with
+``synchronous=EXTRA``: with a rollback journal FULL loses the last commit, see
+tests/test_power_vfs.py); each mutant's one defect is a store setting a power cut exposes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from faultlab.base.errors import UsageError
+from faultlab.process.spawn import Spawner
+from faultlab.run.executor import execute
+from faultlab.system import is_builtin, load_system
+from faultlab.system.builtin.mutants import MUTANTS, POWER_MUTANTS
+from faultlab.trace import Step, Trace, load
+
+P = {"title": "backlog"}
+DROP_ALL = {"kind": "drop_all"}
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "faultlab", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=600)
+
+
+def test_a_power_step_writes_its_choice_and_nothing_else() -> None:
+    step = Step.power({"kind": "prefix", "keep": 1})
+    assert step.to_json() == {"action": "power", "choice": {"kind": "prefix", "keep": 1}}
+    assert Step.from_json(step.to_json()) == step
+    assert step.describe() == 'power({"keep":1,"kind":"prefix"})'
+    # every other step is written as before: no "choice" key
+    assert "choice" not in Step("accept", "op-1", P).to_json()
+    assert "choice" not in Step("dispatch", crash="after_claim").to_json()
+
+
+def test_existing_trace_files_read_and_write_byte_identically() -> None:
+    for path in sorted((ROOT / "corpus").glob("*.json")) + sorted(
+            (ROOT / "tests" / "traces").glob("*.json")):
+        trace = load(path)
+        if isinstance(trace, Trace):
+            assert trace.to_json() == json.loads(path.read_text()), path
+
+
+@pytest.mark.parametrize("choice", [None, {}, {"kind": "drop"}, {"kind": "prefix"},
+                                    {"kind": "prefix", "keep": -1}, {"kind": "drop_all", "x": 1},
+                                    "drop_all"])
+def test_a_malformed_power_step_is_refused_in_one_line(choice: object) -> None:
+    data = {"action": "power"} if choice is None else {"action": "power", "choice": choice}
+    with pytest.raises(UsageError) as raised:
+        Step.from_json(data)
+    assert "\n" not in str(raised.value) and "power" in str(raised.value)
+
+
+def test_the_reference_keeps_everything_acknowledged_through_power_cuts(
+        fork_spawner: Spawner) -> None:
+    steps = [
+        Step("accept", "op-1", P), Step.power(DROP_ALL), Step("dispatch"), Step.power(DROP_ALL),
+        Step("accept", "op-2", P), Step("dispatch", crash="after_downstream_commit"),
+        Step.power(DROP_ALL), Step("dispatch"), Step.power({"kind": "prefix", "keep": 1}),
+    ]
+    execution = execute(load_system("reference"), steps, fork_spawner, settle=True)
+    assert execution.verdict.clean, [str(v) for v in execution.violations]
+    assert execution.observations[-1].snapshot.counts()["tickets"] == 2
+
+
+@pytest.mark.parametrize("name", sorted(POWER_MUTANTS))
+def test_each_power_mutant_is_caught_by_its_minimal_trace(name: str,
+                                                         fork_spawner: Spawner) -> None:
+    mutant = load_system(name)
+    execution = execute(mutant, mutant.minimal_trace, fork_spawner,  # type: ignore[attr-defined]
+                        settle=True)
+    assert execution.verdict.invariants == mutant.caught_by  # type: ignore[attr-defined]
+    assert len(execution.executed_prefix()) == mutant.minimal_steps  # type: ignore[attr-defined]
+    # without the power cut the same steps are clean: only power loss shows the defect
+    without = [step for step in mutant.minimal_trace  # type: ignore[attr-defined]
+               if step.action != "power"]
+    assert execute(mutant, without, fork_spawner, settle=True).verdict.clean
+
+
+def test_power_mutants_are_builtin_but_stay_out_of_the_zoo() -> None:
+    for name in POWER_MUTANTS:
+        assert is_builtin(name) and name not in MUTANTS
+
+
+def test_a_trace_with_power_steps_replays_identically(tmp_path: Path) -> None:
+    mutant = load_system("wal-normal-receiver")
+    steps = list(mutant.minimal_trace)  # type: ignore[attr-defined]
+    trace = Trace(system=mutant.ref, deduplication=True, steps=steps,
+                  expected=execute(mutant, steps, Spawner(), settle=True).verdict,
+                  expect="finding")
+    path = tmp_path / "power.json"
+    path.write_text(json.dumps(trace.to_json()))
+    assert load(path).to_json() == trace.to_json()
+    done = run_cli("replay", str(path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "DONE+DURABLE at step 3" in done.stdout and "matches" in done.stdout
+
+
+@pytest.mark.parametrize("name", sorted(POWER_MUTANTS))
+def test_explore_power_loss_catches_and_shrinks_each_mutant(name: str, tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    done = run_cli("explore", "--system", name, "--power-loss", "--examples", "10",
+                   "--seed", "0", "--corpus", str(corpus), "--quiet")
+    assert done.returncode == 1, done.stdout + done.stderr
+    (found,) = sorted(corpus.glob("*.json"))
+    trace = load(found)
+    assert isinstance(trace, Trace) and trace.expected is not None
+    assert "DURABLE" in trace.expected.invariants
+    assert any(step.action == "power" for step in trace.steps)
+    mutant = load_system(name)
+    assert len(trace.steps) <= mutant.minimal_steps + 1  # type: ignore[attr-defined]
+    replayed = run_cli("replay", str(found))
+    assert "matches" in replayed.stdout, replayed.stdout + replayed.stderr
+
+
+def test_explore_without_power_loss_never_cuts_power(tmp_path: Path) -> None:
+    done = run_cli("explore", "--system", "sync-off-caller", "--examples", "5", "--seed", "0",
+                   "--corpus", str(tmp_path / "corpus"), "--quiet")
+    assert done.returncode in (0, 4), done.stdout + done.stderr
+    assert not list((tmp_path / "corpus").glob("*.json"))
+
+
+def test_power_loss_is_for_sequential_traces() -> None:
+    done = run_cli("explore", "--power-loss", "--concurrency", "2", "--examples", "1")
+    assert done.returncode == 2 and "sequential" in done.stderr
