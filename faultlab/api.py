@@ -246,7 +246,7 @@ def _finding_test_case(machine: type[OutboxMachine], system: System, *, deduplic
             __tracebackhide__ = True  # pytest shows the message (the table), not this frame
             chosen = corpus or type(self).faultlab_plugin_corpus or TEST_CORPUS
             seed = getattr(machine, "_hypothesis_internal_use_seed", None)
-            failure = explore_as_test(
+            failure = _explore_as_test(
                 system, examples=self.settings.max_examples,
                 steps=self.settings.stateful_step_count,
                 seed=defaults.SEED if seed is None else int(seed),
@@ -264,20 +264,23 @@ def _finding_test_case(machine: type[OutboxMachine], system: System, *, deduplic
     return StateMachineTestCase
 
 
-def explore_as_test(system: System, *, examples: int, steps: int, seed: int,
-                    deduplication: bool, deadline: float, corpus: Path) -> str | None:
+def _explore_as_test(system: System, *, examples: int, steps: int, seed: int,
+                     deduplication: bool, deadline: float, corpus: Path) -> str | None:
     """Explore ``system`` as ``faultlab explore`` does; the report of a finding, or None.
 
     The report is what explore prints for it: the ``FOUND`` line naming the saved file, the
     replay table, its violations, the first worker that died with an undeclared error (with
-    its stderr) and the command that replays the saved trace. A failure that its replay does
-    not reproduce is no finding (as in explore): it is a warning, and the test passes.
+    its stderr) and the command that replays the saved trace. What explore only notes is a
+    warning, and the test passes: a failure its replay did not reproduce (no finding, as in
+    explore), and a vacuous run (explore's exit 4: nothing was tested, for example no
+    declared crash point ever fired), since a short test run is often vacuous on purpose.
     """
     import warnings
 
     from faultlab.corpus import files
     from faultlab.process.spawn import spawner
     from faultlab.report import tables as report
+    from faultlab.search.coverage import vacuity
     from faultlab.search.explore import explore as explore_sequential
 
     with spawner("fork") as runner:
@@ -287,6 +290,10 @@ def explore_as_test(system: System, *, examples: int, steps: int, seed: int,
     for note in result.notes:
         warnings.warn(f"faultlab: {note}", stacklevel=3)
     if result.trace is None or result.replay is None:
+        vacuous = vacuity(result.recorder.coverage, system, result.recorder.examples)
+        if vacuous is not None:
+            warnings.warn(f"faultlab: vacuous: nothing failed in {result.recorder.examples} "
+                          f"examples, but nothing was tested: {vacuous}", stacklevel=3)
         return None
     path = files.save(result.trace, corpus, system.name)
     expected = result.trace.expected

@@ -131,3 +131,24 @@ def test_costs_about_what_explore_costs(pytester: pytest.Pytester) -> None:
                     if line.startswith("examples ")).split()[-1]
     assert f"(seed 0, {examples} examples)" in result.stdout.str()
     assert test_seconds < 3 * explore_seconds + 5, (test_seconds, explore_seconds)
+
+
+def test_a_vacuous_run_passes_with_a_warning(pytester: pytest.Pytester) -> None:
+    """explore's exit 4 (nothing tested) is a warning here, not a silent pass: the
+    standalone outbox whose accept prints ``accepted!`` and stores nothing (as in
+    tests/test_vacuous.py)."""
+    standalone = ROOT / "examples" / "standalone_outbox" / "system.json"
+    data = json.loads(standalone.read_text())
+    data["commands"]["accept"] = ["{python}", "-c", "print('accepted!')", "{operation_id}",
+                                  "{payload}"]
+    system = pytester.mkdir("system") / "system.json"
+    system.write_text(json.dumps(data))
+    (system.parent / "outbox.py").symlink_to(standalone.parent / "outbox.py")
+    pytester.makepyfile(test_outbox=f"""
+import faultlab
+
+TestGarbage = faultlab.state_machine({str(system)!r}, examples=2, steps=2).TestCase
+""")
+    result = pytester.runpytest_subprocess(*_plugin(), "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, warnings=1)
+    assert "faultlab: vacuous: nothing failed in" in result.stdout.str()
