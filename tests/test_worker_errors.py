@@ -53,6 +53,10 @@ def test_explore_finding_shows_the_worker_error_and_names_the_system(tmp_path: P
     assert f"system                               dividing ({DIVIDING})" in text
     saved = sorted((tmp_path / "corpus").glob("*.json"))
     assert f"replay with: python -m faultlab replay {saved[0]} --system {DIVIDING}" in text
+    # replay (and so pytest --faultlab-corpus) shows it too
+    replayed = run_cli("replay", str(saved[0]), "--system", DIVIDING)
+    assert replayed.returncode == 1, replayed.stdout + replayed.stderr
+    assert replayed.stdout.count("ZeroDivisionError: integer division or modulo by zero") == 1
 
 
 def test_a_state_machine_test_shows_it_too(pytester: pytest.Pytester,

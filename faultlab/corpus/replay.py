@@ -116,7 +116,8 @@ def replay(planned: Plan, runner: Spawner, *, deadline: float, fmt: str = "simpl
                             settle=trace.settle, deadline=deadline)
         verdict = execution.verdict
         table = report.execution_table(execution, fmt)
-        violations = report.violation_lines(execution)
+        # a worker's undeclared error, with its stderr: why the checks after it failed
+        violations = [*report.violation_lines(execution), *report.worker_error_lines(execution)]
     regression = False
     if planned.against:
         expected_text = f"clean (replayed --against {system.ref})"
