@@ -12,14 +12,14 @@ still work; ``FAKETIME_NO_CACHE`` makes every read see the file as it is now.
 The library is found, in this order: the file named by ``FAULTLAB_LIBFAKETIME``;
 the one the PyPI package ``libfaketime`` ships (``pip install
 'faultlab[faketime]'``); Debian's (``apt-get install libfaketime``). A preload
-reaches only processes started by ``exec``, so such workers are never forked
-from faultlab itself.
+reaches only a process as it starts, so such workers are forked from a fork
+server that was itself started under libfaketime (:data:`LOAD_VARIABLES`), and
+each sets the trace's timestamp file itself (:data:`TIMESTAMP_VARIABLE`, read on
+every clock read), or are exec'd in exec mode.
 """
 
 from __future__ import annotations
 
-import glob
-import importlib.util
 import os
 import time
 from pathlib import Path
@@ -31,10 +31,19 @@ EPOCH = 1_767_225_600
 LIBRARY_ENV = "FAULTLAB_LIBFAKETIME"
 TIMESTAMP_FILE = "faultlab-faketime"
 _DEBIAN = "/usr/lib/*/faketime/libfaketime.so.1"
+#: What libfaketime reads once, as the process starts: a fork server started with these
+#: passes them on to every child it forks (the library is mapped, its settings are read).
+LOAD_VARIABLES = ("LD_PRELOAD", "FAKETIME_NO_CACHE", "FAKETIME_DONT_FAKE_MONOTONIC")
+#: What it reads again on every clock read (FAKETIME_NO_CACHE), so a forked worker can set
+#: it itself: the trace's timestamp file.
+TIMESTAMP_VARIABLE = "FAKETIME_TIMESTAMP_FILE"
 
 
 def library() -> Path | None:
     """The libfaketime shared library to preload, or None when none is installed."""
+    import glob  # here: a fork server imports this module, and only this needs them
+    import importlib.util
+
     named = os.environ.get(LIBRARY_ENV)
     if named:
         return Path(named) if Path(named).is_file() else None
@@ -83,7 +92,7 @@ class WallClock:
         preload = os.environ.get("LD_PRELOAD", "")
         return {
             "LD_PRELOAD": f"{self.library}{' ' + preload if preload else ''}",
-            "FAKETIME_TIMESTAMP_FILE": str(self.path),
+            TIMESTAMP_VARIABLE: str(self.path),
             "FAKETIME_NO_CACHE": "1",
             "FAKETIME_DONT_FAKE_MONOTONIC": "1",
         }

@@ -37,7 +37,9 @@ class WorkerSpec:
     spawn: SpawnMode = "fork"
     deadline: float = DEFAULT_DEADLINE
     #: Extra environment for the worker (the virtual clock's and libfaketime's variables).
-    #: A worker with any always starts by exec: a preload reaches only an exec'd process.
+    #: In fork mode a preload reaches a worker through a fork server started with it, and
+    #: the rest is set in the child (:func:`faultlab.process.spawn.server_environment`);
+    #: any other variable makes the worker start by exec.
     environment: tuple[tuple[str, str], ...] = ()
 
     def argv(self) -> list[str]:

@@ -15,6 +15,7 @@ reaped before :func:`Spawner.run` returns.
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found, unused-ignore]
+import gc
 import json
 import os
 import select
@@ -29,7 +30,9 @@ from dataclasses import dataclass, replace
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from faultlab.base import interrupt
+from faultlab.base.clock import CLOCK_ENV
 from faultlab.base.errors import ExecutionError
+from faultlab.base.wall_clock import LOAD_VARIABLES, TIMESTAMP_VARIABLE
 from faultlab.process.records import (
     DEFAULT_DEADLINE,
     SPAWN_MODES,
@@ -51,6 +54,12 @@ _MAX_OUTPUT = 1 << 20
 _KILL_GRACE = 2.0
 #: How a worker runs inside a process: the role's code, returning the exit status.
 WorkerMain = Callable[[WorkerSpec], int]
+#: Environment variables a forked worker sets itself, before it runs: each is read where it
+#: is used, not as the process starts (faultlab's clock file, libfaketime's timestamp file).
+_CHILD_VARIABLES = frozenset({CLOCK_ENV, TIMESTAMP_VARIABLE})
+#: Environment variables only a process's start can give (a preloaded library and the
+#: settings it reads as it loads): a fork server started with them passes them on.
+_SERVER_VARIABLES = frozenset(LOAD_VARIABLES)
 
 
 def _collect(pid: int, fds: dict[int, str], deadline: float, group: bool) -> tuple[
@@ -402,12 +411,20 @@ def _rehearse() -> None:
 
 
 def _read_spec(fd: int) -> WorkerSpec | None:
+    """A spare's assignment. The variables of its environment are set here, in the child
+    (the client chose a fork server started with what only a process's start can give:
+    :func:`server_environment`)."""
     _rehearse()
     chunks = []
     while data := os.read(fd, 65536):
         chunks.append(data)
     os.close(fd)
-    return WorkerSpec(**json.loads(b"".join(chunks))) if chunks else None
+    if not chunks:
+        return None
+    spec = WorkerSpec(**json.loads(b"".join(chunks)))
+    for name, value in spec.environment:
+        os.environ[name] = value
+    return spec
 
 
 def _fork_spare(run: WorkerMain, streams: StandardStreams) -> _Spare:
@@ -628,11 +645,25 @@ def zygote_main(run: WorkerMain, prepare: Callable[[WorkerSpec], None]) -> None:
     children.end()
 
 
+def _freeze() -> None:
+    """Move every object the server holds into the collector's permanent generation.
+
+    A collection in a forked child then never walks (and writes the headers of) the
+    objects it shares with the server, which would copy their pages. Done once the
+    image is loaded, and again when a request loads a system: the server's own
+    per-request objects are freed by reference counting, not by the collector.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 def _serve(own: _Children, run: WorkerMain, prepare: Callable[[WorkerSpec], None]) -> None:
     _set_child_subreaper()
     streams = standard_streams()  # every spare's sys.stdin, stdout and stderr
     requests = sys.stdin.buffer
     replies = sys.stdout.buffer
+    _freeze()
+    modules = len(sys.modules)
     for line in requests:
         request_id: Any = None
         try:
@@ -640,6 +671,9 @@ def _serve(own: _Children, run: WorkerMain, prepare: Callable[[WorkerSpec], None
             request_id = request["id"]
             spec = WorkerSpec(**request["spec"])
             prepare(spec)
+            if len(sys.modules) != modules:  # a system loaded for the first time
+                _freeze()
+                modules = len(sys.modules)
             with interrupt.deferred():  # a forked child is always known by its pid
                 own.running = own.spare if own.spare is not None else _fork_spare(run, streams)
                 own.spare = None
@@ -671,7 +705,10 @@ class ForkServer:
     server with SIGTERM, which kills and reaps the worker it was running.
     """
 
-    def __init__(self, entry: str = FORK_SERVER_ENTRY) -> None:
+    def __init__(self, entry: str = FORK_SERVER_ENTRY,
+                 environment: Mapping[str, str] | None = None) -> None:
+        """Start the server; ``environment`` is added to this process's for the server
+        itself (a preload its workers inherit: :func:`server_environment`)."""
         import subprocess
 
         self._process = subprocess.Popen(
@@ -679,6 +716,7 @@ class ForkServer:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             start_new_session=True,
+            env={**os.environ, **environment} if environment else None,
         )
         self.pid = self._process.pid
         self._requests = 0
@@ -740,19 +778,43 @@ class ForkServer:
                 process.stdout.close()
 
 
+def server_environment(
+    environment: Sequence[tuple[str, str]],
+) -> tuple[tuple[str, str], ...] | None:
+    """What a fork server must be started with to fork a worker with ``environment``, or
+    None when only exec can give it.
+
+    The variables read as a process starts (a preload: libfaketime's library and
+    settings) are the server's, inherited by every child; those read where they are used
+    (the clock files) each child sets itself (:func:`_read_spec`). Any other variable
+    (the power-loss recording's) is given by exec, as it always was.
+    """
+    fixed = []
+    for name, value in environment:
+        if name in _SERVER_VARIABLES:
+            fixed.append((name, value))
+        elif name not in _CHILD_VARIABLES:
+            return None
+    return tuple(sorted(fixed))
+
+
 class Spawner:
     """Runs workers in the chosen mode; the only way faultlab starts a worker.
 
     It is the :class:`faultlab.system.contract.StepRunner` systems run their steps
     through: :meth:`run` for faultlab's own worker processes, :meth:`run_program` for a
     command-line system's programs. ``processes`` counts both.
+
+    In fork mode there is one fork server per distinct start-up environment: the plain
+    one, and one started under libfaketime for a system on the virtual wall clock
+    (:func:`server_environment`), each started with the first worker that needs it.
     """
 
     def __init__(self, mode: SpawnMode = "fork") -> None:
         if mode not in SPAWN_MODES:
             raise ValueError(f"unknown spawn mode {mode!r}")
         self.mode: SpawnMode = mode
-        self._server: ForkServer | None = None
+        self._servers: dict[tuple[tuple[str, str], ...], ForkServer] = {}
         self.processes = 0
 
     def run_program(
@@ -769,24 +831,32 @@ class Spawner:
         if spec.spawn != self.mode:
             spec = replace(spec, spawn=self.mode)
         self.processes += 1
-        if self.mode == "exec" or spec.environment:
+        fixed = server_environment(spec.environment) if self.mode == "fork" else None
+        if fixed is None:
             return exec_worker(spec, new_group=True)
-        if self._server is None:
+        server = self._servers.get(fixed)
+        if server is None:
             # deferred: a signal as the server starts is raised once it is known here, so
             # close() ends and reaps it (seen: it was left a zombie of the caller)
             with interrupt.deferred():
-                self._server = ForkServer()
-        return self._server.run(spec)
+                server = self._servers[fixed] = ForkServer(environment=dict(fixed))
+        return server.run(spec)
 
     @property
     def server_pid(self) -> int | None:
-        """The fork server's pid while it runs (it starts with the first forked worker)."""
-        return self._server.pid if self._server is not None else None
+        """The first fork server's pid while it runs (it starts with the first forked
+        worker)."""
+        return next((server.pid for server in self._servers.values()), None)
+
+    @property
+    def server_pids(self) -> list[int]:
+        """Every running fork server's pid (one per start-up environment)."""
+        return [server.pid for server in self._servers.values()]
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        while self._servers:
+            _, server = self._servers.popitem()
+            server.close()
 
 
 @contextmanager
