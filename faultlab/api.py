@@ -135,7 +135,7 @@ def explore(
         violations = tuple(concurrent.replay.violations) if concurrent.replay else ()
         recorder = concurrent.recorder
         vacuous = concurrent_vacuity(recorder.checked, recorder.examples, recorder.held,
-                                     concurrency)
+                                     concurrency, can_hold=chosen.holds_in_lanes())
     path = None
     if found is not None and corpus is not None:
         from faultlab.corpus import files

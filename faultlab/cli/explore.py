@@ -388,7 +388,8 @@ def _vacuity(results: list[StreamResult], system: System, plan: Plan,
         checked: Counter[str] = Counter()
         for r in results:
             checked.update(r.checked)
-        return concurrent_vacuity(checked, totals.examples, totals.held, plan.concurrency)
+        return concurrent_vacuity(checked, totals.examples, totals.held, plan.concurrency,
+                                  can_hold=system.holds_in_lanes())
     coverage = Coverage()
     for r in results:
         coverage.merge(Coverage(Counter(r.armed), Counter(r.fired), Counter(r.checked)))

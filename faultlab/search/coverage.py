@@ -99,15 +99,16 @@ def vacuity(coverage: Coverage, system: System, examples: int) -> str | None:
 
 
 def concurrent_vacuity(checked: Mapping[str, int], examples: int, held: int,
-                       concurrency: int) -> str | None:
+                       concurrency: int, *, can_hold: bool = True) -> str | None:
     """Why a clean concurrent run tested nothing, as one line, or None: as
-    :func:`vacuity` (``checked`` counts examples per invariant), and workers that never
-    overlapped (no lane was ever held at a point: the system announces none, so every
-    worker ran to its end before the next one could start)."""
+    :func:`vacuity` (``checked`` counts examples per invariant), and workers that can
+    never overlap (``can_hold`` False: the system announces no point a lane could hold it
+    at, so every worker runs to its end before the next one can start). A run that held
+    no lane by chance (a short budget) is not blamed for it."""
     if examples == 0:
         return "no example completed"
     causes = vacuous_families(checked)
-    if not held:
+    if not held and not can_hold:
         causes.append(f"workers never overlapped: no lane was ever held at a point (the "
                       f"system announces none), so --concurrency {concurrency} ran one "
                       "worker at a time")

@@ -122,6 +122,10 @@ class CommandSystem(System):
     supports_statement_points = False
     sleeps_only_on_locks = False  # a program may sleep for reasons of its own
 
+    def holds_in_lanes(self) -> bool:
+        """Only a program that announces its points can be held at them."""
+        return self.config.crash is not None and self.config.crash.mode == "announce"
+
     def __init__(self, description: Description) -> None:
         self.config = description
         self.virtual_wall_clock = description.virtual_wall_clock

@@ -281,6 +281,11 @@ class System(ABC):
         to every worker's record, sequential or in a lane."""
         return record
 
+    def holds_in_lanes(self) -> bool:
+        """Whether a lane can hold this system's worker at a point, so that several workers
+        overlap under ``--concurrency``. faultlab's own workers hold at every named point."""
+        return bool(self.crash_points)
+
     def run_step(self, spec: WorkerSpec, runner: StepRunner) -> ProcessRecord:
         """Run one worker as a real process. Python systems run faultlab's own worker."""
         return self.response(spec, runner.run(spec))
