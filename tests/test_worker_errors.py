@@ -90,3 +90,11 @@ def test_the_stderr_shown_is_trimmed_and_escaped() -> None:
     for code, response in ((-9, None), (0, {}), (3, {"error": "payload_conflict"})):
         assert not unexpected_exit(ProcessRecord(pid=7, exit_code=code, response=response,
                                                  stdout="", stderr="", elapsed=0.1))
+
+
+def test_enumerate_concurrency_names_the_system_in_its_replay_hint(tmp_path: Path) -> None:
+    done = run_cli("enumerate", "--system", DIVIDING, "--concurrency", "2", "--operations", "1",
+                   "--crashes", "0", "--max-steps", "3", "--corpus", str(tmp_path), "--quiet")
+    assert done.returncode == 1, done.stdout + done.stderr
+    (saved,) = sorted(tmp_path.glob("*.json"))
+    assert f"replay with: python -m faultlab replay {saved} --system {DIVIDING}" in done.stdout

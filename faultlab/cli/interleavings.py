@@ -69,7 +69,7 @@ def cmd_enumerate_concurrent(args: argparse.Namespace) -> int:
     print(concurrent_table(confirmed, args.concurrency, args.format))
     for line in concurrent_violation_lines(confirmed):
         print(line)
-    print(f"replay with: python -m faultlab replay {path}")
+    print(f"replay with: {corpus.replay_command(path, system.ref)}")
     return EXIT_FOUND
 
 
