@@ -14,7 +14,10 @@ from collections.abc import Callable
 from faultlab.base.canonical import canonical_json
 from faultlab.run.executor import Execution
 from faultlab.search.simplify import simplify_data
-from faultlab.trace import Step, Trace
+from faultlab.trace import POWER, Step, Trace
+
+#: The choice a power step shrinks to: no unsynced write survived.
+DROP_ALL = {"kind": "drop_all"}
 
 Run = Callable[[list[Step]], Execution]
 
@@ -97,6 +100,14 @@ def minimise(trace: Trace, execution: Execution, run: Run) -> tuple[Trace, Execu
             if not improved:
                 chunk = max(1, chunk // 2)
         for index, step in enumerate(steps):
+            if step.action == POWER and step.choice != DROP_ALL:
+                # the simplest power cut loses every unsynced write: try it in its place
+                simplest = Step.power(DROP_ALL)
+                found = attempt(steps[:index] + [simplest] + steps[index + 1:], size + 1)
+                if found is not None:
+                    (execution, steps), progress = found, True
+                    size = len(execution.executed_prefix())
+                    break
             if step.crash is None:
                 continue
             disarmed = Step(step.action, step.operation_id, step.payload, None)
