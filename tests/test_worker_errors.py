@@ -92,9 +92,14 @@ def test_the_stderr_shown_is_trimmed_and_escaped() -> None:
                                                  stdout="", stderr="", elapsed=0.1))
 
 
-def test_enumerate_concurrency_names_the_system_in_its_replay_hint(tmp_path: Path) -> None:
+def test_enumerate_concurrency_names_the_system_and_shows_the_lane_error(tmp_path: Path) -> None:
     done = run_cli("enumerate", "--system", DIVIDING, "--concurrency", "2", "--operations", "1",
                    "--crashes", "0", "--max-steps", "3", "--corpus", str(tmp_path), "--quiet")
     assert done.returncode == 1, done.stdout + done.stderr
     (saved,) = sorted(tmp_path.glob("*.json"))
     assert f"replay with: python -m faultlab replay {saved} --system {DIVIDING}" in done.stdout
+    # a lane's worker error is shown as a sequential one is, here and under replay
+    assert done.stdout.count("ZeroDivisionError: integer division or modulo by zero") == 1
+    assert "failed with exit 70; its stderr:" in done.stdout
+    replayed = run_cli("replay", str(saved), "--system", DIVIDING)
+    assert replayed.stdout.count("ZeroDivisionError: integer division or modulo by zero") == 1

@@ -67,7 +67,7 @@ def cmd_enumerate_concurrent(args: argparse.Namespace) -> int:
     print(f"\nFOUND: {confirmed.verdict.describe()} with {len(result.finding) - args.operations} "
           f"scheduling choices after {args.operations} accepts; saved {path}")
     print(concurrent_table(confirmed, args.concurrency, args.format))
-    for line in concurrent_violation_lines(confirmed):
+    for line in [*concurrent_violation_lines(confirmed), *report.worker_error_lines(confirmed)]:
         print(line)
     print(f"replay with: {corpus.replay_command(path, system.ref)}")
     return EXIT_FOUND

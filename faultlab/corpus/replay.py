@@ -110,7 +110,8 @@ def replay(planned: Plan, runner: Spawner, *, deadline: float, fmt: str = "simpl
         )
         execution, verdict = concurrent, concurrent.verdict
         table = concurrent_table(concurrent, trace.concurrency, fmt)
-        violations = concurrent_violation_lines(concurrent)
+        violations = [*concurrent_violation_lines(concurrent),
+                      *report.worker_error_lines(concurrent)]
     else:
         execution = execute(system, trace.steps, runner, deduplication=trace.deduplication,
                             settle=trace.settle, deadline=deadline)

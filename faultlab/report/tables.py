@@ -16,6 +16,7 @@ from faultlab.base.messages import printable
 from faultlab.base.version import __version__
 from faultlab.process.records import KILLED, ProcessRecord
 from faultlab.run.executor import Execution, Observation
+from faultlab.run.interleaving import ConcurrentExecution
 from faultlab.search.coverage import Coverage
 from faultlab.system.contract import System
 from faultlab.trials.scenarios import Outcome
@@ -176,9 +177,19 @@ def worker_stderr(record: ProcessRecord, indent: str = "    ") -> list[str]:
     return cut + [f"{indent}{printable(line, WORKER_STDERR_WIDTH)}" for line in shown]
 
 
-def worker_error_lines(execution: Execution) -> list[str]:
+def worker_error_lines(execution: Execution | ConcurrentExecution) -> list[str]:
     """``step N: the ROLE worker (pid P) failed with exit E; its stderr:`` and the stderr,
-    for the first unexpected worker error of ``execution`` (none: no lines)."""
+    for the first unexpected worker error of ``execution`` (none: no lines). In a concurrent
+    execution the first such worker of any lane, at the scheduling step it ended in."""
+    if isinstance(execution, ConcurrentExecution):
+        for lane_step in execution.observations:
+            for _, record in lane_step.exited:
+                if unexpected_exit(record):
+                    return [f"  step {lane_step.index} ({lane_step.step.describe()}): a worker "
+                            f"(pid {record.pid}) failed with exit {record.exit_code}; its "
+                            "stderr:",
+                            *worker_stderr(record, "    ")]
+        return []
     observation = worker_error(execution)
     if observation is None:
         return []
