@@ -342,7 +342,8 @@ def _finding_table(replay: Execution | ConcurrentExecution, concurrency: int,
     from faultlab.run.interleaving import ConcurrentExecution
 
     if isinstance(replay, ConcurrentExecution):
-        return [concurrent_table(replay, concurrency, fmt), *concurrent_violation_lines(replay)]
+        return [concurrent_table(replay, concurrency, fmt), *concurrent_violation_lines(replay),
+                *report.worker_error_lines(replay)]
     return [report.execution_table(replay, fmt), *report.violation_lines(replay),
             *report.worker_error_lines(replay)]
 
