@@ -109,7 +109,11 @@ def test_the_rules() -> None:
     assert found == "no ticket was ever made downstream; no operation was ever complete"
     assert vacuity(Coverage(), reference, 0) == "no example completed"
     assert concurrent_vacuity(everything, 3, held=2, concurrency=2) is None
-    assert "never overlapped" in (concurrent_vacuity(everything, 3, 0, 2) or "")
+    assert "never overlapped" in (concurrent_vacuity(everything, 3, 0, 2, can_hold=False)
+                                  or "")
+    # a system that can hold lanes and, in a short run, happened to hold none: not blamed
+    assert concurrent_vacuity(everything, 3, 0, 2, can_hold=True) is None
+    assert load_system("reference").holds_in_lanes()
 
 
 def test_explore_help_lists_exit_status_4() -> None:
