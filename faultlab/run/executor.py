@@ -6,8 +6,9 @@ then both stores are read back and every invariant is checked. Nothing else in
 faultlab spawns a worker or reads a store.
 
 A system with ``virtual_wall_clock`` runs every sequential trace on a virtual
-clock too: its workers are exec'd under libfaketime with the trace's clock file
-(:mod:`faultlab.base.wall_clock`), time stands still during the trace's steps, and the
+clock too: its workers run under libfaketime with the trace's clock file
+(:mod:`faultlab.base.wall_clock`; forked from a fork server started under it, or
+exec'd in exec mode), time stands still during the trace's steps, and the
 final recovery advances it by :data:`~faultlab.base.clock.SETTLE_HORIZON` before it
 dispatches, so a retry the system scheduled (a back-off after a crashed worker)
 comes due instead of being reported lost.
