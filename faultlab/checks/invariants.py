@@ -53,10 +53,10 @@ class Model:
         whether or not its process was killed afterwards. A dispatch that ended with a
         result was answered by the downstream: that delivery was acknowledged."""
         if action == "dispatch":
-            response = record.response or {}
-            result = response.get("result")
+            answer = record.response or {}
+            result = answer.get("result")
             if record.exit_code == 0 and isinstance(result, dict) and "ticket_id" in result:
-                self.delivered.setdefault(str(response.get("operation_id")), result["ticket_id"])
+                self.delivered.setdefault(str(answer.get("operation_id")), result["ticket_id"])
             return
         if action != "accept" or operation_id is None or payload is None:
             return

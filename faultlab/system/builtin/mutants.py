@@ -688,7 +688,7 @@ class WalNormalReceiver(Mutant):
     def service(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
         wal = _StorePragmas(context, DOWNSTREAM,
                             ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL"), pooled=True)
-        return super().service(wal, operation_id, payload)  # type: ignore[arg-type]
+        return super().service(wal, operation_id, payload)
 
 
 class SyncOffCaller(Mutant):
@@ -702,11 +702,11 @@ class SyncOffCaller(Mutant):
 
     def accept(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
         off = _StorePragmas(context, CALLER, ("PRAGMA synchronous=OFF",))
-        return super().accept(off, operation_id, payload)  # type: ignore[arg-type]
+        return super().accept(off, operation_id, payload)
 
     def dispatch(self, context: WorkerContext) -> dict[str, Any]:
         off = _StorePragmas(context, CALLER, ("PRAGMA synchronous=OFF",))
-        return super().dispatch(off)  # type: ignore[arg-type]
+        return super().dispatch(off)
 
 
 #: Mutants only a power cut can catch (``explore --power-loss``); loadable by name, kept out
