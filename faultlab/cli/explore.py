@@ -378,7 +378,7 @@ def _print_coverage(results: list[StreamResult], system: System, plan: Plan,
     coverage = Coverage()
     for r in results:
         coverage.merge(Coverage(Counter(r.armed), Counter(r.fired), Counter(r.checked)))
-    report.print_coverage(coverage, system, fmt)
+    report.print_coverage(coverage, system, fmt, faults=("power",) if plan.power_loss else ())
 
 
 def _vacuity(results: list[StreamResult], system: System, plan: Plan,

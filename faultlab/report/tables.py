@@ -7,7 +7,7 @@ import platform
 import signal
 import sqlite3
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from tabulate import tabulate
@@ -199,8 +199,10 @@ def worker_error_lines(execution: Execution | ConcurrentExecution) -> list[str]:
             *worker_stderr(record, "    ")]
 
 
-def print_coverage(coverage: Coverage, system: System, fmt: str) -> None:
-    """Which crash points fired and which invariants had something to check."""
+def print_coverage(coverage: Coverage, system: System, fmt: str,
+                   faults: Collection[str] = ()) -> None:
+    """Which crash points fired and which invariants had something to check (those of a
+    fault, e.g. ``power``, only when the run drew it)."""
     print(table(coverage.crash_rows(system), ["crash point", "armed", "fired"], fmt))
     print()
-    print(table(coverage.invariant_rows(), ["invariant", "checked non-vacuously"], fmt))
+    print(table(coverage.invariant_rows(faults), ["invariant", "checked non-vacuously"], fmt))

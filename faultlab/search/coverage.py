@@ -11,7 +11,7 @@ not be reported as clean.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,9 +58,11 @@ class Coverage:
         names += sorted(set(self.armed) - set(names), key=_point_order)
         return [[name, self.armed[name], self.fired[name]] for name in names]
 
-    def invariant_rows(self) -> list[list[Any]]:
-        """Rows: invariant, times it had something to check."""
-        return [[invariant.name, self.checked[invariant.name]] for invariant in INVARIANTS]
+    def invariant_rows(self, faults: Collection[str] = ()) -> list[list[Any]]:
+        """Rows: invariant, times it had something to check; an invariant that applies only
+        under a fault the run did not draw (``Invariant.fault``) is left out."""
+        return [[invariant.name, self.checked[invariant.name]] for invariant in INVARIANTS
+                if invariant.fault is None or invariant.fault in faults]
 
 
 #: Invariants grouped by what the run must have done for any of them to check something
