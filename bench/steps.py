@@ -1,0 +1,237 @@
+"""Sequential steps/s of this code against an earlier commit's, side by side in one run.
+
+    python bench/steps.py [--against COMMIT] [--seconds S] [--repeat N] [--seed S]
+                          [--wall-seconds S] [--wall-repeat N]
+
+The earlier commit (default f402273, the code before the "more bugs per CPU-second"
+work) is checked out into a temporary ``git worktree``, removed at the end. Each
+measurement is a fresh interpreter (``python -c``) importing one tree's faultlab only,
+exploring the reference sequentially for ``--seconds`` with one job (rounds of 20
+examples, ``explore --duration``); the two trees alternate, each first in turn, with
+the same seed in the same repetition, so machine noise hits both alike. It prints:
+
+* steps/s while exploring (steps over the stream's own start and end stamps, so
+  interpreter and fork-server start-up are left out) for each tree, and the median of
+  the ratios of the two measurements taken in the same repetition (the figure judged;
+  the ratio of the medians is printed too);
+* CPU per step of every process (the parent, the fork servers, every worker and
+  service, reaped), and of the parent alone;
+* the physical floor: a bare ``os.fork()`` + ``os._exit`` + ``os.waitpid()`` of the same
+  image (a process that imported what the fork server imports), as milliseconds and as
+  the steps/s a step costing one bare fork would reach;
+* the same steps/s for a system on the virtual wall clock (``virtual_wall_clock``:
+  tests/systems_for_tests.py's WallClockRetryOutbox), which the earlier code ran in exec
+  mode, with the spawn mode each tree used.
+
+Exit status 0 when this code reaches 2x the earlier code's steps/s on the reference,
+1 when not, 2 on bad options. The machine may be shared: say so with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_AGAINST = "f402273"
+TARGET = 2.0
+WALL_SYSTEM = "systems_for_tests:WallClockRetryOutbox"
+
+#: One measurement, in a fresh interpreter that sees only one tree (argv: root, what, ...).
+#: It knows both layouts: the earlier flat modules (faultlab.process, faultlab.search) and
+#: the layered ones (faultlab.process.spawn, faultlab.search.rounds).
+DRIVER = r'''
+import json, os, resource, statistics, sys, time
+root, what = sys.argv[1], sys.argv[2]
+sys.path[:0] = [root, os.path.join(root, "tests")]
+try:
+    from faultlab.process.spawn import spawner
+    from faultlab.search.rounds import Plan, run_stream
+    from faultlab.run import worker
+except ImportError:
+    from faultlab.process import spawner
+    from faultlab.search import Plan, run_stream
+    from faultlab import worker
+from faultlab.system import load_system
+
+def cpu(usage):
+    return usage.ru_utime + usage.ru_stime
+
+def usage():
+    return resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+
+if what == "floor":
+    worker.preload()
+    samples = []
+    own, children = usage()
+    for _ in range(300):
+        began = time.perf_counter()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        samples.append((time.perf_counter() - began) * 1000)
+    spent = (cpu(resource.getrusage(resource.RUSAGE_SELF)) - cpu(own)
+             + cpu(resource.getrusage(resource.RUSAGE_CHILDREN)) - cpu(children))
+    print(json.dumps({"ms": statistics.median(samples), "cpu_ms": spent * 1000 / 300}))
+    sys.exit(0)
+
+seconds, seed, system_ref = float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+system = load_system(system_ref)
+plan = Plan(system=system_ref, deduplication=True, seed=seed, examples=20, steps=10,
+            statement_crashes=True, hypothesis_shrink=False, spawn="fork", duration=seconds)
+own, children = usage()
+spawning = sys.modules[spawner.__module__]  # count the workers exec'd, not forked
+real_exec, execs = spawning.exec_worker, [0]
+def counted_exec(*args, **kwargs):
+    execs[0] += 1
+    return real_exec(*args, **kwargs)
+spawning.exec_worker = counted_exec
+with spawner("fork") as runner:
+    result, found = run_stream(system, runner, plan, 0)
+    parent = cpu(resource.getrusage(resource.RUSAGE_SELF)) - cpu(own)
+    processes = runner.processes
+modes = [mode for mode, used in (("fork", execs[0] < processes), ("exec", execs[0])) if used]
+everything = parent + cpu(resource.getrusage(resource.RUSAGE_CHILDREN)) - cpu(children)
+print(json.dumps({"steps": result.totals.steps, "window": result.ended - result.began,
+                  "parent_cpu": parent, "all_cpu": everything, "modes": modes,
+                  "found": found is not None}))
+'''
+
+
+def measure(root: Path, *arguments: str) -> dict[str, Any]:
+    """Run the driver on one tree; its JSON line."""
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(root), *arguments], capture_output=True, text=True,
+        cwd=tempfile.gettempdir(), env={**os.environ, "PYTHONPATH": ""}, check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"bench: {root} {' '.join(arguments)} failed:\n{done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    if result.get("found"):
+        raise SystemExit(f"bench: {root} found a bug while measuring; figures meaningless")
+    return result
+
+
+def alternate(trees: dict[str, Path], repeat: int, arguments: Any) -> dict[str, list[Any]]:
+    """``repeat`` measurements per tree, alternating which goes first."""
+    names = list(trees)
+    runs: dict[str, list[Any]] = {name: [] for name in names}
+    for index in range(repeat):  # nothing when repeat is 0
+        order = names if index % 2 == 0 else names[::-1]
+        for name in order:
+            runs[name].append(measure(trees[name], *arguments(index)))
+            print(f"bench: {name} measured ({index + 1}/{repeat})", file=sys.stderr, flush=True)
+    return runs
+
+
+def rate(run: dict[str, Any]) -> float:
+    return float(run["steps"] / run["window"]) if run["window"] else 0.0
+
+
+def table(rows: list[list[str]], headers: list[str]) -> str:
+    widths = [max(len(str(row[i])) for row in [headers, *rows]) for i in range(len(headers))]
+    line = "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    body = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
+            for row in rows]
+    return "\n".join([line, rule, *body])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--against", default=DEFAULT_AGAINST,
+                        help=f"the commit to compare with (default {DEFAULT_AGAINST})")
+    parser.add_argument("--seconds", type=float, default=10.0,
+                        help="exploration time per reference measurement (default 10)")
+    parser.add_argument("--repeat", type=int, default=6,
+                        help="reference measurements per tree, alternated (default 6)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--wall-seconds", type=float, default=15.0,
+                        help="exploration time per virtual-wall-clock measurement (default 15)")
+    parser.add_argument("--wall-repeat", type=int, default=2,
+                        help="virtual-wall-clock measurements per tree (default 2; 0: none)")
+    args = parser.parse_args()
+    if args.seconds <= 0 or args.repeat < 1 or args.wall_seconds <= 0 or args.wall_repeat < 0:
+        parser.error("--seconds and --wall-seconds must be > 0, --repeat >= 1, "
+                     "--wall-repeat >= 0")
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.against],
+                            capture_output=True, text=True, check=False).stdout.strip()
+    if not commit:
+        parser.error(f"--against {args.against}: no such commit")
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=False).stdout.strip()
+    began = time.monotonic()
+    print("command: " + shlex.join(["python", "bench/steps.py", *sys.argv[1:]]), flush=True)
+    with tempfile.TemporaryDirectory(prefix="faultlab-bench-") as scratch:
+        previous = Path(scratch) / "previous"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet",
+                        str(previous), commit], check=True)
+        try:
+            trees = {"this": ROOT, "previous": previous}
+            floors = {name: measure(root, "floor") for name, root in trees.items()}
+            runs = alternate(trees, args.repeat, lambda i: (
+                "explore", str(args.seconds), str(args.seed + i), "reference"))
+            walls = alternate(trees, args.wall_repeat, lambda i: (
+                "explore", str(args.wall_seconds), str(args.seed + i), WALL_SYSTEM))
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                            str(previous)], check=False)
+    median = statistics.median
+    this, prev = runs["this"], runs["previous"]
+    ratio = median(rate(a) / rate(b) for a, b in zip(this, prev, strict=True))
+
+    def per_step(run: list[dict[str, Any]], key: str) -> str:
+        return f"{median(r[key] / r['steps'] * 1000 for r in run):.2f}"
+
+    print(f"faultlab at {head} plus the working tree ('this') against {commit} ('previous'); "
+          f"Python {platform.python_version()}, {platform.platform()}, {os.cpu_count()} CPUs; "
+          f"{args.repeat} x {args.seconds:g} s per tree, alternated; the machine may be "
+          f"shared with other work")
+    rows = [
+        ["reference: steps/s exploring, one job", f"{median(map(rate, this)):.1f}",
+         f"{median(map(rate, prev)):.1f}", f"{ratio:.2f}x"],
+        ["reference: each repetition's steps/s",
+         " ".join(f"{rate(r):.0f}" for r in this), " ".join(f"{rate(r):.0f}" for r in prev),
+         " ".join(f"{rate(a) / rate(b):.2f}" for a, b in zip(this, prev, strict=True))],
+        ["reference: CPU per step, all processes (ms)", per_step(this, "all_cpu"),
+         per_step(prev, "all_cpu"), ""],
+        ["reference: CPU per step, the parent (ms)", per_step(this, "parent_cpu"),
+         per_step(prev, "parent_cpu"), ""],
+        ["bare fork + wait of the fork server's image (ms)", f"{floors['this']['ms']:.3f}",
+         f"{floors['previous']['ms']:.3f}", ""],
+        ["  its CPU, parent and child (ms)", f"{floors['this']['cpu_ms']:.3f}",
+         f"{floors['previous']['cpu_ms']:.3f}", ""],
+        ["  steps/s if a step cost one bare fork", f"{1000 / floors['this']['ms']:.0f}",
+         f"{1000 / floors['previous']['ms']:.0f}", ""],
+    ]
+    if args.wall_repeat:
+        wall_ratio = median(rate(a) / rate(b) for a, b in
+                            zip(walls["this"], walls["previous"], strict=True))
+        rows += [
+            ["virtual wall clock: steps/s exploring", f"{median(map(rate, walls['this'])):.1f}",
+             f"{median(map(rate, walls['previous'])):.1f}", f"{wall_ratio:.1f}x"],
+            ["virtual wall clock: spawn mode",
+             "/".join(walls["this"][0]["modes"]), "/".join(walls["previous"][0]["modes"]), ""],
+        ]
+    print(table(rows, ["median", "this", "previous", "this / previous"]))
+    holds = ratio >= TARGET
+    print(f"\n{'HOLDS' if holds else 'MISSED'}: this code >= {TARGET}x the previous code's "
+          f"sequential steps/s (median of paired ratios {ratio:.2f}x; ratio of the medians "
+          f"{median(map(rate, this)) / median(map(rate, prev)):.2f}x)")
+    print(f"(measured in {time.monotonic() - began:.0f} s)")
+    return 0 if holds else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
