@@ -29,7 +29,11 @@ ACTIONS = ("accept", "dispatch", "service")
 #: A power cut of the machine between two workers (:mod:`faultlab.stores.vfs`): not a
 #: worker, so not in :data:`ACTIONS`; its ``choice`` says which unsynced changes survive.
 POWER = "power"
-STEP_ACTIONS = (*ACTIONS, POWER)
+#: The private PostgreSQL server crashes between two workers (every server process
+#: SIGKILLed) and restarts through crash recovery: not a worker either, and only with
+#: ``--postgres private`` (:func:`faultlab.stores.postgres.crash_server`).
+SERVER_CRASH = "server_crash"
+STEP_ACTIONS = (*ACTIONS, POWER, SERVER_CRASH)
 MAX_STEPS = 10_000
 
 
@@ -66,6 +70,8 @@ class Step:
     def to_json(self) -> dict[str, Any]:
         if self.action == POWER:
             return {"action": POWER, "choice": dict(self.choice or {})}
+        if self.action == SERVER_CRASH:
+            return {"action": SERVER_CRASH}
         data: dict[str, Any] = {"action": self.action}
         if self.operation_id is not None:
             data["operation_id"] = self.operation_id
@@ -81,6 +87,8 @@ class Step:
             raise UsageError(f"not a trace step: {json.dumps(data)[:80]}")
         if data["action"] == POWER:
             return cls.power(data.get("choice"))
+        if data["action"] == SERVER_CRASH:
+            return cls(SERVER_CRASH, **_no_worker_fields(data))
         crash_point = data.get("crash")
         operation_id = data.get("operation_id")
         if crash_point is not None and (
@@ -105,12 +113,23 @@ class Step:
     def describe(self) -> str:
         if self.action == POWER:
             return f"power({canonical_json(self.choice)})"
+        if self.action == SERVER_CRASH:
+            return SERVER_CRASH
         parts = [self.operation_id] if self.operation_id else []
         if self.action != "dispatch":
             parts.append(canonical_json(self.payload))
         if self.crash:
             parts.append(f"crash={self.crash}")
         return f"{self.action}({', '.join(parts)})"
+
+
+def _no_worker_fields(data: dict[str, Any], allowed: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A server fault names no worker: refuse a file that gives it a worker's fields (a
+    hand edit that would otherwise be silently dropped on the next save)."""
+    extra = sorted(set(data) - {"action", *allowed})
+    if extra:
+        raise UsageError(f"a {data['action']} step takes no {', '.join(extra)}")
+    return {}
 
 
 class Checked(Protocol):
@@ -351,7 +370,8 @@ def write_json_atomically(path: Path, data: Any) -> None:
 # Version 1 files are read by :class:`Trace`; :func:`load` reads either version.
 
 TRACE_VERSION_CONCURRENT = 2
-LANE_ACTIONS = ("run", "start", "release", "finish", "kill", "pause", "resume", "tick")
+LANE_ACTIONS = ("run", "start", "release", "finish", "kill", "pause", "resume", "tick",
+                SERVER_CRASH)
 STARTS = ("run", "start")
 WORKER_ROLES = ("accept", "dispatch", "service")
 MAX_TICKS = 1_000_000
@@ -390,6 +410,8 @@ class LaneStep:
     def from_json(cls, data: Any) -> LaneStep:
         if not isinstance(data, dict) or data.get("action") not in LANE_ACTIONS:
             raise UsageError(f"not a concurrent trace step: {json.dumps(data)[:80]}")
+        if data["action"] == SERVER_CRASH:
+            return cls(SERVER_CRASH, **_no_worker_fields(data))
         lane, role, ticks = data.get("lane"), data.get("role"), data.get("ticks")
         operation_id = data.get("operation_id")
         if lane is not None and (not isinstance(lane, int) or isinstance(lane, bool)):
@@ -412,6 +434,8 @@ class LaneStep:
         """Refuse a step that is malformed whatever the lanes' states (before running)."""
         if self.crash is not None and self.action not in STARTS:
             raise UsageError(f"only run and start arm a crash point, not {self.action}")
+        if self.action == SERVER_CRASH:
+            return  # names no lane: every live lane's connections die with the server
         if self.action == "tick":
             if self.ticks is None or not 0 < self.ticks <= MAX_TICKS:
                 raise UsageError(f"tick needs 1 to {MAX_TICKS} ticks, not {self.ticks!r}")
@@ -437,6 +461,8 @@ class LaneStep:
     def describe(self) -> str:
         if self.action == "tick":
             return f"tick({self.ticks})"
+        if self.action == SERVER_CRASH:
+            return SERVER_CRASH
         if self.action not in STARTS:
             return f"L{self.lane} {self.action}"
         parts = [self.operation_id] if self.operation_id else []

@@ -234,12 +234,20 @@ def check_open(c: Check) -> list[str]:
     return list(c.unopenable)
 
 
+#: The faults after which what was acknowledged must still be there, and how a message
+#: names each: a power cut of the machine, a crash of the whole PostgreSQL server.
+DURABILITY_FAULTS: dict[str, str] = {"power": "the power cut", "server_crash": "the server crash"}
+
+
 def check_durable(c: Check) -> list[str]:
-    """After a power cut: nothing acknowledged before it is gone (the model is data: the
-    acknowledgements recorded, and the snapshot taken just before the cut)."""
-    if c.action != "power":
+    """After a power cut or a server crash: nothing acknowledged before it is gone (the
+    model is data: the acknowledgements recorded, and the snapshot taken just before). The
+    same promise either way: an acknowledged commit survives the loss of everything that
+    was only in memory, the machine's page cache or the server's WAL buffers."""
+    fault = DURABILITY_FAULTS.get(c.action)
+    if fault is None:
         return []
-    found = [f"acknowledged operation {operation_id} was lost in the power cut"
+    found = [f"acknowledged operation {operation_id} was lost in {fault}"
              for operation_id in sorted(c.model.acknowledged)
              if c.after.operation(operation_id) is None]
     for operation in c.before.operations:
@@ -248,17 +256,21 @@ def check_durable(c: Check) -> list[str]:
         now = c.after.operation(operation.id)
         if now is None or now.state != "complete" or now.result != operation.result:
             state = "gone" if now is None else now.state
-            found.append(f"operation {operation.id} was complete before the power cut and is "
+            found.append(f"operation {operation.id} was complete before {fault} and is "
                          f"{state} after it")
     for operation_id, ticket_id in sorted(c.model.delivered.items()):
         if not any(t.id == ticket_id for t in c.after.tickets_for(operation_id)):
             found.append(f"ticket {ticket_id} for {operation_id}, whose receipt a dispatcher "
-                         "got, was lost in the power cut")
+                         f"got, was lost in {fault}")
     return found
 
 
 def _not_power(c: Check) -> bool:
     return c.action != "power"
+
+
+def _not_durability_fault(c: Check) -> bool:
+    return c.action not in DURABILITY_FAULTS
 
 
 def _never(c: Check) -> bool:
@@ -327,9 +339,9 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("OPEN", "every store still opens after a power cut", check_open, _not_power,
               fault="power"),
     Invariant(
-        "DURABLE", "after a power cut every acknowledged operation, every completion and "
-        "every ticket a dispatcher got a receipt for is still recorded", check_durable,
-        _not_power, fault="power",
+        "DURABLE", "after a power cut or a server crash every acknowledged operation, every "
+        "completion and every ticket a dispatcher got a receipt for is still recorded",
+        check_durable, _not_durability_fault, fault="power",
     ),
     Invariant("LIVE", "after recovery every accepted operation is complete with exactly one "
               "ticket", None),

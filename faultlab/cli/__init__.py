@@ -107,7 +107,8 @@ def _run(argv: list[str], worker_process: bool) -> int:
         if getattr(args, "postgres", None) is not None:
             from faultlab.stores import postgres as pgstores
 
-            pgstores.configure(_postgres_server(args.postgres))
+            dsn, server = _postgres_server(args.postgres)
+            pgstores.configure(dsn, server=server)
         if worker_process:
             result: int = args.handler(args)
             return result
@@ -155,21 +156,22 @@ def _closed_pipe() -> int:
 _private_server: list[PrivateServer] = []
 
 
-def _postgres_server(value: str) -> str:
-    """``--postgres``'s connection string: as given, or that of a private server started now.
+def _postgres_server(value: str) -> tuple[str, PrivateServer | None]:
+    """``--postgres``'s connection string: as given, or that of a private server started now
+    (returned too, so the stores can crash it, move its clock and drop its sessions).
 
     ``private`` starts faultlab's own cluster for this run (``initdb`` into a RAM
     directory, its own socket, no network): the shared server is never touched, and the
     cluster is stopped and removed when the command ends, fails or is interrupted.
     """
     if value != PRIVATE_POSTGRES:
-        return value
+        return value, None
     from faultlab.stores.pgserver import PrivateServer
 
     server = PrivateServer()
     _private_server.append(server)  # stopped in _run's finally, whatever happens next
     server.start()
-    return server.conninfo
+    return server.conninfo, server
 
 
 def _stop_private_server() -> None:
@@ -184,3 +186,5 @@ def _close_postgres() -> None:
         return
     for problem in pgstores.close_run():
         print(f"faultlab: could not drop {problem}", file=sys.stderr)
+    if pgstores.private_server() is not None:  # stopped next: a later command must not use it
+        pgstores.configure(None)

@@ -121,7 +121,11 @@ def add_postgres(parser: argparse.ArgumentParser) -> None:
              "'private' starts faultlab's own server for this run instead (initdb into a "
              "RAM directory, its own socket, no network; about 1 s to start; run as the "
              "machine's postgres user when faultlab runs as root), stopped and removed when "
-             "the run ends, fails or is interrupted",
+             "the run ends, fails or is interrupted. Only a private server can be crashed: "
+             "with it explore draws server_crash steps (the whole server SIGKILLed between "
+             "two steps, then restarted through crash recovery) for a system whose stores "
+             "are on PostgreSQL, and replay runs them; without it a trace with one is "
+             "refused",
     )
 
 

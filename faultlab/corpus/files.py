@@ -97,8 +97,13 @@ def replay_command(path: Path | str, system_ref: str) -> str:
     A trace never chooses the code it runs (:mod:`faultlab.corpus.trust`): a built-in system
     is found by the name the trace records, any other one must be named, so the command says
     ``--system`` with the reference the finding was explored with.
+
+    A finding made on faultlab's own PostgreSQL server replays on one too
+    (``--postgres private``): its server_crash steps run nowhere else.
     """
+    from faultlab.stores import postgres as pgstores
     from faultlab.system import is_builtin
 
     named = "" if is_builtin(system_ref) else f" --system {system_ref}"
-    return f"python -m faultlab replay {path}{named}"
+    private = " --postgres private" if pgstores.private_server() is not None else ""
+    return f"python -m faultlab replay {path}{named}{private}"

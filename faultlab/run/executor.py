@@ -45,7 +45,7 @@ from faultlab.stores.sqlite import (
     scratch_directory,
 )
 from faultlab.system.contract import System, check_crash_point
-from faultlab.trace import ACTIONS, POWER, Step, Verdict
+from faultlab.trace import ACTIONS, POWER, SERVER_CRASH, Step, Verdict
 
 #: The run directory's subdirectory the recording VFS logs into for a trace with power steps.
 POWER_LOG = "power-log"
@@ -89,6 +89,9 @@ def validate_step(system: System, step: Step) -> None:
     if step.action == POWER:
         Step.power(step.choice)  # raises UsageError for a malformed choice
         return
+    if step.action == SERVER_CRASH:
+        check_server_crash(system)
+        return
     if step.action not in ACTIONS:
         raise UsageError(f"unknown action {step.action!r}")
     if step.action in ("accept", "service"):
@@ -103,6 +106,20 @@ def validate_step(system: System, step: Step) -> None:
         except (TypeError, ValueError) as error:
             raise UsageError(f"{step.action} payload is not JSON: {error}") from None
     check_crash_point(system, step.action, step.crash)
+
+
+def check_server_crash(system: System) -> None:
+    """Refuse a ``server_crash`` that cannot be run: only faultlab's own server may be
+    crashed (a shared server is other people's), and only a PostgreSQL system's stores
+    live on it."""
+    from faultlab.stores import postgres as pgstores
+
+    if pgstores.private_server() is None:
+        raise UsageError("a server_crash step needs faultlab's own PostgreSQL server "
+                         "(--postgres private): a shared server is never crashed")
+    if getattr(system, "store_kind", None) != "postgres":
+        raise UsageError(f"a server_crash step needs a system whose stores are on "
+                         f"PostgreSQL; {system.name} keeps them elsewhere")
 
 
 class Executor:
@@ -137,6 +154,8 @@ class Executor:
         self.wall: WallClock | None = None
         #: The snapshots' read connections, kept open from enter to close.
         self._readers = ExitStack()
+        #: How long each server_crash step's crash and restart (recovery included) took.
+        self.server_crash_seconds: list[float] = []
 
     def _start_clock(self, *, existing: bool) -> None:
         if getattr(self.system, "virtual_wall_clock", False):
@@ -224,6 +243,8 @@ class Executor:
         validate_step(self.system, step)
         if step.action == POWER:
             return self._power_cut(step, phase)
+        if step.action == SERVER_CRASH:
+            return self._server_crash(step, phase)
         payload = None if step.action == "dispatch" else canonical_json(step.payload)
         spec = WorkerSpec(
             system=self.system.ref,
@@ -295,6 +316,30 @@ class Executor:
             model=self.model, before=before, after=after, action=POWER, operation_id=None,
             payload=None, record=NO_PROCESS, deduplication=self.deduplication,
             unopenable=unopenable,
+        )
+        self.snapshot = after
+        observation = Observation(
+            len(self.observations) + 1, step, NO_PROCESS, before, after,
+            tuple(check_step(check)), phase, check,
+        )
+        self.observations.append(observation)
+        return observation
+
+    def _server_crash(self, step: Step, phase: str) -> Observation:
+        """The private PostgreSQL server crashes now and restarts (the previous worker has
+        ended: nothing of the trace's holds a connection but this process's readers, which
+        are reopened). What was acknowledged before must still be there after crash
+        recovery (``DURABLE``, with every other invariant)."""
+        from faultlab.stores import postgres as pgstores
+
+        seconds = pgstores.crash_server()
+        self.server_crash_seconds.append(seconds)
+        before = self.snapshot
+        after = self.system.snapshot(self.directory)
+        check = Check(
+            model=self.model, before=before, after=after, action=SERVER_CRASH,
+            operation_id=None, payload=None, record=NO_PROCESS,
+            deduplication=self.deduplication,
         )
         self.snapshot = after
         observation = Observation(

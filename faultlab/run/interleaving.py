@@ -72,10 +72,12 @@ from faultlab.process.spawn import (
 
 # Imported here, not in the forked child: a child that imported a module from disk would
 # run whatever the file holds at that moment, not what this run loaded.
+from faultlab.run.executor import check_server_crash
 from faultlab.run.worker import run_worker
+from faultlab.stores import postgres as pgstores
 from faultlab.stores.sqlite import Snapshot, readers_are_kept, scratch_directory
 from faultlab.system.contract import Program, System, check_crash_point
-from faultlab.trace import STARTS, LaneStep, Verdict
+from faultlab.trace import SERVER_CRASH, STARTS, LaneStep, Verdict
 
 #: Seconds a released lane may run without reaching a point or ending before it counts as
 #: blocked on another lane's lock. Generous: a loaded machine must not misjudge a slow lane.
@@ -530,6 +532,9 @@ class LaneExecutor:
         step.validate(self.concurrency)
         if step.action == "tick":
             return
+        if step.action == SERVER_CRASH:
+            check_server_crash(self.system)
+            return
         lane = self.lanes.get(step.lane or 0)
         alive = lane is not None and lane.alive
         if step.action in STARTS:
@@ -559,6 +564,10 @@ class LaneExecutor:
             self.clock.advance(step.ticks or 0)
             if self.wall is not None:
                 self.wall.set(self.clock.ticks)
+        elif step.action == SERVER_CRASH:
+            # every live lane's connections die with the server; its worker runs on (held,
+            # blocked or paused where it was) and meets the failure at its next statement
+            pgstores.crash_server()
         elif step.action in STARTS:
             moved = self._start(step)
             self._wait(moved, self.block_bound)
@@ -640,8 +649,8 @@ class LaneExecutor:
             (lane.spec, record) for lane in self.lanes.values()
             for worker, record in exited if lane.worker == worker
         ]
-        if not checks:
-            checks = [(None, _dummy_record())]
+        if not checks or step.action == SERVER_CRASH:  # DURABLE judges the crash itself
+            checks.append((None, _dummy_record()))
         for spec, record in checks:
             check = Check(
                 model=self.model, before=before, after=after,

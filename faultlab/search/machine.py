@@ -40,7 +40,7 @@ from faultlab.search import data as generated
 from faultlab.search import defaults
 from faultlab.search.coverage import Coverage
 from faultlab.system import load_system
-from faultlab.trace import Step, Verdict, changed_payload
+from faultlab.trace import SERVER_CRASH, Step, Verdict, changed_payload
 
 STATEMENT_POINTS = ("sql:1", "sql:2", "sql:3", "sql:4", "sql:5", "sql:6", "commit:1")
 
@@ -457,6 +457,26 @@ def _power_rule() -> Any:
     return rule(choice=st.sampled_from(POWER_CHOICES))(power)
 
 
+def _server_crash_rule() -> Any:
+    """The ``server_crash`` rule: the private PostgreSQL server crashes between two steps."""
+
+    def server_crash(self: OutboxMachine) -> None:
+        self.execute(Step(SERVER_CRASH))
+
+    # before the first accept there is nothing a crash could lose
+    return precondition(lambda self: bool(self.payloads))(rule()(server_crash))
+
+
+def server_crashes_possible(system: Any) -> bool:
+    """Whether the machines draw ``server_crash``: automatically, for a PostgreSQL system
+    whose stores are on faultlab's own server (``--postgres private``); never on a shared
+    server (not ours to crash), so every other run draws what it drew before."""
+    from faultlab.stores import postgres as pgstores
+
+    return getattr(system, "store_kind", None) == "postgres" \
+        and pgstores.private_server() is not None
+
+
 def outbox_machine(
     system_ref: str = "reference",
     *,
@@ -568,6 +588,8 @@ def outbox_machine(
     if power_loss:  # only then: without it the rules, and so every seed's examples, are as before
         Machine.power_loss = True
         Machine.power = _power_rule()  # type: ignore[attr-defined]
+    if server_crashes_possible(system):  # likewise only then
+        Machine.server_crash = _server_crash_rule()
     Machine.payload_source = generated.payload_strategy(system)
     Machine.id_source = generated.id_strategy(system)
     Machine.TestCase.settings = machine_settings(examples, steps)

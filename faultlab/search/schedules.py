@@ -53,12 +53,13 @@ from faultlab.search.machine import (
     ended_by_stop,
     machine_settings,
     not_a_finding,
+    server_crashes_possible,
     should_stop,
     swarm,
 )
 from faultlab.system import load_system
 from faultlab.system.contract import System
-from faultlab.trace import STARTS, ConcurrentTrace, LaneStep, Verdict
+from faultlab.trace import SERVER_CRASH, STARTS, ConcurrentTrace, LaneStep, Verdict
 
 #: The invariants a concurrent trace judges, in the order the coverage table shows them.
 COVERED: tuple[str, ...] = (*(i.name for i in INVARIANTS if i.fault is None),
@@ -364,6 +365,17 @@ class ConcurrentMachine(RuleBasedStateMachine):
             raise found
 
 
+def _server_crash_rule() -> Any:
+    """The ``server_crash`` rule: the private PostgreSQL server crashes while the lanes'
+    workers live on (held, blocked or paused), each meeting its dead connection next."""
+
+    def server_crash(self: ConcurrentMachine) -> None:
+        self.execute(LaneStep(SERVER_CRASH))
+
+    # before the first accept there is nothing a crash could lose
+    return precondition(lambda self: bool(self.payloads))(rule()(server_crash))
+
+
 def concurrent_machine(
     system_ref: str, *, concurrency: int, deduplication: bool = True, spawn: SpawnMode = "fork",
     deadline: float = DEFAULT_DEADLINE, examples: int = 100, steps: int = 10,
@@ -385,6 +397,8 @@ def concurrent_machine(
     Machine.accept_points = tuple(p.name for p in system.points_for("accept"))
     Machine.dispatch_points = tuple(p.name for p in system.points_for("dispatch"))
     Machine.recorder = recorder if recorder is not None else ConcurrentRecorder()
+    if server_crashes_possible(system):  # on a private server only, as sequentially
+        Machine.server_crash = _server_crash_rule()
     Machine.TestCase.settings = machine_settings(examples, steps)
     return Machine
 

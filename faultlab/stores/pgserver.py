@@ -120,6 +120,11 @@ DEFAULT_SETTINGS: dict[str, str] = {
     # everything since the start, deterministically, instead of depending on timing
     "checkpoint_timeout": "1d",
     "max_wal_size": "4GB",
+    # the WAL writer's round as long as PostgreSQL allows: an asynchronous commit
+    # (synchronous_commit = off) stays in the WAL buffers for up to 10 s, so a crash()
+    # right after its acknowledgement loses it, as production loses up to 3 rounds; a
+    # synchronous commit flushes its own WAL and is not affected
+    "wal_writer_delay": "10s",
     # dynamic shared memory as files in the data directory (pg_dynshmem), not
     # /dev/shm/PostgreSQL.*, which a killed server would leave behind
     "dynamic_shared_memory_type": "mmap",

@@ -46,6 +46,8 @@ from faultlab.stores.sqlite import StoreError
 if TYPE_CHECKING:
     import psycopg
 
+    from faultlab.stores.pgserver import PrivateServer
+
 STORES_FILE = "postgres.json"
 NAME_PREFIX = "faultlab_"
 COMMENT_PREFIX = "faultlab store"
@@ -58,6 +60,8 @@ POOL_SIZE = 2
 _dsn: str | None = None
 _run: PostgresRun | None = None
 _run_lock = threading.Lock()
+#: The private server ``--postgres private`` started for this run (see :func:`configure`).
+_server: PrivateServer | None = None
 
 
 def psycopg_module() -> ModuleType:
@@ -71,12 +75,47 @@ def psycopg_module() -> ModuleType:
     return psycopg
 
 
-def configure(dsn: str | None) -> None:
-    """Use ``dsn`` (a libpq connection string or URI) instead of libpq's environment."""
-    global _dsn
-    if _run is not None and dsn != _dsn:
+def configure(dsn: str | None, *, server: PrivateServer | None = None) -> None:
+    """Use ``dsn`` (a libpq connection string or URI) instead of libpq's environment.
+
+    ``server`` is the :class:`~faultlab.stores.pgserver.PrivateServer` behind ``dsn``
+    when faultlab started its own (``--postgres private``): the executors reach it here
+    (:func:`private_server`) to crash it, move its clock or drop a session, instead of
+    through a global of the command line, which run/ must not import.
+    """
+    global _dsn, _server
+    if _run is not None and (dsn != _dsn or server is not _server):
         raise UsageError("--postgres cannot change once a PostgreSQL run has started")
     _dsn = dsn
+    _server = server
+
+
+def private_server() -> PrivateServer | None:
+    """The private server this run's stores live on, or None on a shared server."""
+    return _server
+
+
+def crash_server() -> float:
+    """Crash the private server (every process SIGKILLed) and restart it on its data;
+    the seconds it took, crash recovery included.
+
+    Every connection of this process dies with the server, so the run's pool thread is
+    stopped first (a clone half made when the server died is dropped by :meth:`close`
+    like any other) and its connections are reopened afterwards: the driver's snapshot
+    readers, the admin session and the pool's own. A worker's connection simply fails.
+    """
+    server = _server
+    if server is None:
+        raise UsageError("a server crash needs faultlab's own server: --postgres private")
+    run = _run
+    began = time.monotonic()
+    if run is not None:
+        run.suspend()
+    server.crash()
+    server.restart()
+    if run is not None:
+        run.resume()
+    return time.monotonic() - began
 
 
 def quote_ident(name: str) -> str:
@@ -286,7 +325,8 @@ class PostgresRun:
             name = self._new_name("c")
             with self._lock:
                 self._create(self._admin, name, template.name)
-        self._work.put(("fill", key))
+        if self._thread is not None:  # pool 0: nothing would ever take the work
+            self._work.put(("fill", key))
         return name
 
     def release(self, name: str) -> None:
@@ -342,6 +382,35 @@ class PostgresRun:
             except Exception:  # noqa: BLE001 - close() drops whatever is left
                 continue
 
+    # -- a server crash ---------------------------------------------------------------------
+
+    def suspend(self) -> None:
+        """Before the server is crashed: stop the pool thread and close every connection
+        (they would die anyway; closed here, none is reused broken)."""
+        if self._thread is not None:
+            self._work.put(None)
+            self._thread.join(timeout=60)
+            self._thread = None
+        for connection in (self._background, self._admin, *self.readers.values()):
+            if connection is not None:
+                try:
+                    connection.close()
+                except Exception:  # noqa: BLE001 - a dead server's connection; nothing to do
+                    pass
+        self._background = None
+        self.readers.clear()
+
+    def resume(self) -> None:
+        """After the server restarted: reopen the admin session, restart the pool thread.
+        Clones queued as ready survived (CREATE DATABASE is durable); a drop queued but not
+        done is redone by :meth:`close`, which drops whatever this run created."""
+        self._admin = _admin_connect(self.base)
+        self._work = queue.Queue()
+        self._start_background()
+        if self._thread is not None:
+            for key in self._templates:
+                self._work.put(("fill", key))
+
     # -- the end ----------------------------------------------------------------------------
 
     def close(self) -> list[str]:
@@ -375,7 +444,11 @@ def current_run() -> PostgresRun:
     global _run
     with _run_lock:
         if _run is None:
-            _run = PostgresRun(_dsn if _dsn is not None else os.environ.get("FAULTLAB_POSTGRES"))
+            # on a private server clones are made in the foreground (pool 0): no background
+            # commit flushes the WAL while a step runs, so what a server crash loses (an
+            # asynchronous commit still in the WAL buffers) depends on the trace alone
+            _run = PostgresRun(_dsn if _dsn is not None else os.environ.get("FAULTLAB_POSTGRES"),
+                               pool=0 if _server is not None else None)
             atexit.register(close_run)
             _install_sigterm()
         return _run

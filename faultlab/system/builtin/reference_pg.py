@@ -35,7 +35,7 @@ from faultlab.base.canonical import canonical_json
 from faultlab.stores.sqlite import Snapshot
 from faultlab.system.builtin.reference import LEASE_TICKS, ORDERING_KEY, ClaimLost
 from faultlab.system.contract import CrashPoint, Refusal, System, WorkerContext
-from faultlab.trace import LaneStep
+from faultlab.trace import SERVER_CRASH, LaneStep, Step
 
 CALLER = "caller"
 DOWNSTREAM = "downstream"
@@ -190,10 +190,15 @@ class ReferencePg(PostgresSystem):
 
     # -- caller ------------------------------------------------------------------------------
 
+    def connect_caller(self, context: WorkerContext) -> Any:
+        """The caller store's connection (acceptor and dispatcher): one place a mutant
+        changes how the caller commits."""
+        return context.connect_postgres(CALLER)
+
     def accept(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
         from faultlab.nemesis.pgcrash import commit_or_crash
 
-        connection = context.connect_postgres(CALLER)
+        connection = self.connect_caller(context)
         try:
             existing = connection.execute(
                 "SELECT payload, state FROM operations WHERE id = %s FOR UPDATE", (operation_id,)
@@ -255,7 +260,7 @@ class ReferencePg(PostgresSystem):
 
     def dispatch(self, context: WorkerContext) -> dict[str, Any]:
         self.held = None
-        connection = context.connect_postgres(CALLER)
+        connection = self.connect_caller(context)
         try:
             pending = self.claim(context, connection)
             if pending is None:
@@ -516,7 +521,46 @@ class NoFencingPg(ReferencePg):
         commit_or_crash(context, connection, "completion_commit_sent")
 
 
+class AsyncCommitPg(ReferencePg):
+    """The caller commits with ``synchronous_commit = off``: COMMIT returns before its WAL
+    record is written, so an acknowledged acceptance (or completion) lives only in the
+    server's WAL buffers until the WAL writer's next round. A server crash in between
+    loses it after the client was told it was durable. Only a ``server_crash`` step shows
+    it (``--postgres private``): a killed worker, even a killed backend, loses nothing of
+    a commit the server acknowledged, since the WAL buffers are the server's shared memory.
+
+    The private server's ``wal_writer_delay`` is the longest PostgreSQL allows (10 s, see
+    :data:`faultlab.stores.pgserver.DEFAULT_SETTINGS`) and no background commit flushes the
+    WAL while a step runs (a private run makes its clones in the foreground), so the crash
+    right after the acknowledgement finds the commit still unwritten.
+    """
+
+    name = "async-commit-pg"
+    description = ("reference-pg whose caller commits with synchronous_commit = off: a "
+                   "server crash loses an acknowledged acceptance")
+    caught_by = ("ACK", "DURABLE")
+    server_crashes = True
+    minimal_trace: tuple[Step, ...] = (
+        Step("accept", "op-1", {"title": "backlog", "priority": "normal"}),
+        Step(SERVER_CRASH),
+    )
+    minimal_steps = len(minimal_trace)
+    enumerable = False
+
+    def connect_caller(self, context: WorkerContext) -> Any:
+        connection = super().connect_caller(context)
+        # outside any transaction and through an untraced cursor: the setting is the bug,
+        # not a statement of the system's (sql:K and commit:K count as for reference-pg)
+        from psycopg import Cursor
+
+        connection.autocommit = True
+        Cursor(connection).execute("SET synchronous_commit = off")
+        connection.autocommit = False
+        return connection
+
+
 POSTGRES_SYSTEMS: dict[str, type[ReferencePg]] = {
     cls.name: cls
-    for cls in (ReferencePg, NoDedupPg, SplitCompletePg, NoSkipLockedClaimPg, NoFencingPg)
+    for cls in (ReferencePg, NoDedupPg, SplitCompletePg, NoSkipLockedClaimPg, NoFencingPg,
+                AsyncCommitPg)
 }

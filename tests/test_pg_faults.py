@@ -1,0 +1,264 @@
+"""Server faults on faultlab's private PostgreSQL server: ``server_crash`` steps (the whole
+server SIGKILLed between two steps, then restarted through crash recovery) and the mutant
+only they catch, ``async-commit-pg``.
+
+Against real servers only: skipped with the reason when this machine cannot start a
+private server (see tests/test_pgserver.py), failed instead when FAULTLAB_REQUIRE_SERVICES
+names ``postgres``. The shared server on 5432, when there is one, is only ever read, to
+show it was not touched. FAULTLAB_SLOW_TESTS=1 replays 20 times instead of 3.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, require_service
+
+from faultlab.process.spawn import Spawner
+from faultlab.run.executor import Execution, execute
+from faultlab.stores import pgserver
+from faultlab.stores import postgres as pgstores
+from faultlab.stores.pgserver import PrivateServer
+from faultlab.system import load_system
+from faultlab.trace import SERVER_CRASH, LaneStep, Step, Trace
+
+PAYLOAD = {"title": "invoice", "count": 3}
+REPLAYS = 20 if os.environ.get("FAULTLAB_SLOW_TESTS") else 3
+
+
+def _require() -> None:
+    reason = pgserver.unavailable()
+    if reason is not None:
+        require_service("postgres", reason)
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        require_service("postgres", "psycopg (the postgres extra) is not installed")
+
+
+def _report(capsys: pytest.CaptureFixture[str], line: str) -> None:
+    with capsys.disabled():
+        print(f"\n[pg-faults] {line}")
+
+
+def _shared_start_time() -> Any:
+    """The shared server's start time, or None when there is none to compare with."""
+    import psycopg
+
+    try:
+        with psycopg.connect(os.environ.get("FAULTLAB_TEST_POSTGRES", ""), dbname="postgres",
+                             autocommit=True, connect_timeout=3) as connection:
+            row = connection.execute("SELECT pg_postmaster_start_time()").fetchone()
+    except psycopg.OperationalError:
+        return None
+    return row[0] if row else None
+
+
+@pytest.fixture(scope="module")
+def private() -> Iterator[PrivateServer]:
+    """One private server for the module's in-process tests, the stores configured on it;
+    afterwards the run is closed, the server stopped, its directory gone, and the shared
+    server (if any) still the one that was running before."""
+    _require()
+    shared = _shared_start_time()
+    server = PrivateServer()
+    try:
+        server.start()
+        pgstores.configure(server.conninfo, server=server)
+        yield server
+    finally:
+        pgstores.close_run()
+        pgstores.configure(None)
+        directory = server.directory
+        server.stop()
+    assert directory is None or not directory.exists()
+    assert shared is None or _shared_start_time() == shared
+
+
+def _outcome(execution: Execution) -> list[Any]:
+    """What must replay identically: each step's stores, violations and exit status."""
+    return [(o.step, o.phase, o.snapshot, o.violations, o.record.exit_code)
+            for o in execution.observations] + [execution.final_violations]
+
+
+def test_a_server_crash_loses_nothing_of_reference_pg_and_replays_identically(
+        private: PrivateServer, fork_spawner: Spawner, capsys: pytest.CaptureFixture[str],
+) -> None:
+    system = load_system("reference-pg")
+    steps = [Step("accept", "op-1", PAYLOAD), Step(SERVER_CRASH), Step("dispatch"),
+             Step(SERVER_CRASH), Step("accept", "op-2", PAYLOAD), Step(SERVER_CRASH)]
+    first = execute(system, steps, fork_spawner, settle=True)
+    assert first.verdict.clean, first.violations
+    assert [o.snapshot.counts()["operations_complete"] for o in first.observations][:4] \
+        == [0, 0, 1, 1]
+    began = time.monotonic()
+    for _ in range(REPLAYS):
+        assert _outcome(execute(system, steps, fork_spawner, settle=True)) == _outcome(first)
+    per_trace = (time.monotonic() - began) / REPLAYS
+    crashes = sorted(pgstores.crash_server() for _ in range(5))
+    _report(capsys, f"{REPLAYS} replays identical; {per_trace:.2f} s per 6-step trace with 3 "
+                    f"server crashes; a server_crash (SIGKILL, restart, crash recovery, "
+                    f"connections reopened) median {crashes[2]:.3f} s, worst {crashes[-1]:.3f} s")
+
+
+def test_async_commit_pg_loses_an_acknowledged_acceptance_to_a_server_crash(
+        private: PrivateServer, fork_spawner: Spawner,
+) -> None:
+    mutant = load_system("async-commit-pg")
+    minimal = list(mutant.minimal_trace)  # type: ignore[attr-defined]
+    found = execute(mutant, minimal, fork_spawner, settle=True)
+    assert found.verdict.step == 2
+    assert set(found.verdict.invariants) == set(mutant.caught_by)
+    # the same steps lose nothing with synchronous commits, and nothing without the crash
+    assert execute(load_system("reference-pg"), minimal, fork_spawner, settle=True).verdict.clean
+    assert execute(mutant, minimal[:1], fork_spawner, settle=True).verdict.clean
+
+
+def test_a_server_crash_under_live_lanes_replays_identically(private: PrivateServer) -> None:
+    """Lane 2 holds inside its claim transaction when the server dies: its worker lives
+    on, meets the dead connection when released (an undeclared error, exit 70), and lane
+    1's fresh dispatcher completes the entry the crash rolled back."""
+    from faultlab.run.interleaving import execute_concurrent
+
+    system = load_system("reference-pg")
+    steps = [LaneStep("run", 1, "accept", "op-1", PAYLOAD), LaneStep("start", 2, "dispatch"),
+             LaneStep(SERVER_CRASH), LaneStep("finish", 2), LaneStep("run", 1, "dispatch")]
+
+    def outcome() -> list[Any]:
+        execution = execute_concurrent(system, steps, concurrency=2)
+        return [(o.step, o.lanes, o.snapshot, o.violations,
+                 tuple(record.exit_code for _, record in o.exited))
+                for o in execution.observations] + [execution.final_violations]
+
+    first = outcome()
+    assert first[3][1][1] == "exit 70" and first[4][2].counts()["operations_complete"] == 1
+    assert not any(row[3] for row in first[:-1]) and first[-1] == []
+    for _ in range(REPLAYS):
+        assert outcome() == first
+
+
+def test_the_machine_draws_server_crashes_only_on_a_private_server(
+        private: PrivateServer) -> None:
+    from faultlab.search.machine import outbox_machine
+    from faultlab.search.schedules import concurrent_machine
+
+    assert hasattr(outbox_machine("reference-pg"), "server_crash")
+    assert hasattr(concurrent_machine("reference-pg", concurrency=2), "server_crash")
+    assert not hasattr(outbox_machine("reference"), "server_crash")  # SQLite stores
+    pgstores.close_run()
+    pgstores.configure(None)
+    try:
+        assert not hasattr(outbox_machine("reference-pg"), "server_crash")
+        assert not hasattr(concurrent_machine("reference-pg", concurrency=2), "server_crash")
+    finally:
+        pgstores.configure(private.conninfo, server=private)
+
+
+# -- the command line ------------------------------------------------------------------------
+
+def _faultlab(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "faultlab", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def _left_behind(pid: int) -> list[str]:
+    """Server directories (socket and data inside) a faultlab process left."""
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
+    return sorted(str(path) for path in base.glob(f"{pgserver.DIRECTORY_PREFIX}{pid}-*"))
+
+
+def _trace_file(tmp_path: Path, system: str, steps: list[Step]) -> Path:
+    path = tmp_path / f"{system}.json"
+    path.write_text(json.dumps(Trace(system, True, steps).to_json()), encoding="utf-8")
+    return path
+
+
+def test_a_server_crash_is_refused_without_a_private_server(tmp_path: Path) -> None:
+    path = _trace_file(tmp_path, "reference-pg", [Step("accept", "op-1", PAYLOAD),
+                                                   Step(SERVER_CRASH)])
+    done = _faultlab("replay", str(path), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--postgres private" in lines[0]
+
+
+def test_server_crash_steps_are_written_only_when_used_and_checked_on_load() -> None:
+    assert Step(SERVER_CRASH).to_json() == {"action": "server_crash"}
+    assert Step.from_json({"action": "server_crash"}) == Step(SERVER_CRASH)
+    assert LaneStep.from_json({"action": "server_crash"}).describe() == "server_crash"
+    from faultlab.base.errors import UsageError
+
+    for bad in ({"action": "server_crash", "operation_id": "op-1"},
+                {"action": "server_crash", "crash": "during_accept"}):
+        with pytest.raises(UsageError, match="takes no"):
+            Step.from_json(bad)
+        with pytest.raises(UsageError, match="takes no"):
+            LaneStep.from_json({**bad, "lane": 1} if "crash" in bad else bad)
+
+
+def test_explore_catches_async_commit_pg_and_shrinks_it_leaving_nothing(
+        tmp_path: Path) -> None:
+    _require()
+    shared = _shared_start_time()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "faultlab", "explore", "--system", "async-commit-pg",
+         "--postgres", "private", "--examples", "40", "--corpus", str(tmp_path / "corpus"),
+         "--quiet"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 1, err
+    assert "FOUND: ACK+DURABLE at step 2, shrunk to 2 executed steps" in out, out
+    assert "--postgres private" in out
+    assert _left_behind(process.pid) == []
+    saved = list((tmp_path / "corpus").glob("async-commit-pg-*.json"))
+    assert len(saved) == 1
+    trace = Trace.load(saved[0])
+    assert [step.action for step in trace.steps] == ["accept", SERVER_CRASH]
+    replayed = _faultlab("replay", str(saved[0]), "--postgres", "private", cwd=tmp_path)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert shared is None or _shared_start_time() == shared
+
+
+def test_explore_of_reference_pg_with_server_crashes_is_clean(tmp_path: Path) -> None:
+    _require()
+    done = _faultlab("explore", "--system", "reference-pg", "--postgres", "private",
+                     "--examples", "20", "--corpus", str(tmp_path / "corpus"), "--quiet",
+                     cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_concurrent_explore_of_reference_pg_with_server_crashes_is_clean(
+        tmp_path: Path) -> None:
+    _require()
+    done = _faultlab("explore", "--system", "reference-pg", "--postgres", "private",
+                     "--concurrency", "2", "--examples", "20", "--corpus",
+                     str(tmp_path / "corpus"), "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_an_interrupted_run_leaves_no_server(tmp_path: Path) -> None:
+    _require()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "faultlab", "explore", "--system", "reference-pg",
+         "--postgres", "private", "--examples", "1000", "--corpus", str(tmp_path / "c")],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 60
+    while not _left_behind(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(2.0)  # well into the run: steps and server crashes under way
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert _left_behind(process.pid) == []
