@@ -247,6 +247,27 @@ def test_concurrent_explore_of_reference_pg_with_server_crashes_is_clean(
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_the_zoo_judges_async_commit_pg_on_a_private_server_of_its_own(
+        tmp_path: Path) -> None:
+    _require()
+    done = _faultlab("mutants", "--only", "async-commit-pg", "--corpus", str(tmp_path / "c"),
+                     cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASS: 1 of 1 mutants caught" in done.stdout
+    assert list((tmp_path / "c").glob("async-commit-pg-*.json"))
+
+
+def test_the_zoo_says_why_async_commit_pg_is_not_judged_without_a_private_server(
+        tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "faultlab", "mutants", "--only", "async-commit-pg", "--corpus",
+         str(tmp_path / "c")], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), pgserver.BIN_ENV: str(tmp_path / "none")})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "not judged: needs --postgres private, which cannot start here" in done.stdout
+    assert "not judged here: async-commit-pg" in done.stdout
+
+
 def test_an_interrupted_run_leaves_no_server(tmp_path: Path) -> None:
     _require()
     process = subprocess.Popen(

@@ -31,7 +31,10 @@ def register(commands: Commands) -> None:
                     "strategies (explore with a fixed seed, enumerate with its defaults), in "
                     "parallel across cores, and print one table. Exit 0 only when the "
                     "reference is clean and every mutant is caught by both; 1 otherwise; 2 on "
-                    "bad input. Each shrunk finding is saved to the corpus.",
+                    "bad input. Each shrunk finding is saved to the corpus. A mutant only a "
+                    "server crash shows (async-commit-pg) is judged by explore alone on a "
+                    "private PostgreSQL server of its own (as --postgres private); on a "
+                    "machine that cannot start one its row says why instead.",
     )
     parser.add_argument("--only", action="append", metavar="NAME",
                         help="judge only this system (repeatable; reference or a mutant name)")
@@ -65,13 +68,20 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     from faultlab.system import builtin_names, concurrency_mutant_names
     from faultlab.trace import write_json_atomically
     from faultlab.trials.race_zoo import REFERENCE_CONCURRENT
-    from faultlab.trials.zoo import Budget, Judgement, judge_all, timing_summary
+    from faultlab.trials.zoo import (
+        SERVER_CRASH_MUTANTS,
+        Budget,
+        Judgement,
+        judge_all,
+        timing_summary,
+    )
 
     check_format(args.format)
     check_corpus_directory(args.corpus)
     if args.output is not None:
         check_output_path(args.output)
-    names = [*builtin_names(), REFERENCE_CONCURRENT, *concurrency_mutant_names()]
+    names = [*builtin_names(), REFERENCE_CONCURRENT, *concurrency_mutant_names(),
+             *SERVER_CRASH_MUTANTS]
     if args.only:
         unknown = [name for name in args.only if name not in names]
         if unknown:
@@ -95,13 +105,14 @@ def cmd_mutants(args: argparse.Namespace) -> int:
             j.system,
             j.defect if len(j.defect) <= 48 else j.defect[:45] + "...",
             _found(j.enumerate_found, j.enumerate_invariants) if j.enumerable else "n/a",
-            _found(j.explore_found, j.explore_invariants),
+            "-" if j.unjudged is not None else _found(j.explore_found, j.explore_invariants),
             "+".join(j.caught_by) or "-",
             "-" if j.examples_until_found is None else j.examples_until_found,
             "-" if j.seconds_until_found is None else j.seconds_until_found,
             "-" if j.shrunk_steps is None else j.shrunk_steps,
             "-" if j.reference else j.minimal_steps,
-            "ok" if j.ok and j.at_minimum else ("ok (longer)" if j.ok else "FAIL"),
+            f"not judged: {j.unjudged}" if j.unjudged is not None
+            else "ok" if j.ok and j.at_minimum else ("ok (longer)" if j.ok else "FAIL"),
         ])
     headers = ["system", "defect", "enumerate", "explore", "expected", "examples",
                "seconds", "shrunk", "minimum", "verdict"]
@@ -113,7 +124,8 @@ def cmd_mutants(args: argparse.Namespace) -> int:
           f"{timings['enumerate_worst_seconds']} s; wall {seconds:.1f} s with "
           f"{plural(min(args.jobs, len(names)), 'job')}")
     passed = all(j.ok for j in judgements)
-    mutants = [j for j in judgements if not j.reference]
+    unjudged = [j.system for j in judgements if j.unjudged is not None]
+    mutants = [j for j in judgements if not j.reference and j.unjudged is None]
     caught = sum(j.ok for j in mutants)
     reference_clean = all(j.ok for j in judgements if j.reference)
     explore_only = sum(not j.enumerable for j in mutants)
@@ -121,6 +133,8 @@ def cmd_mutants(args: argparse.Namespace) -> int:
           f"both explore and enumerate"
           + (f" ({explore_only} data/depth mutants by explore alone: enumerate n/a)"
              if explore_only else "")
+          + (f"; not judged here: {', '.join(unjudged)} (no private PostgreSQL server)"
+             if unjudged else "")
           + ("" if not any(j.reference for j in judgements)
              else f"; reference {'clean' if reference_clean else 'NOT clean'}"))
     if args.output is not None:

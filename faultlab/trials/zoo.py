@@ -45,16 +45,22 @@ class Judgement:
     corpus_file: str | None
     #: False for data and depth mutants, which enumerate's defaults cannot express.
     enumerable: bool = True
+    #: Why the system was not judged at all (a server-crash mutant on a machine that cannot
+    #: start faultlab's own PostgreSQL server); None when it was.
+    unjudged: str | None = None
 
     @property
     def ok(self) -> bool:
+        if self.unjudged is not None:
+            return True  # nothing was tried, so nothing failed: the table says why
         if self.reference:
             return not self.enumerate_found and not self.explore_found
         return (self.enumerate_found or not self.enumerable) and self.explore_found
 
     @property
     def at_minimum(self) -> bool:
-        return self.reference or self.shrunk_steps == self.minimal_steps
+        return self.reference or self.unjudged is not None \
+            or self.shrunk_steps == self.minimal_steps
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok, "at_minimum": self.at_minimum}
@@ -83,6 +89,56 @@ def judge(name: str, budget: Budget) -> Judgement:
             name, examples=budget.examples, steps=budget.steps, seed=budget.seed,
             spawn=budget.spawn, deadline=budget.deadline, corpus_directory=budget.corpus,
         ))
+    if name in SERVER_CRASH_MUTANTS:
+        return _judge_on_private_server(name, budget)
+    return _judge_sequential(name, budget)
+
+
+#: Mutants only a crash of the whole PostgreSQL server shows: judged on a private server
+#: of their own (``--postgres private``), where explore draws server_crash steps.
+SERVER_CRASH_MUTANTS: tuple[str, ...] = ("async-commit-pg",)
+
+
+def _judge_on_private_server(name: str, budget: Budget) -> Judgement:
+    """Judge ``name`` with its stores on a private server started for it (a judge runs in
+    its own process: one server per judge, stopped and removed whatever happens); on a
+    machine that cannot start one, a row that says why instead of a verdict."""
+    from faultlab.stores import pgserver
+    from faultlab.stores import postgres as pgstores
+
+    reason = pgserver.unavailable()
+    if reason is None:
+        try:
+            pgserver.psycopg_module()
+        except pgserver.PrivateServerUnavailable as error:
+            reason = str(error)
+    if reason is None:
+        try:
+            with pgserver.PrivateServer() as server:
+                pgstores.configure(server.conninfo, server=server)
+                try:
+                    return _judge_sequential(name, budget)
+                finally:
+                    pgstores.close_run()
+                    pgstores.configure(None)
+        except pgserver.PrivateServerUnavailable as error:
+            reason = str(error)
+    from faultlab.system import load_system
+
+    system = load_system(name)
+    return Judgement(
+        system=name, defect=system.description, reference=False,
+        caught_by=list(getattr(system, "caught_by", ())),
+        minimal_steps=getattr(system, "minimal_steps", None), enumerate_found=False,
+        enumerate_invariants=[], enumerate_seconds=0.0, enumerate_traces=0,
+        explore_found=False, explore_invariants=[], examples_until_found=None,
+        seconds_until_found=None, shrunk_steps=None, explore_seconds=0.0, explore_steps=0,
+        corpus_file=None, enumerable=False,
+        unjudged=f"needs --postgres private, which cannot start here: {reason}",
+    )
+
+
+def _judge_sequential(name: str, budget: Budget) -> Judgement:
     from faultlab.corpus import files as corpus
     from faultlab.process.spawn import spawner
     from faultlab.search.enumeration import enumerate_system
