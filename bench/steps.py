@@ -18,7 +18,8 @@ the same seed in the same repetition, so machine noise hits both alike. It print
   service, reaped), and of the parent alone;
 * the physical floor: a bare ``os.fork()`` + ``os._exit`` + ``os.waitpid()`` of the same
   image (a process that imported what the fork server imports), as milliseconds and as
-  the steps/s a step costing one bare fork would reach;
+  the steps/s a step costing one bare fork would reach (the median of three
+  alternated measurements per tree, 300 forks each);
 * the same steps/s for a system on the virtual wall clock (``virtual_wall_clock``:
   tests/systems_for_tests.py's WallClockRetryOutbox), which the earlier code ran in exec
   mode, with the spawn mode each tree used.
@@ -179,7 +180,7 @@ def main() -> int:
                         str(previous), commit], check=True)
         try:
             trees = {"this": ROOT, "previous": previous}
-            floors = {name: measure(root, "floor") for name, root in trees.items()}
+            floored = alternate(trees, 3, lambda i: ("floor",))
             runs = alternate(trees, args.repeat, lambda i: (
                 "explore", str(args.seconds), str(args.seed + i), "reference"))
             walls = alternate(trees, args.wall_repeat, lambda i: (
@@ -188,6 +189,8 @@ def main() -> int:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
                             str(previous)], check=False)
     median = statistics.median
+    floors = {name: {key: median(run[key] for run in floored[name]) for key in ("ms", "cpu_ms")}
+              for name in trees}
     this, prev = runs["this"], runs["previous"]
     ratio = median(rate(a) / rate(b) for a, b in zip(this, prev, strict=True))
 
