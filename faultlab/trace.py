@@ -355,6 +355,8 @@ def write_json_atomically(path: Path, data: Any) -> None:
 # * ``kill``: SIGKILL a lane where it is (held, blocked on a lock, or paused);
 # * ``pause`` / ``resume``: SIGSTOP / SIGCONT a live lane (a GC pause, a frozen VM);
 # * ``tick``: advance the trace's virtual clock (:mod:`faultlab.base.clock`).
+# * ``server_crash``: the private PostgreSQL server crashes and restarts (no lane);
+# * ``drop_connection``: the server ends a live lane's sessions; its worker runs on.
 #
 # A ``run`` or ``start`` may arm a crash point (``crash``) as a sequential step does:
 # the worker dies there by SIGKILL (its own, or the announcement nemesis's), which is
@@ -370,8 +372,12 @@ def write_json_atomically(path: Path, data: Any) -> None:
 # Version 1 files are read by :class:`Trace`; :func:`load` reads either version.
 
 TRACE_VERSION_CONCURRENT = 2
+#: Lane L's PostgreSQL session is terminated by the server while its worker lives on (a
+#: dropped connection: a network blip, a proxy restart, an idle timeout); only on
+#: faultlab's own server (:func:`faultlab.stores.postgres.drop_worker_connections`).
+DROP_CONNECTION = "drop_connection"
 LANE_ACTIONS = ("run", "start", "release", "finish", "kill", "pause", "resume", "tick",
-                SERVER_CRASH)
+                SERVER_CRASH, DROP_CONNECTION)
 STARTS = ("run", "start")
 WORKER_ROLES = ("accept", "dispatch", "service")
 MAX_TICKS = 1_000_000

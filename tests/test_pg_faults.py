@@ -29,7 +29,7 @@ from faultlab.stores import pgserver
 from faultlab.stores import postgres as pgstores
 from faultlab.stores.pgserver import PrivateServer
 from faultlab.system import load_system
-from faultlab.trace import SERVER_CRASH, LaneStep, Step, Trace
+from faultlab.trace import DROP_CONNECTION, SERVER_CRASH, ConcurrentTrace, LaneStep, Step, Trace
 
 PAYLOAD = {"title": "invoice", "count": 3}
 REPLAYS = 20 if os.environ.get("FAULTLAB_SLOW_TESTS") else 3
@@ -146,6 +146,42 @@ def test_a_server_crash_under_live_lanes_replays_identically(private: PrivateSer
         assert outcome() == first
 
 
+def _lane_outcome(system_name: str, steps: list[LaneStep]) -> list[Any]:
+    from faultlab.run.interleaving import execute_concurrent
+
+    execution = execute_concurrent(load_system(system_name), steps, concurrency=2)
+    return [(o.step, o.lanes, o.snapshot, o.violations,
+             tuple(record.exit_code for _, record in o.exited))
+            for o in execution.observations] + [execution.final_violations]
+
+
+def test_a_dropped_connection_replays_identically_and_reference_pg_survives_it(
+        private: PrivateServer) -> None:
+    """Lane 1 holds inside its claim transaction when the server ends its session: the
+    claim rolls back, lane 2 claims and completes, lane 1 meets its dead connection."""
+    steps = [LaneStep("run", 1, "accept", "op-1", PAYLOAD), LaneStep("start", 1, "dispatch"),
+             LaneStep(DROP_CONNECTION, 1), LaneStep("run", 2, "dispatch"),
+             LaneStep("finish", 1)]
+    first = _lane_outcome("reference-pg", steps)
+    assert first[3][2].counts()["operations_complete"] == 1
+    assert first[4][1][0] == "exit 70"  # AdminShutdown at its next statement: undeclared
+    assert not any(row[3] for row in first[:-1]) and first[-1] == []
+    for _ in range(REPLAYS):
+        assert _lane_outcome("reference-pg", steps) == first
+
+
+def test_advisory_lock_pg_runs_one_job_twice_after_a_dropped_connection(
+        private: PrivateServer) -> None:
+    mutant = load_system("advisory-lock-pg")
+    minimal = list(mutant.minimal_trace)  # type: ignore[attr-defined]
+    found = _lane_outcome("advisory-lock-pg", minimal)
+    assert [v.invariant for v in found[3][3]] == ["EXCL"]
+    assert not any(row[3] for row in found[:3])
+    assert not any(row[3] for row in _lane_outcome("reference-pg", minimal)[:-1])
+    without_drop = [step for step in minimal if step.action != DROP_CONNECTION]
+    assert not any(row[3] for row in _lane_outcome("advisory-lock-pg", without_drop)[:-1])
+
+
 def test_the_machine_draws_server_crashes_only_on_a_private_server(
         private: PrivateServer) -> None:
     from faultlab.search.machine import outbox_machine
@@ -153,12 +189,15 @@ def test_the_machine_draws_server_crashes_only_on_a_private_server(
 
     assert hasattr(outbox_machine("reference-pg"), "server_crash")
     assert hasattr(concurrent_machine("reference-pg", concurrency=2), "server_crash")
+    assert hasattr(concurrent_machine("reference-pg", concurrency=2), "drop_connection")
     assert not hasattr(outbox_machine("reference"), "server_crash")  # SQLite stores
     pgstores.close_run()
     pgstores.configure(None)
     try:
         assert not hasattr(outbox_machine("reference-pg"), "server_crash")
         assert not hasattr(concurrent_machine("reference-pg", concurrency=2), "server_crash")
+        assert not hasattr(concurrent_machine("reference-pg", concurrency=2),
+                           "drop_connection")
     finally:
         pgstores.configure(private.conninfo, server=private)
 
@@ -190,6 +229,17 @@ def test_a_server_crash_is_refused_without_a_private_server(tmp_path: Path) -> N
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "--postgres private" in lines[0]
+
+
+def test_a_dropped_connection_is_refused_without_a_private_server(tmp_path: Path) -> None:
+    trace = ConcurrentTrace("reference-pg", True, 2, [
+        LaneStep("start", 1, "dispatch"), LaneStep(DROP_CONNECTION, 1)])
+    path = tmp_path / "drop.json"
+    path.write_text(json.dumps(trace.to_json()), encoding="utf-8")
+    done = _faultlab("replay", str(path), cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "drop_connection" in lines[0] and "--postgres private" in lines[0]
 
 
 def test_server_crash_steps_are_written_only_when_used_and_checked_on_load() -> None:
@@ -266,6 +316,16 @@ def test_the_zoo_says_why_async_commit_pg_is_not_judged_without_a_private_server
     assert done.returncode == 0, done.stdout + done.stderr
     assert "not judged: needs --postgres private, which cannot start here" in done.stdout
     assert "not judged here: async-commit-pg" in done.stdout
+
+
+def test_concurrent_explore_catches_advisory_lock_pg_and_shrinks_it(tmp_path: Path) -> None:
+    _require()
+    done = _faultlab("explore", "--system", "advisory-lock-pg", "--postgres", "private",
+                     "--concurrency", "2", "--examples", "100", "--corpus",
+                     str(tmp_path / "corpus"), "--quiet", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FOUND: EXCL at step 4, shrunk to 4 scheduling steps" in done.stdout, done.stdout
+    assert "could not drop" not in done.stderr
 
 
 def test_an_interrupted_run_leaves_no_server(tmp_path: Path) -> None:

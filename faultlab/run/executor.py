@@ -108,18 +108,18 @@ def validate_step(system: System, step: Step) -> None:
     check_crash_point(system, step.action, step.crash)
 
 
-def check_server_crash(system: System) -> None:
-    """Refuse a ``server_crash`` that cannot be run: only faultlab's own server may be
-    crashed (a shared server is other people's), and only a PostgreSQL system's stores
-    live on it."""
+def check_server_crash(system: System, what: str = "a server_crash step") -> None:
+    """Refuse a server fault (``server_crash``, ``drop_connection``) that cannot be run:
+    only faultlab's own server may be crashed or have its sessions ended (a shared server
+    is other people's), and only a PostgreSQL system's stores live on it."""
     from faultlab.stores import postgres as pgstores
 
     if pgstores.private_server() is None:
-        raise UsageError("a server_crash step needs faultlab's own PostgreSQL server "
-                         "(--postgres private): a shared server is never crashed")
+        raise UsageError(f"{what} needs faultlab's own PostgreSQL server "
+                         "(--postgres private): a shared server is never touched")
     if getattr(system, "store_kind", None) != "postgres":
-        raise UsageError(f"a server_crash step needs a system whose stores are on "
-                         f"PostgreSQL; {system.name} keeps them elsewhere")
+        raise UsageError(f"{what} needs a system whose stores are on PostgreSQL; "
+                         f"{system.name} keeps them elsewhere")
 
 
 class Executor:

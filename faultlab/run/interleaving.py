@@ -77,7 +77,7 @@ from faultlab.run.worker import run_worker
 from faultlab.stores import postgres as pgstores
 from faultlab.stores.sqlite import Snapshot, readers_are_kept, scratch_directory
 from faultlab.system.contract import Program, System, check_crash_point
-from faultlab.trace import SERVER_CRASH, STARTS, LaneStep, Verdict
+from faultlab.trace import DROP_CONNECTION, SERVER_CRASH, STARTS, LaneStep, Verdict
 
 #: Seconds a released lane may run without reaching a point or ending before it counts as
 #: blocked on another lane's lock. Generous: a loaded machine must not misjudge a slow lane.
@@ -535,6 +535,8 @@ class LaneExecutor:
         if step.action == SERVER_CRASH:
             check_server_crash(self.system)
             return
+        if step.action == DROP_CONNECTION:
+            check_server_crash(self.system, "a drop_connection step")
         lane = self.lanes.get(step.lane or 0)
         alive = lane is not None and lane.alive
         if step.action in STARTS:
@@ -583,6 +585,12 @@ class LaneExecutor:
                 self._wait(moved, self.block_bound)
             elif step.action == "finish":
                 self._finish(moved)
+            elif step.action == DROP_CONNECTION:
+                # the process lives on (held, blocked or paused where it was); a statement
+                # it was blocked in fails now, so it moves on to its next point or its end
+                pgstores.drop_worker_connections(self.directory, moved.pid)
+                if moved.status == "blocked" and not moved.paused:
+                    self._wait(moved, self.block_bound)
             elif step.action == "kill":
                 self._signal(moved, signal.SIGKILL)
                 if moved.paused:

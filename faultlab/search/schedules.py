@@ -59,7 +59,7 @@ from faultlab.search.machine import (
 )
 from faultlab.system import load_system
 from faultlab.system.contract import System
-from faultlab.trace import SERVER_CRASH, STARTS, ConcurrentTrace, LaneStep, Verdict
+from faultlab.trace import DROP_CONNECTION, SERVER_CRASH, STARTS, ConcurrentTrace, LaneStep, Verdict
 
 #: The invariants a concurrent trace judges, in the order the coverage table shows them.
 COVERED: tuple[str, ...] = (*(i.name for i in INVARIANTS if i.fault is None),
@@ -199,7 +199,8 @@ class ConcurrentMachine(RuleBasedStateMachine):
         return sorted({(math.ceil(claim.lease_until - now), alive[claim.worker])
                        for claim in executor.history.claims
                        if claim.worker in alive and claim.lease_until is not None
-                       and claim.lease_until > now})
+                       # a claim held for the session's life (lease inf) cannot be waited out
+                       and now < claim.lease_until < math.inf})
 
     def accepted(self) -> list[str]:
         return [op.id for op in self.executor.snapshot.operations if op.id in self.payloads]
@@ -376,6 +377,18 @@ def _server_crash_rule() -> Any:
     return precondition(lambda self: bool(self.payloads))(rule()(server_crash))
 
 
+def _drop_connection_rule() -> Any:
+    """The ``drop_connection`` rule: the server ends a live lane's sessions (a dropped
+    connection) while its worker runs on."""
+
+    def drop_connection(self: ConcurrentMachine, data: st.DataObject) -> None:
+        lane = data.draw(st.sampled_from(self.lanes_where(lambda lane: True)))
+        self.execute(LaneStep(DROP_CONNECTION, lane))
+
+    alive = precondition(lambda self: bool(self.lanes_where(lambda lane: True)))
+    return alive(rule(data=st.data())(drop_connection))
+
+
 def concurrent_machine(
     system_ref: str, *, concurrency: int, deduplication: bool = True, spawn: SpawnMode = "fork",
     deadline: float = DEFAULT_DEADLINE, examples: int = 100, steps: int = 10,
@@ -399,6 +412,7 @@ def concurrent_machine(
     Machine.recorder = recorder if recorder is not None else ConcurrentRecorder()
     if server_crashes_possible(system):  # on a private server only, as sequentially
         Machine.server_crash = _server_crash_rule()
+        Machine.drop_connection = _drop_connection_rule()
     Machine.TestCase.settings = machine_settings(examples, steps)
     return Machine
 

@@ -479,6 +479,19 @@ def _install_sigterm() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
+def drop_worker_connections(directory: Path, pid: int) -> list[int]:
+    """Terminate every session the worker process ``pid`` of the trace in ``directory``
+    opened (``pg_terminate_backend``, waited for: its locks are free on return) while the
+    worker lives on; the backends ended. A worker's sessions are the ones whose
+    ``application_name`` :func:`connect` gave it (``<run>-worker-<pid>``): the server
+    tells each worker's own apart, a service child's (another pid) is left alone."""
+    server = _server
+    if server is None:
+        raise UsageError("dropping a connection needs faultlab's own server: --postgres private")
+    info = stores_info(directory)
+    return server.terminate_backends_of(f"{info.application}-worker-{pid}")
+
+
 # --- the stores of one trace ----------------------------------------------------------------
 
 

@@ -35,7 +35,7 @@ from faultlab.base.canonical import canonical_json
 from faultlab.stores.sqlite import Snapshot
 from faultlab.system.builtin.reference import LEASE_TICKS, ORDERING_KEY, ClaimLost
 from faultlab.system.contract import CrashPoint, Refusal, System, WorkerContext
-from faultlab.trace import SERVER_CRASH, LaneStep, Step
+from faultlab.trace import DROP_CONNECTION, SERVER_CRASH, LaneStep, Step
 
 CALLER = "caller"
 DOWNSTREAM = "downstream"
@@ -559,8 +559,91 @@ class AsyncCommitPg(ReferencePg):
         return connection
 
 
+class AdvisoryLockPg(ReferencePg):
+    """Claims are session advisory locks (``pg_try_advisory_lock``) held on a connection of
+    their own while the work runs on others, as a pool hands them out: the claim lasts
+    exactly as long as that session. When the server drops the session (a network blip,
+    an idle timeout, a proxy restart) the lock goes with it while the worker runs on, never
+    asking whether it still holds it, and a second dispatcher takes the same entry: two
+    workers run one job at once (``EXCL``; without the receiver's receipts a second ticket,
+    ``ONE``). Only a concurrent trace with a dropped connection shows it (``--postgres
+    private --concurrency 2``): a killed worker's session ends with its process, claim and
+    all.
+    """
+
+    name = "advisory-lock-pg"
+    description = ("reference-pg whose claims are session advisory locks on a connection of "
+                   "their own: a dropped connection frees the claim while its worker runs on")
+    crash_points = tuple(point for point in POINTS if point.name != "during_claim")
+    caught_by = ("EXCL",)
+    concurrency = 2
+    # Lane 1 claims op-1 (the advisory lock) and holds before the downstream call; the
+    # server drops its sessions; lane 2's dispatcher gets the lock and claims op-1 too.
+    minimal_trace: tuple[LaneStep, ...] = (
+        LaneStep("run", 1, "accept", "op-1", {"title": "backlog", "priority": "normal"}),
+        LaneStep("start", 1, "dispatch"),
+        LaneStep(DROP_CONNECTION, 1),
+        LaneStep("run", 2, "dispatch"),
+    )
+    minimal_steps = len(minimal_trace)
+
+    def dispatch(self, context: WorkerContext) -> dict[str, Any]:
+        from faultlab.nemesis.pgcrash import commit_or_crash
+
+        lock = self.connect_caller(context)
+        lock.autocommit = True
+        try:
+            pending = lock.execute(
+                "SELECT o.operation_id, o.attempt, op.payload FROM outbox o "
+                "JOIN operations op ON op.id = o.operation_id "
+                "WHERE o.state = 'pending' ORDER BY o.seq").fetchall()
+            claim = None
+            for operation_id, attempt, payload in pending:
+                got = lock.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
+                                   (operation_id,)).fetchone()
+                if not (got and got[0]):
+                    continue  # another dispatcher's session holds it
+                # completed between the read and the lock: not work any more
+                still = lock.execute("SELECT state FROM outbox WHERE operation_id = %s",
+                                     (operation_id,)).fetchone()
+                if still is not None and still[0] == "pending":
+                    claim = (str(operation_id), int(attempt) + 1, str(payload))
+                    break
+            if claim is None:
+                return {"idle": True}
+            operation_id, token, payload = claim
+            # held for as long as the session lives: no lease to lapse
+            context.claimed(operation_id, token, lease_until=float("inf"))
+            context.crash_point("before_dispatch")
+            service = context.call_service(operation_id, payload)
+            service_summary = {"pid": service.pid, "exit_code": service.exit_code}
+            response = service.response or {}
+            if service.exit_code != 0 or "result" not in response:
+                raise Refusal(
+                    "downstream_failure", EXIT_DOWNSTREAM_FAILURE, operation_id=operation_id,
+                    service=service_summary, downstream=response or None,
+                )
+            context.crash_point("after_downstream_commit")
+            work = self.connect_caller(context)  # never asks whether the lock is still held
+            try:
+                work.execute("UPDATE operations SET state = 'complete', result = %s "
+                             "WHERE id = %s", (canonical_json(response["result"]), operation_id))
+                context.crash_point("during_completion")
+                work.execute("UPDATE outbox SET state = 'complete' WHERE operation_id = %s",
+                             (operation_id,))
+                commit_or_crash(context, work, "completion_commit_sent")
+            finally:
+                work.close()
+        finally:
+            lock.close()  # the session ends: its advisory lock with it
+        return {
+            "operation_id": operation_id, "result": response["result"],
+            "replayed": bool(response.get("replayed")), "service": service_summary,
+        }
+
+
 POSTGRES_SYSTEMS: dict[str, type[ReferencePg]] = {
     cls.name: cls
     for cls in (ReferencePg, NoDedupPg, SplitCompletePg, NoSkipLockedClaimPg, NoFencingPg,
-                AsyncCommitPg)
+                AsyncCommitPg, AdvisoryLockPg)
 }
