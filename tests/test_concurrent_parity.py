@@ -175,3 +175,69 @@ def test_argument_mode_crash_points_fire_under_concurrency(tmp_path: Path) -> No
     assert code in NOTHING_FOUND, out
     sigkills = re.search(r"^SIGKILLs\s+(\d+)\s*$", out, re.MULTILINE)
     assert sigkills is not None and int(sigkills.group(1)) > 0, out
+
+
+# --- 3. realistic data ----------------------------------------------------------------------
+
+
+def _drawn_accepts(system: str, examples: int) -> list[LaneStep]:
+    """Every accept step the concurrent machine drew in ``examples`` examples (seed 0)."""
+    from dataclasses import dataclass, field
+
+    from hypothesis import Phase, Verbosity, seed, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from faultlab.search.schedules import ConcurrentRecorder, concurrent_machine
+
+    @dataclass
+    class Collecting(ConcurrentRecorder):
+        seen: list[LaneStep] = field(default_factory=list)
+
+        def finish(self, steps: list[LaneStep], *args: object, **kwargs: object) -> None:
+            self.seen += steps
+            super().finish(steps, *args, **kwargs)  # type: ignore[arg-type]
+
+    recorder = Collecting()
+    machine = concurrent_machine(system, concurrency=2, examples=examples, steps=6,
+                                 recorder=recorder)
+    chosen = settings(machine.TestCase.settings, verbosity=Verbosity.quiet,
+                      phases=(Phase.generate,))
+    run_state_machine_as_test(seed(0)(machine), settings=chosen)
+    return [s for s in recorder.seen if s.action in ("run", "start") and s.role == "accept"]
+
+
+def test_the_concurrent_machine_draws_a_systems_declared_data() -> None:
+    accepts = _drawn_accepts("systems_for_tests:DeclaredDataOutbox", 4)
+    assert accepts
+    assert all(re.fullmatch(r"ORD-\d{5}", s.operation_id or "") for s in accepts)
+    assert all(isinstance(s.payload, dict) and "sku" in s.payload for s in accepts)
+
+
+def test_the_concurrent_machine_draws_realistic_default_data() -> None:
+    """Look-alike, unicode or SQL-ish ids and realistic payloads, as sequentially (always
+    op-N and a simple payload before)."""
+    from faultlab.search.data import TITLES
+
+    accepts = _drawn_accepts("reference", 12)
+    assert any(not re.fullmatch(r"op-\d+", s.operation_id or "") for s in accepts)
+    assert any(set(s.payload) - {"title", "priority", "count"}
+               or s.payload.get("title") not in TITLES for s in accepts)
+
+
+def test_case_insensitive_key_is_caught_with_concurrency(tmp_path: Path) -> None:
+    """The receiver that compares ids without case: caught sequentially, and now with two
+    lanes too; the finding's data simplified as sequentially (op-1 and OP-1, {})."""
+    from faultlab.trace import ConcurrentTrace, load
+
+    corpus = tmp_path / "corpus"
+    code, out, _ = cli("explore", "--system", "case-insensitive-key", "--concurrency", "2",
+                       "--examples", "200", "--seed", "0", "--quiet", "--corpus", str(corpus))
+    assert code == 1, out
+    (path,) = corpus.glob("*.json")
+    trace = load(path)
+    assert isinstance(trace, ConcurrentTrace)
+    accepts = [s for s in trace.steps if s.role == "accept"]
+    assert {s.operation_id for s in accepts} == {"op-1", "OP-1"}
+    assert all(s.payload == {} for s in accepts)
+    code, out, _ = cli("replay", str(path))
+    assert code == 0, out

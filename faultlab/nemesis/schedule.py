@@ -18,6 +18,7 @@ child process) never inherits them and never holds. Without the variable
 
 from __future__ import annotations
 
+import json
 import os
 
 SCHEDULE_ENV = "FAULTLAB_SCHEDULE"
@@ -82,11 +83,10 @@ def hold(point: str) -> None:
 
 def claimed(operation_id: str, token: int, lease_until: float | None = None) -> None:
     """Announce that this worker now holds the claim on ``operation_id`` with ``token``,
-    leased until ``lease_until`` (``-`` when the claim has no lease)."""
-    if " " in operation_id or "\n" in operation_id:
-        operation_id = operation_id.replace(" ", "_").replace("\n", "_")
+    leased until ``lease_until`` (``-`` when the claim has no lease). The id travels as a
+    JSON string: one line, every id exactly (``op-1 `` is not ``op-1``, nor ``op-1_``)."""
     until = "-" if lease_until is None else repr(float(lease_until))
-    _announce(f"claim {operation_id} {int(token)} {until}")
+    _announce(f"claim {json.dumps(operation_id)} {int(token)} {until}")
 
 
 class StatementHolds:

@@ -196,7 +196,51 @@ class Recorder:
                 self.progress(self)  # at once: shrinking starts now, and may take a while
 
 
-class OutboxMachine(RuleBasedStateMachine):
+class NewOperations:
+    """How a state machine draws a new operation: an id and a payload from the system's own
+    data or the defaults (:mod:`faultlab.search.data`), now and then the payload of an
+    earlier operation (two requests, one body). The sequential machine and the concurrent
+    one (:mod:`faultlab.search.schedules`) both draw through it, so a concurrent trace
+    carries the same realistic data a sequential one does."""
+
+    payload_source: ClassVar[st.SearchStrategy[Any]]
+    id_source: ClassVar[st.SearchStrategy[str] | None]
+    #: every operation drawn so far, by id
+    payloads: dict[str, Any]
+
+    def history(self) -> str:
+        """The example's steps so far, as text: the salt of :func:`generated.fair_choice`."""
+        raise NotImplementedError
+
+    @classmethod
+    def draw_data_of(cls, system: Any) -> None:
+        """Draw ``system``'s declared payloads and ids (or the defaults) from now on."""
+        cls.payload_source = generated.payload_strategy(system)
+        cls.id_source = generated.id_strategy(system)
+
+    def new_operation_id(self, data: st.DataObject) -> str:
+        existing = list(self.payloads)
+        source = type(self).id_source
+        if source is None:
+            return generated.new_operation_id(data, existing, len(existing) + 1,
+                                              self.history())
+        for _ in range(3):
+            candidate = data.draw(source, label="operation id")
+            if candidate not in existing:
+                return candidate
+        assume(False)  # the system's ids are too few to draw a new one: abandon the example
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def new_payload(self, data: st.DataObject) -> Any:
+        """A new payload or, one draw in :data:`REUSE_ONE_IN`, an earlier operation's."""
+        earlier = list(dict.fromkeys(generated_key(p) for p in self.payloads.values()))
+        if earlier and data.draw(st.integers(0, REUSE_ONE_IN - 1), label="reuse") == 1:
+            chosen = data.draw(st.sampled_from(earlier), label="reused payload")
+            return next(p for p in self.payloads.values() if generated_key(p) == chosen)
+        return data.draw(type(self).payload_source, label="payload")
+
+
+class OutboxMachine(NewOperations, RuleBasedStateMachine):
     """Base class: :func:`outbox_machine` adds rules drawn from a system's crash points."""
 
     system_ref: ClassVar[str] = "reference"
@@ -274,28 +318,9 @@ class OutboxMachine(RuleBasedStateMachine):
         """Accept a new operation: a fresh id (see :mod:`faultlab.search.data`), a new payload or,
         now and then, the payload of an earlier operation (two requests, one body)."""
         operation_id = self.new_operation_id(data)
-        payload: Any
-        earlier = list(dict.fromkeys(generated_key(p) for p in self.payloads.values()))
-        if earlier and data.draw(st.integers(0, REUSE_ONE_IN - 1), label="reuse") == 1:
-            chosen = data.draw(st.sampled_from(earlier), label="reused payload")
-            payload = next(p for p in self.payloads.values() if generated_key(p) == chosen)
-        else:
-            payload = data.draw(type(self).payload_source, label="payload")
+        payload = self.new_payload(data)
         self.payloads[operation_id] = payload
         return self.accepted(self.execute(Step("accept", operation_id, payload, crash)))
-
-    def new_operation_id(self, data: st.DataObject) -> str:
-        existing = list(self.payloads)
-        source = type(self).id_source
-        if source is None:
-            return generated.new_operation_id(data, existing, len(existing) + 1,
-                                              self.history())
-        for _ in range(3):
-            candidate = data.draw(source, label="operation id")
-            if candidate not in existing:
-                return candidate
-        assume(False)  # the system's ids are too few to draw a new one: abandon the example
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def history(self) -> str:
         """The example's steps so far, as text: the salt of :func:`generated.fair_choice`."""

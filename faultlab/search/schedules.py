@@ -47,19 +47,29 @@ from faultlab.search import data as generated
 from faultlab.search.data import TITLES
 from faultlab.search.explore import HYPOTHESIS_VERSION, _no_local_constants
 from faultlab.search.machine import (
-    PAYLOADS,
     InvariantFailure,
+    NewOperations,
     StopExploration,
     ended_by_stop,
+    generated_key,
     machine_settings,
     not_a_finding,
     server_crashes_possible,
     should_stop,
     swarm,
 )
+from faultlab.search.simplify import simplify_data
 from faultlab.system import load_system
 from faultlab.system.contract import System
-from faultlab.trace import DROP_CONNECTION, SERVER_CRASH, STARTS, ConcurrentTrace, LaneStep, Verdict
+from faultlab.trace import (
+    DROP_CONNECTION,
+    MAX_TICKS,
+    SERVER_CRASH,
+    STARTS,
+    ConcurrentTrace,
+    LaneStep,
+    Verdict,
+)
 
 #: The invariants a concurrent trace judges, in the order the coverage table shows them.
 COVERED: tuple[str, ...] = (*(i.name for i in INVARIANTS if i.fault is None),
@@ -89,6 +99,10 @@ class ConcurrentRecorder:
     started: float = field(default_factory=time.monotonic)
     first_failure_examples: int | None = None
     first_failure_seconds: float | None = None
+    #: The first example that failed: its steps, verdict and violations. Hypothesis may
+    #: abandon that very example (it drew past the choices a mutated example may take) and
+    #: never report it; the search reports it all the same, once its replay reproduces it.
+    first_failure: tuple[list[LaneStep], Verdict, list[Violation]] | None = None
     #: Per invariant, the examples in which it had something to check (non-vacuous).
     checked: Counter[str] = field(default_factory=Counter)
     #: Asked before every step; True stops the exploration (as :class:`machine.Recorder`).
@@ -125,10 +139,11 @@ class ConcurrentRecorder:
         if not verdict.clean and self.first_failure_examples is None:
             self.first_failure_examples = self.examples
             self.first_failure_seconds = self.seconds
+            self.first_failure = (list(steps), verdict, list(violations))
         self.last_steps, self.last_verdict, self.last_violations = steps, verdict, violations
 
 
-class ConcurrentMachine(RuleBasedStateMachine):
+class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
     """Rules are scheduling choices over ``concurrency`` lanes (see the module docstring)."""
 
     system_ref: ClassVar[str] = "reference"
@@ -138,6 +153,8 @@ class ConcurrentMachine(RuleBasedStateMachine):
     deadline: ClassVar[float] = DEFAULT_DEADLINE
     statement_points: ClassVar[bool] = False
     recorder: ClassVar[ConcurrentRecorder]
+    payload_source: ClassVar[st.SearchStrategy[Any]] = generated.default_payloads()
+    id_source: ClassVar[st.SearchStrategy[str] | None] = None
     #: The system's named crash points a step of each kind may arm (a dispatcher also arms
     #: its service's), as the sequential machine draws them.
     accept_points: ClassVar[tuple[str, ...]] = ()
@@ -151,7 +168,7 @@ class ConcurrentMachine(RuleBasedStateMachine):
             deduplication=cls.deduplication, spawn=cls.spawn, deadline=cls.deadline,
             statement_points=cls.statement_points,
         )
-        self.payloads: dict[str, dict[str, Any]] = {}
+        self.payloads: dict[str, Any] = {}
         self.failure: InvariantFailure | None = None
         self.stopped = False
         self.titles: tuple[str, ...] | None = None  # the example's swarm, drawn when first used
@@ -166,6 +183,11 @@ class ConcurrentMachine(RuleBasedStateMachine):
     # -- helpers -----------------------------------------------------------------------
 
     def execute(self, step: LaneStep) -> None:
+        if self.recorder.first_failure is not None:
+            # an example failed: that is the finding, whatever Hypothesis makes of it (it may
+            # have abandoned the example); nothing later is explored
+            self.stopped = True
+            raise StopExploration
         if should_stop(self.recorder.stop, self.recorder.first_failure_examples is not None):
             self.stopped = True
             raise StopExploration  # a time budget spent, or another job found something
@@ -227,15 +249,21 @@ class ConcurrentMachine(RuleBasedStateMachine):
         self.new_acceptor(data, "start")
 
     def new_acceptor(self, data: st.DataObject, action: str, crash: str | None = None) -> None:
-        """Accept a new operation whose title (ordering key) is one of the example's swarm
-        (see :func:`faultlab.search.machine.swarm`): an example on one key is all collisions, where
-        per-key order, skipping and overtaking show."""
-        if self.titles is None:
-            self.titles = data.draw(swarm(TITLES), label="titles")
-        payload = {**data.draw(PAYLOADS, label="payload"),
-                   "title": data.draw(st.sampled_from(self.titles), label="title")}
+        """Accept a new operation, its id and payload drawn as the sequential machine draws
+        them (:class:`faultlab.search.machine.NewOperations`: the system's declared data or
+        realistic defaults, look-alike ids, a reused body). A fresh payload titled with one
+        of the simple titles gets one of the example's swarm of titles (the ordering key,
+        see :func:`faultlab.search.machine.swarm`) instead: an example on one key is all
+        collisions, where per-key order, skipping and overtaking show."""
+        operation_id = self.new_operation_id(data)
+        payload = self.new_payload(data)
+        reused = any(generated_key(p) == generated_key(payload) for p in self.payloads.values())
+        if isinstance(payload, dict) and payload.get("title") in TITLES and not reused:
+            if self.titles is None:
+                self.titles = data.draw(swarm(TITLES), label="titles")
+            payload = {**payload,
+                       "title": data.draw(st.sampled_from(self.titles), label="title")}
         lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
-        operation_id = f"op-{len(self.payloads) + 1}"
         self.payloads[operation_id] = payload
         self.execute(LaneStep(action, lane, "accept", operation_id, payload, crash=crash))
 
@@ -407,6 +435,7 @@ def concurrent_machine(
     Machine.spawn = spawn
     Machine.deadline = deadline
     Machine.statement_points = statement_points
+    Machine.draw_data_of(system)  # the system's own payloads and ids, as sequentially
     Machine.accept_points = tuple(p.name for p in system.points_for("accept"))
     Machine.dispatch_points = tuple(p.name for p in system.points_for("dispatch"))
     Machine.recorder = recorder if recorder is not None else ConcurrentRecorder()
@@ -480,9 +509,11 @@ def minimise(
     """Delta debugging over scheduling choices: remove halves, quarters, ... single steps,
     while the trace still fails (any invariant) and stays a trace the machine could draw;
     a step a candidate leaves without its worker (a release of a lane whose start was
-    removed) is dropped from that candidate. Then each held start is tried as a run (see
-    ``promote``), and each renaming of the lanes is tried and shrunk in turn, kept only if
-    it ends shorter."""
+    removed) is dropped from that candidate. Then two ticks in a row are tried as one
+    (``merge``), each held start as a run (``promote``), each armed step without its crash
+    (``disarm``), and each renaming of the lanes is tried and shrunk in turn, kept only if
+    it ends shorter. Last, the data the steps carry are simplified as sequentially
+    (:func:`faultlab.search.simplify.simplify_data`)."""
 
     def size_of(result: ConcurrentExecution) -> int:
         """The trace's own scheduling choices up to the failing check (recovery is implicit:
@@ -564,10 +595,28 @@ def minimise(
                 index = 0
         return steps, execution, size
 
+    def merge(steps: list[LaneStep], execution: ConcurrentExecution, size: int) -> tuple[
+        list[LaneStep], ConcurrentExecution, int
+    ]:
+        """Two clock advances in a row are one: ``tick(a), tick(b)`` as ``tick(a + b)``
+        (deletion cannot merge them: either alone falls short of the lease)."""
+        index = 0
+        while index + 1 < len(steps):
+            first, second = steps[index], steps[index + 1]
+            total = (first.ticks or 0) + (second.ticks or 0)
+            if first.action == second.action == "tick" and total <= MAX_TICKS:
+                found = attempt(steps[:index] + [replace(first, ticks=total)]
+                                + steps[index + 2:], size)
+                if found is not None:
+                    steps, execution, size = executed(found), found, size_of(found)
+                    continue
+            index += 1
+        return steps, execution, size
+
     def shrink(steps: list[LaneStep], execution: ConcurrentExecution, size: int) -> tuple[
         list[LaneStep], ConcurrentExecution, int
     ]:
-        return disarm(*promote(*delete(steps, execution, size)))
+        return disarm(*promote(*merge(*delete(steps, execution, size))))
 
     steps = executed(execution) if execution.verdict.step is not None else list(trace.steps)
     steps, execution, size = shrink(steps, execution, size)
@@ -583,6 +632,19 @@ def minimise(
         smaller, result, smaller_size = shrink(executed(found), found, size_of(found))
         if smaller_size < size:
             steps, execution, size = smaller, result, smaller_size
+
+    def attempt_as_long(candidate: list[LaneStep]) -> list[LaneStep] | None:
+        """Simpler data at the same length is a simpler finding too."""
+        nonlocal execution, size
+        found = attempt(candidate, size + 1)
+        if found is None:
+            return None
+        execution, size = found, size_of(found)
+        return executed(found)
+
+    # then the data the steps carry, as the sequential minimiser simplifies them: ids renamed
+    # op-1, op-2, ... (a look-alike pair kept together), payloads made as plain as they can be
+    steps = simplify_data(steps, attempt_as_long)
     shrunk = ConcurrentTrace(
         system=trace.system, deduplication=trace.deduplication,
         concurrency=trace.concurrency, steps=steps, settle=trace.settle,
@@ -626,7 +688,7 @@ def explore_concurrent(
                 seed(seed_value)(machine), settings=chosen
             )
     except (InvariantFailure, Flaky, StopExploration) as error:
-        if ended_by_stop(error):
+        if ended_by_stop(error) and recorder.first_failure is None:
             result = ConcurrentExploration(system.ref, deduplication, concurrency, seed_value,
                                            recorder, time.monotonic() - started, stopped=True)
             interrupt.check()
@@ -635,14 +697,19 @@ def explore_concurrent(
     interrupt.check()  # an interrupted search reports nothing
     result = ConcurrentExploration(system.ref, deduplication, concurrency, seed_value, recorder,
                                    time.monotonic() - started)
-    if failure is None:
+    if recorder.first_failure is None:
+        if failure is not None:  # Hypothesis's own error (Flaky) with no failing example
+            result.notes.append(not_a_finding(Verdict(), Verdict(), failure) or "")
         return result
+    found_steps, found_verdict, found_violations = recorder.first_failure
+    if failure is None:  # the failing example was one Hypothesis abandoned
+        failure = InvariantFailure(found_verdict.step, found_violations)
     if on_failure is not None:
         on_failure()
     trace = ConcurrentTrace(
         system=system.ref, deduplication=deduplication, concurrency=concurrency,
-        steps=list(recorder.last_steps), settle=True, expected=recorder.last_verdict,
-        violations=list(recorder.last_violations),
+        steps=list(found_steps), settle=True, expected=found_verdict,
+        violations=list(found_violations),
         meta={
             "found_by": "explore", "seed": seed_value, "hypothesis": HYPOTHESIS_VERSION,
             "examples": examples, "steps_per_example": steps, "concurrency": concurrency,

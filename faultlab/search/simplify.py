@@ -12,7 +12,10 @@ a finding that needs no payload at all shows ``{}``:
   removed, a value simplified (strings shortened or made uniform, numbers towards 0 or
   to 2^53+1, containers emptied).
 
-Every candidate is a real execution, judged by the same ``attempt`` the minimiser uses;
+Both minimisers end with it, the sequential one (:mod:`faultlab.search.shrink`) and the
+concurrent one (:mod:`faultlab.search.schedules`, whose ``run``/``start`` steps carry the
+same ids and payloads). Every candidate is a real execution, judged by the same
+``attempt`` the minimiser uses;
 the pass keeps only candidates that still fail within the same number of executed
 steps, and stops after :data:`ATTEMPTS` executions.
 """
@@ -23,25 +26,28 @@ import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from faultlab.base.canonical import canonical_json
-from faultlab.trace import Step
+from faultlab.trace import LaneStep, Step
 
 ATTEMPTS = 60
 _OP_N = re.compile(r"op-[0-9]+")
 TWO_53_PLUS_1 = 2**53 + 1
 PARCEL = "\U0001f4e6"
 
-Attempt = Callable[[list[Step]], "list[Step] | None"]
+#: A sequential trace's steps or a concurrent one's: the data are the operation ids and
+#: payloads either kind carries (a concurrent trace's ``run``/``start`` of a worker).
+S = TypeVar("S", Step, LaneStep)
 
 
-def simplify_data(steps: list[Step], attempt: Attempt, budget: int = ATTEMPTS) -> list[Step]:
+def simplify_data(steps: list[S], attempt: Callable[[list[S]], list[S] | None],
+                  budget: int = ATTEMPTS) -> list[S]:
     """The simplest data for ``steps`` that still fails; ``attempt`` returns the kept steps
     of a failing candidate or ``None``."""
     remaining = [budget]
 
-    def trying(candidate: list[Step]) -> list[Step] | None:
+    def trying(candidate: list[S]) -> list[S] | None:
         if remaining[0] <= 0 or candidate == steps:
             return None
         remaining[0] -= 1
@@ -83,7 +89,7 @@ def simplify_data(steps: list[Step], attempt: Attempt, budget: int = ATTEMPTS) -
     return steps
 
 
-def _ids(steps: list[Step]) -> list[str]:
+def _ids(steps: list[S]) -> list[str]:
     return list(dict.fromkeys(s.operation_id for s in steps if s.operation_id is not None))
 
 
@@ -92,7 +98,7 @@ _LOOKS: tuple[Callable[[str], str], ...] = (
 )
 
 
-def _lookalike_pairs(steps: list[Step]) -> list[tuple[str, str, Callable[[str], str]]]:
+def _lookalike_pairs(steps: list[S]) -> list[tuple[str, str, Callable[[str], str]]]:
     """Id pairs a finding may need together (``x`` and ``X``): renamed as a pair."""
     ids = _ids(steps)
     pairs = []
@@ -105,7 +111,7 @@ def _lookalike_pairs(steps: list[Step]) -> list[tuple[str, str, Callable[[str], 
     return pairs
 
 
-def _rename(steps: list[Step], old: str, new: str) -> list[Step]:
+def _rename(steps: list[S], old: str, new: str) -> list[S]:
     # replace(): a power step keeps its choice
     return [replace(s, operation_id=new if s.operation_id == old else s.operation_id)
             for s in steps]
@@ -117,7 +123,7 @@ def _without_revision(payload: Any) -> Any:
     return payload
 
 
-def _payload_bases(steps: list[Step]) -> list[Any]:
+def _payload_bases(steps: list[S]) -> list[Any]:
     """Distinct payloads, a changed payload (``revision`` added) counted as its base."""
     plain = {canonical_json(s.payload): s.payload for s in steps if s.payload is not None}
     bases: dict[str, Any] = {}
@@ -128,10 +134,10 @@ def _payload_bases(steps: list[Step]) -> list[Any]:
     return list(bases.values())
 
 
-def _replace_payload(steps: list[Step], base: Any, new: Any) -> list[Step] | None:
+def _replace_payload(steps: list[S], base: Any, new: Any) -> list[S] | None:
     """Every payload equal to ``base`` becomes ``new``; a derived one keeps its revision."""
     base_text = canonical_json(base)
-    out: list[Step] = []
+    out: list[S] = []
     for step in steps:
         payload = step.payload
         if payload is not None and canonical_json(payload) == base_text:
