@@ -295,3 +295,20 @@ class NullServicePidOutbox(ReferenceOutbox):
         if isinstance(response.get("service"), dict):
             response["service"] = {**response["service"], "pid": None}
         return response
+
+
+class OnceRefusingOutbox(ReferenceOutbox):
+    """A dispatcher refuses its input once (exit 2, a run failure): while the file named by
+    ``FAULTLAB_TEST_ONCE_FLAG`` exists, the dispatcher removes it and exits 2. The error
+    does not happen again when Hypothesis reruns the example (it calls that flaky)."""
+
+    name = "once-refusing"
+
+    def dispatch(self, context: WorkerContext) -> dict[str, Any]:
+        from faultlab.system.contract import Refusal
+
+        flag = os.environ.get("FAULTLAB_TEST_ONCE_FLAG")
+        if flag and os.path.exists(flag):
+            os.unlink(flag)
+            raise Refusal("refused_once", 2)
+        return super().dispatch(context)

@@ -14,6 +14,8 @@ import re
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
+import pytest
+
 from faultlab.cli import main
 from faultlab.run.interleaving import LaneExecutor
 from faultlab.system import load_system
@@ -241,3 +243,101 @@ def test_case_insensitive_key_is_caught_with_concurrency(tmp_path: Path) -> None
     assert all(s.payload == {} for s in accepts)
     code, out, _ = cli("replay", str(path))
     assert code == 0, out
+
+
+# --- 4. a run that failed is not a finding -------------------------------------------------
+
+GARBAGE = '''\
+import os, sys
+fd = os.environ.get("FAULTLAB_ANNOUNCE_FD")
+if fd is not None:
+    os.write(int(fd), b"hello there\\n")  # not 'reached POINT PID'
+os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+'''
+
+
+def garbage_system(directory: Path) -> Path:
+    """examples/standalone_outbox announcing its points, but its dispatcher first writes a
+    line that is not the protocol on its announcement channel."""
+    (directory / "garbage.py").write_text(GARBAGE)
+    (directory / "outbox.py").write_bytes((STANDALONE / "outbox.py").read_bytes())
+    data = json.loads(Path(ANNOUNCE).read_text())
+    data["name"] = "garbage-announcer"
+    data["commands"]["dispatch"] = ["{python}", "{system_dir}/garbage.py",
+                                    *data["commands"]["dispatch"][1:]]
+    path = directory / "system.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_broken_announcement_in_a_lane_is_a_run_failure(tmp_path: Path) -> None:
+    from faultlab.base.errors import ExecutionError
+
+    system = load_system(str(garbage_system(tmp_path)))
+    with LaneExecutor(system, concurrency=2) as ex:
+        ex.run(LaneStep("run", 1, "accept", "op-1", P))
+        try:
+            ex.run(LaneStep("start", 2, "dispatch"))
+        except ExecutionError as error:
+            assert "broke the announcement protocol" in str(error)
+            assert "expected 'reached POINT PID'" in str(error)
+        else:
+            raise AssertionError("a garbage announcement was taken for a hold")
+
+
+def _run_failed(code: int, out: str, err: str, corpus: Path, words: str) -> None:
+    assert code == 3, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("faultlab: run failed: "), err
+    assert words in lines[0], err
+    assert "FOUND" not in out and not corpus.exists()
+
+
+def test_explore_concurrency_ends_a_broken_protocol_with_exit_3(tmp_path: Path) -> None:
+    path = str(garbage_system(tmp_path))
+    corpus = tmp_path / "corpus"
+    code, out, err = cli("explore", "--system", path, "--concurrency", "2", "--examples", "10",
+                         "--seed", "0", "--quiet", "--corpus", str(corpus))
+    _run_failed(code, out, err, corpus, "broke the announcement protocol")
+
+
+def test_explore_concurrency_ends_a_refusing_worker_with_exit_3(tmp_path: Path) -> None:
+    """A worker that refuses its input (exit 2) is an ExecutionError of the lane executor."""
+    corpus = tmp_path / "corpus"
+    code, out, err = cli("explore", "--system", "systems_for_tests:RefusingOutbox",
+                         "--concurrency", "2", "--examples", "10", "--seed", "0", "--quiet",
+                         "--corpus", str(corpus))
+    _run_failed(code, out, err, corpus, "refused its input (exit 2)")
+
+
+def test_a_run_error_is_raised_even_when_another_example_failed(tmp_path: Path) -> None:
+    """The concurrent search keeps the step's error: a later invariant failure, or
+    Hypothesis's own report of the error, never turns it into a finding."""
+    from faultlab.base.errors import ExecutionError
+    from faultlab.search.schedules import explore_concurrent
+
+    system = load_system(str(garbage_system(tmp_path)))
+    try:
+        explore_concurrent(system, concurrency=2, examples=10, seed_value=0,
+                           deduplication=False)
+    except ExecutionError as error:
+        assert "broke the announcement protocol" in str(error)
+    else:
+        raise AssertionError("a broken protocol ended the search without an error")
+
+
+def test_an_error_hypothesis_cannot_reproduce_is_still_a_run_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dispatcher refuses its input once: the search stops with exit 3 naming it. Before,
+    Hypothesis reran the example, saw no error, called it flaky, and the run ended with a
+    note (or as clean) instead."""
+    flag = tmp_path / "once"
+    flag.write_text("")
+    monkeypatch.setenv("FAULTLAB_TEST_ONCE_FLAG", str(flag))
+    corpus = tmp_path / "corpus"
+    code, out, err = cli("explore", "--system", "systems_for_tests:OnceRefusingOutbox",
+                         "--concurrency", "2", "--examples", "10", "--seed", "0", "--quiet",
+                         "--corpus", str(corpus))
+    assert not flag.exists()  # the refusal happened
+    _run_failed(code, out, err, corpus, "refused its input (exit 2)")

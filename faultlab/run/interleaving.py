@@ -25,6 +25,7 @@ checked, plus the history invariants of :mod:`faultlab.checks.history`.
 
 from __future__ import annotations
 
+import json
 import os
 import selectors
 import shutil
@@ -40,7 +41,7 @@ from faultlab.base import interrupt
 from faultlab.base.canonical import canonical_json
 from faultlab.base.clock import SETTLE_HORIZON, VirtualClock
 from faultlab.base.errors import EXIT_USAGE, ExecutionError, UsageError
-from faultlab.base.messages import worker_message
+from faultlab.base.messages import printable, worker_message
 from faultlab.base.wall_clock import WallClock
 from faultlab.checks.history import Claim, History
 from faultlab.checks.invariants import (
@@ -53,7 +54,7 @@ from faultlab.checks.invariants import (
     check_quiet,
 )
 from faultlab.nemesis.announce import CONTINUE as ANNOUNCE_CONTINUE
-from faultlab.nemesis.announce import channel_environment
+from faultlab.nemesis.announce import ProtocolError, channel_environment, parse_announcement
 from faultlab.nemesis.schedule import CONTINUE, SCHEDULE_ENV, STATEMENTS_ENV
 from faultlab.process.records import (
     DEFAULT_DEADLINE,
@@ -136,6 +137,9 @@ class Lane:
     solitary: bool = True
     #: The system's own program running the worker (None: faultlab's worker).
     program: Program | None = None
+    #: It broke its protocol: killed, and whatever else it wrote is not read as an
+    #: announcement (close() drains its pipes; the run has already failed).
+    broken: bool = False
 
     @property
     def alive(self) -> bool:
@@ -392,35 +396,54 @@ class LaneExecutor:
                 self._announced(lane, line.decode("utf-8", "replace"))
 
     def _announced(self, lane: Lane, line: str) -> None:
+        if lane.broken:
+            return
+        if lane.program is not None:
+            self._program_announced(lane, line)
+            return
         kind, _, rest = line.partition(" ")
-        if kind == "reached":  # the announcement protocol: reached POINT PID
-            rest, _, pid = rest.rpartition(" ")
-            if rest == lane.spec.crash and self._kill_announced(lane, pid):
-                return  # killed at its armed point, as a sequential step's nemesis does
-            kind = "held"
         if kind == "held":
             lane.status, lane.point = "held", rest
             lane.points.append(rest)
-        elif kind == "claim":
-            operation_id, token, until = rest.rsplit(" ", 2)
+        elif kind == "claim":  # claim "OPERATION" TOKEN UNTIL (the id as a JSON string)
+            try:
+                quoted, token, until = rest.rsplit(" ", 2)
+                operation_id = json.loads(quoted)
+                claim = Claim(lane.worker, lane.number, lane.pid, str(operation_id),
+                              int(token), None if until == "-" else float(until),
+                              self.clock.ticks if self.clock is not None else 0)
+            except ValueError:
+                lane.broken = True
+                self._signal(lane, signal.SIGKILL)
+                raise ExecutionError(
+                    f"system {self.system.name!r}: {lane.spec.role} worker (pid {lane.pid}) "
+                    f"announced a malformed claim: {printable(line, 80)}") from None
             alive = {other.worker for other in self.lanes.values() if other.alive}
-            self.history.claim(
-                Claim(lane.worker, lane.number, lane.pid, operation_id, int(token),
-                      None if until == "-" else float(until),
-                      self.clock.ticks if self.clock is not None else 0),
-                alive=alive,
-            )
+            self.history.claim(claim, alive=alive)
 
-    def _kill_announced(self, lane: Lane, pid: str) -> bool:
-        """SIGKILL the process that announced the lane's armed point (only one in the lane's
-        own process group: faultlab never signals a process it did not start)."""
+    def _program_announced(self, lane: Lane, line: str) -> None:
+        """A system's own program speaks the announcement protocol, checked as a sequential
+        step checks it (:func:`faultlab.nemesis.announce.parse_announcement`): ``reached
+        POINT PID`` holds the lane at POINT, or, at the lane's armed crash point, SIGKILLs
+        PID there (as a sequential step's nemesis does). Anything else ends the lane's
+        process group and the run: the program broke the protocol."""
+        points = lane.program.points if lane.program is not None else frozenset()
         try:
-            if not pid.isdigit() or os.getpgid(int(pid)) != lane.pid:
-                return False
-            os.kill(int(pid), signal.SIGKILL)
-        except OSError:
-            return False
-        return True
+            point, pid = parse_announcement(line.strip(), points, lane.pid)
+        except ProtocolError as error:
+            lane.broken = True
+            self._signal(lane, signal.SIGKILL)
+            raise ExecutionError(
+                f"system {self.system.name!r}: {lane.spec.role} worker (pid {lane.pid}) broke "
+                f"the announcement protocol: {error}") from None
+        if point == lane.spec.crash:
+            try:
+                os.kill(pid, signal.SIGKILL)  # in the lane's own group: checked above
+            except ProcessLookupError:
+                pass
+            return
+        lane.status, lane.point = "held", point
+        lane.points.append(point)
 
     def _reap(self, lane: Lane) -> None:
         """The lane's pipes are closed: its process is ending; wait for it (bounded)."""

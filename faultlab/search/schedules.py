@@ -103,6 +103,11 @@ class ConcurrentRecorder:
     #: abandon that very example (it drew past the choices a mutated example may take) and
     #: never report it; the search reports it all the same, once its replay reproduces it.
     first_failure: tuple[list[LaneStep], Verdict, list[Violation]] | None = None
+    #: The first error that stopped a step without a verdict (a worker that broke the
+    #: announcement protocol or refused its input, a deadline, a store that could not be
+    #: read): a run failure, never a finding, whatever Hypothesis makes of it (as
+    #: :attr:`faultlab.search.machine.Recorder.run_error`).
+    run_error: Exception | None = None
     #: Per invariant, the examples in which it had something to check (non-vacuous).
     checked: Counter[str] = field(default_factory=Counter)
     #: Asked before every step; True stops the exploration (as :class:`machine.Recorder`).
@@ -176,14 +181,20 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
         # draws the subset its armed steps choose from
         self.all_points: tuple[str, ...] = cls.accept_points + cls.dispatch_points
         self.enabled_points: tuple[str, ...] | None = None
+        #: this example's step (or its recovery) stopped with an error: no verdict
+        self.errored = False
         # last: once its run directory exists, nothing of this constructor is left to fail
         # (an exception here would skip teardown, and leave the directory behind)
-        self.executor.__enter__()
+        try:
+            self.executor.__enter__()
+        except Exception as error:  # the stores could not be made (a system's init failed)
+            self.recorder.run_error = self.recorder.run_error or error
+            raise
 
     # -- helpers -----------------------------------------------------------------------
 
     def execute(self, step: LaneStep) -> None:
-        if self.recorder.first_failure is not None:
+        if self.recorder.first_failure is not None or self.recorder.run_error is not None:
             # an example failed: that is the finding, whatever Hypothesis makes of it (it may
             # have abandoned the example); nothing later is explored
             self.stopped = True
@@ -191,7 +202,12 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
         if should_stop(self.recorder.stop, self.recorder.first_failure_examples is not None):
             self.stopped = True
             raise StopExploration  # a time budget spent, or another job found something
-        observation = self.executor.run(step)
+        try:
+            observation = self.executor.run(step)
+        except Exception as error:
+            self.errored = True
+            self.recorder.run_error = self.recorder.run_error or error
+            raise
         self.recorder.observe(observation)
         if observation.violations:
             self.failure = InvariantFailure(observation.index, list(observation.violations))
@@ -367,8 +383,13 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
     def teardown(self) -> None:
         found: InvariantFailure | None = None
         try:
-            if self.failure is None and not self.stopped:
-                observations, final = self.executor.settle()
+            if self.failure is None and not self.stopped and not self.errored:
+                try:
+                    observations, final = self.executor.settle()
+                except Exception as error:
+                    self.errored = True
+                    self.recorder.run_error = self.recorder.run_error or error
+                    raise
                 for observation in observations:
                     self.recorder.observe(observation)
                 failed = next((o for o in observations if o.violations), None)
@@ -388,8 +409,9 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
             if self.failure is not None:
                 violations = self.failure.violations
                 verdict = Verdict.of(self.failure.step, violations)
-            if not self.stopped:  # an unfinished example is neither counted nor reported
-                self.recorder.finish(steps, verdict, violations, processes, checked)
+            if not self.stopped and not self.errored:  # an unfinished example is neither
+                self.recorder.finish(steps, verdict, violations, processes, checked)  # counted
+                # nor reported, and a failed run is not a finding
         if found is not None:
             raise found
 
@@ -688,13 +710,21 @@ def explore_concurrent(
                 seed(seed_value)(machine), settings=chosen
             )
     except (InvariantFailure, Flaky, StopExploration) as error:
-        if ended_by_stop(error) and recorder.first_failure is None:
+        if ended_by_stop(error) and recorder.first_failure is None \
+                and recorder.run_error is None:
             result = ConcurrentExploration(system.ref, deduplication, concurrency, seed_value,
                                            recorder, time.monotonic() - started, stopped=True)
             interrupt.check()
             return result
         failure = error
+    except Exception:
+        interrupt.check()  # Hypothesis can trip over a KeyboardInterrupt in its own setup
+        if recorder.run_error is not None:
+            raise recorder.run_error from None  # the step's own error, not Hypothesis's report
+        raise
     interrupt.check()  # an interrupted search reports nothing
+    if recorder.run_error is not None:
+        raise recorder.run_error  # a run that failed is not a finding, whatever it showed
     result = ConcurrentExploration(system.ref, deduplication, concurrency, seed_value, recorder,
                                    time.monotonic() - started)
     if recorder.first_failure is None:
