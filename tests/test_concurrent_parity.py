@@ -341,3 +341,39 @@ def test_an_error_hypothesis_cannot_reproduce_is_still_a_run_failure(
                          "--corpus", str(corpus))
     assert not flag.exists()  # the refusal happened
     _run_failed(code, out, err, corpus, "refused its input (exit 2)")
+
+
+# --- 5. byte-stable corpus files ----------------------------------------------------------
+
+
+def test_a_concurrent_finding_saves_the_same_bytes_every_time(tmp_path: Path) -> None:
+    """No timestamp in meta, no PID in a violation (EXCL names the lanes' workers by their
+    number in the trace): two runs of the same seed save byte-identical files."""
+    saved = []
+    for run in ("first", "second"):
+        corpus = tmp_path / run
+        code, out, _ = cli("explore", "--system", "eager-rescue", "--concurrency", "2",
+                           "--seed", "0", "--quiet", "--corpus", str(corpus))
+        assert code == 1, out
+        (path,) = corpus.glob("*.json")
+        saved.append(path)
+    first, second = (path.read_bytes() for path in saved)
+    assert saved[0].name == saved[1].name and first == second
+    data = json.loads(first)
+    assert "recorded" not in data["meta"]
+    messages = [v["message"] for v in data["violations"]]
+    assert any("(worker " in m for m in messages) and not any("pid" in m for m in messages)
+
+
+def test_a_quiet_violation_quotes_no_pid() -> None:
+    from faultlab.checks.invariants import Check, Model, check_quiet
+    from faultlab.process.records import ProcessRecord
+    from faultlab.stores.sqlite import Snapshot
+
+    record = ProcessRecord(pid=4242, exit_code=0, stdout="", stderr="", elapsed=0.0, response={
+        "operation_id": "op-1", "result": {"ticket_id": 1},
+        "service": {"pid": 4243, "exit_code": 0}})
+    check = Check(model=Model(), before=Snapshot(), after=Snapshot(), action="dispatch",
+                  operation_id=None, payload=None, record=record, deduplication=True)
+    (message,) = check_quiet(check)
+    assert "4243" not in message and '"service": {"exit_code": 0}' in message

@@ -99,8 +99,9 @@ class History:
         for other in held:
             if other.lease_until is not None and other.lease_until > claim.at:
                 self._exclusion.append(
-                    f"lane {claim.lane} (pid {claim.pid}) claimed {claim.operation_id} at tick "
-                    f"{claim.at} while lane {other.lane} (pid {other.pid}) held it leased until "
+                    f"lane {claim.lane} (worker {claim.worker}) claimed {claim.operation_id} at "
+                    f"tick {claim.at} while lane {other.lane} (worker {other.worker}) held it "
+                    f"leased until "
                     f"{other.lease_until:g}"
                 )
         self.claims.append(claim)
@@ -149,7 +150,7 @@ class History:
         if alone is not None and caller_changed:
             for mine, theirs in self.superseded(alone):
                 fence.append(
-                    f"lane {mine.lane} (pid {mine.pid}) changed the caller store after its "
+                    f"lane {mine.lane} (worker {mine.worker}) changed the caller store after its "
                     f"claim on {mine.operation_id} (token {mine.token}) was superseded by "
                     f"lane {theirs.lane}'s token {theirs.token}"
                 )
@@ -160,7 +161,7 @@ class History:
             for mine, theirs in self.superseded(worker):
                 if response.get("operation_id") == mine.operation_id:
                     fence.append(
-                        f"lane {mine.lane} (pid {mine.pid}) reported completing "
+                        f"lane {mine.lane} (worker {mine.worker}) reported completing "
                         f"{mine.operation_id} after its claim (token {mine.token}) was "
                         f"superseded by token {theirs.token}"
                     )

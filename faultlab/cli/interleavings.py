@@ -14,7 +14,6 @@ from faultlab.trace import ConcurrentTrace
 
 
 def cmd_enumerate_concurrent(args: argparse.Namespace) -> int:
-    import time
 
     from faultlab.base.version import __version__
     from faultlab.corpus import files as corpus
@@ -60,8 +59,8 @@ def cmd_enumerate_concurrent(args: argparse.Namespace) -> int:
         steps=list(result.finding), expected=confirmed.verdict,
         violations=list(confirmed.violations),
         meta={"found_by": "enumerate", "operations": args.operations, "crashes": args.crashes,
-              "max_steps": max_steps, "faultlab": __version__,
-              "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+              "max_steps": max_steps, "faultlab": __version__},
+        # no timestamp: a finding of the same run is the same bytes
     )
     path = corpus.save(trace, directory, system.name)
     print(f"\nFOUND: {confirmed.verdict.describe()} with {len(result.finding) - args.operations} "
