@@ -419,7 +419,7 @@ def test_a_postgres_snapshot_query_that_never_ends_is_cancelled_exit_3(tmp_path:
     (system.parent / "outbox.py").symlink_to(source.parent / "outbox.py")
     done = subprocess.run(
         [sys.executable, "-m", "faultlab", "explore", "--system", str(system),
-         "--no-statement-crashes", "--examples", "2", "--deadline", "2", "--corpus",
+         "--no-statement-points", "--examples", "2", "--deadline", "2", "--corpus",
          str(tmp_path / "corpus"), "--quiet", *(["--postgres", DSN] if DSN else [])],
         cwd=ROOT, env=child_environment(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 3, done.stdout + done.stderr

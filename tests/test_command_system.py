@@ -556,7 +556,7 @@ def test_announcement_descriptors_are_not_leaked(tmp_path: Path, runner: Spawner
 (FINDING,) = (EXAMPLE / "corpus").glob("standalone-outbox-nodedup-ONE-*.json")
 # A command-line system has no statement points; only its declared points are drawn.
 EXPLORE = ["explore", "--system", "examples/standalone_outbox/system.json",
-           "--no-statement-crashes", "--quiet", "--steps", "6", "--seed", "1"]
+           "--no-statement-points", "--quiet", "--steps", "6", "--seed", "1"]
 
 
 def test_a_saved_finding_replays_against_the_standalone_example() -> None:

@@ -62,7 +62,6 @@ def test_explore_concurrency_reference_negative_control(tmp_path: Path) -> None:
     (["--concurrency", "0"], "at least 1"),
     (["--concurrency", "9"], "at most 8"),
     (["--concurrency", "2", "--hypothesis-shrink"], "--hypothesis-shrink"),
-    (["--concurrency", "2", "--no-statement-crashes"], "--no-statement-crashes"),
     (["--concurrency", "2", "--jobs", "0"], "--jobs"),
     (["--concurrency", "2", "--shard", "2/2"], "--shard"),
     (["--concurrency", "2", "--duration", "-1"], "--duration"),

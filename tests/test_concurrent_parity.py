@@ -377,3 +377,56 @@ def test_a_quiet_violation_quotes_no_pid() -> None:
                   operation_id=None, payload=None, record=record, deduplication=True)
     (message,) = check_quiet(check)
     assert "4243" not in message and '"service": {"exit_code": 0}' in message
+
+
+# --- 7. one spelling for statement points ---------------------------------------------------
+
+
+def _tables(out: str) -> str:
+    """What a run explored: its output without the timing rows."""
+    return "\n".join(line for line in out.splitlines()
+                     if not line.startswith(("wall time", "steps/s")))
+
+
+def test_statement_points_have_one_spelling_and_the_old_one_still_works(
+    tmp_path: Path,
+) -> None:
+    run = ("explore", "--examples", "3", "--steps", "4", "--seed", "1", "--quiet",
+           "--corpus", str(tmp_path / "corpus"))
+    code, default, err = cli(*run)
+    assert code == 0 and err == "", err
+    code, off, err = cli(*run, "--no-statement-points")
+    assert code == 0 and err == "", err
+    code, old, err = cli(*run, "--no-statement-crashes")
+    assert code == 0, old + err
+    assert err.splitlines() == [
+        "faultlab: note: --no-statement-crashes is deprecated; use --no-statement-points"]
+    assert _tables(old) == _tables(off)
+    assert "sql:" in default and "sql:" not in off  # the crash-point table: armed, fired
+    code, on, _ = cli(*run, "--statement-points")
+    assert code == 0 and _tables(on) == _tables(default)  # on is the sequential default
+
+
+def test_statement_points_with_concurrency_default_off(tmp_path: Path) -> None:
+    run = ("explore", "--concurrency", "2", "--examples", "2", "--steps", "3", "--seed", "0",
+           "--quiet", "--corpus", str(tmp_path / "corpus"))
+    code, default, err = cli(*run)
+    assert code == 0 and err == "", default + err
+    code, off, err = cli(*run, "--no-statement-points")  # refused before: now just off
+    assert code == 0 and err == "", off + err
+    assert _tables(off) == _tables(default) and "statement points" not in default
+    code, on, err = cli(*run, "--statement-points")
+    assert code == 0 and "statement points" in on, on + err
+
+
+def test_explore_help_shows_only_the_new_spelling() -> None:
+    import contextlib
+
+    buffer = io.StringIO()
+    with contextlib.suppress(SystemExit), redirect_stdout(buffer):
+        main(["explore", "--help"])
+    usage, _, options = buffer.getvalue().partition("options:")
+    assert "[--statement-points | --no-statement-points]" in usage
+    assert "--no-statement-crashes" not in usage  # hidden: an alias, not an option
+    text = " ".join(options.split())
+    assert "default on where the system supports them" in text and "(default off:" in text

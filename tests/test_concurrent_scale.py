@@ -107,7 +107,8 @@ def test_statement_points_are_recorded_and_replay_identically(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--statement-points"], "--statement-points needs --concurrency"),
+    (["--statement-points", "--system",
+      str(ROOT / "examples" / "standalone_outbox" / "system.json")], "Python system"),
     (["--concurrency", "2", "--statement-points", "--system",
       str(ROOT / "examples" / "standalone_outbox" / "system.json")], "Python system"),
 ])

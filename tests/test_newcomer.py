@@ -131,7 +131,7 @@ def test_examples_walkthrough_reproduces_its_committed_finding(tmp_path: Path) -
     assert len(committed) == 1
     corpus = tmp_path / "corpus"
     result = faultlab("explore", "--system", "examples/standalone_outbox/system.json",
-                      "--no-statement-crashes", "--no-deduplication", "--examples", "10",
+                      "--no-statement-points", "--no-deduplication", "--examples", "10",
                       "--steps", "6", "--seed", "1", "--quiet", "--corpus", str(corpus))
     assert result.returncode == 1, result.stdout + result.stderr
     (produced,) = corpus.iterdir()

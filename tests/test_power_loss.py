@@ -109,7 +109,7 @@ def test_a_trace_with_power_steps_replays_identically(tmp_path: Path) -> None:
 def test_explore_power_loss_catches_and_shrinks_each_mutant(name: str, tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     # seed 0, 30 examples, named points only: found in about 4 minutes on a loaded machine
-    done = run_cli("explore", "--system", name, "--power-loss", "--no-statement-crashes",
+    done = run_cli("explore", "--system", name, "--power-loss", "--no-statement-points",
                    "--examples", "30", "--seed", "0", "--corpus", str(corpus), "--quiet")
     assert done.returncode == 1, done.stdout + done.stderr
     (found,) = sorted(corpus.glob("*.json"))

@@ -179,7 +179,7 @@ def test_without_response_fields_the_service_pid_is_unknown_not_wrong(tmp_path: 
     assert evidence["scenarios"]["crash_during_acceptance"]["passed"] is True
 
 
-EXPLORE = ("explore", "--system", str(MAPPED), "--no-statement-crashes", "--steps", "6",
+EXPLORE = ("explore", "--system", str(MAPPED), "--no-statement-points", "--steps", "6",
            "--seed", "1", "--quiet")
 
 

@@ -193,7 +193,7 @@ def test_a_finding_explored_here_is_a_regression_test_replayed_from_elsewhere(
     --system: it still fails while the bug is there and passes once it is fixed."""
     here = tmp_path / "here"
     command_system(here, receipts=False)
-    explored = faultlab("explore", "--system", "system.json", "--no-statement-crashes",
+    explored = faultlab("explore", "--system", "system.json", "--no-statement-points",
                         "--examples", "10", "--steps", "3", "--seed", "0", "--quiet",
                         "--corpus", "corpus", cwd=here)
     assert explored.returncode == 1, explored.stdout + explored.stderr

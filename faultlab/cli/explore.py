@@ -50,6 +50,23 @@ if TYPE_CHECKING:
     from faultlab.trace import ConcurrentTrace
 
 
+class Deprecated(argparse.Action):
+    """A hidden old spelling of an option: sets ``dest`` to ``const`` and says, in one line
+    on stderr, which spelling replaces it."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, const: Any,
+                 replacement: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, const=const, default=None,
+                         help=argparse.SUPPRESS, **kwargs)
+        self.replacement = replacement
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, self.const)
+        print(f"faultlab: note: {option_string} is deprecated; use {self.replacement}",
+              file=sys.stderr)
+
+
 def _shard(text: str) -> Shard:
     try:
         return parse_shard(text)
@@ -120,9 +137,8 @@ def register(commands: Commands) -> None:
                         help="this run is shard K of N (K from 0, e.g. a Kubernetes completion "
                              "index): its seed streams are disjoint from the other shards' and "
                              "the same on every rerun (default 0/1)")
-    parser.add_argument("--no-statement-crashes", dest="statement_crashes",
-                         action="store_false",
-                         help="draw only the system's named crash points, not sql:K/commit:K")
+    parser.add_argument("--no-statement-crashes", action=Deprecated, dest="statement_points",
+                        const=False, replacement="--no-statement-points")
     parser.add_argument("--hypothesis-shrink", action="store_true",
                          help="also run Hypothesis's shrinker before faultlab's trace "
                               "minimiser (slower: every candidate is real processes; it also "
@@ -133,11 +149,20 @@ def register(commands: Commands) -> None:
                              "scheduling choice over N lanes (start a worker held at its "
                              "first point, release, finish, kill, pause, resume, tick the "
                              "virtual clock); findings are version 2 traces")
-    parser.add_argument("--statement-points", action="store_true",
-                        help="with --concurrency: a Python system's workers also hold before "
-                             "each SQL statement (sql:K) and after each COMMIT (commit:K), so "
-                             "every release, kill or pause can land between two statements; "
-                             "recorded in the trace, so replay holds them there too")
+    parser.add_argument("--statement-points", action=argparse.BooleanOptionalAction,
+                        default=None,
+                        help="statement points: before each SQL statement (sql:K) and after "
+                             "each COMMIT (commit:K) a worker runs, for systems whose workers "
+                             "are faultlab's own (Python systems: asking for them on another is "
+                             "refused). "
+                             "Sequential traces crash workers there as at named points "
+                             "(default on where the system supports them). With "
+                             "--concurrency, workers also hold there, so a release, kill or "
+                             "pause can land between any two statements, recorded in the trace "
+                             "so replay holds them too (default off: every statement is one "
+                             "more scheduling choice, so traces reach the same place in many "
+                             "more steps and the search runs slower). The old spelling "
+                             "--no-statement-crashes still works, with a note")
     parser.add_argument("--power-loss", action="store_true",
                         help="also cut the machine's power between steps: the stores are "
                              "recorded through faultlab's SQLite VFS and rebuilt as a power "
@@ -218,13 +243,6 @@ def cmd_explore(args: argparse.Namespace) -> int:
     concurrent = args.concurrency > 1
     if concurrent and args.hypothesis_shrink:
         raise UsageError("--hypothesis-shrink does not apply with --concurrency above 1")
-    if concurrent and not args.statement_crashes:
-        raise UsageError("--no-statement-crashes does not apply with --concurrency above 1 "
-                         "(lanes are killed where they hold; sql:K/commit:K holds are "
-                         "--statement-points, off by default)")
-    if args.statement_points and not concurrent:
-        raise UsageError("--statement-points needs --concurrency 2 or more (sequential traces "
-                         "already crash at sql:K/commit:K)")
     if args.power_loss and concurrent:
         raise UsageError("--power-loss applies to sequential traces only (--concurrency 1)")
     if args.html is not None:
@@ -233,12 +251,18 @@ def cmd_explore(args: argparse.Namespace) -> int:
     if args.statement_points and not system.supports_statement_points:
         raise UsageError(f"--statement-points: {system.name} runs its own programs; statement "
                          "points need faultlab's own worker processes (a Python system)")
+    # one option, a default per mode: sequential crashes at statements where the system can;
+    # lanes hold there only when asked (see --help)
+    statement_points = (not concurrent) if args.statement_points is None \
+        else args.statement_points
     plan = Plan(
         system=system.ref, deduplication=args.deduplication, seed=args.seed,
-        examples=args.examples, steps=args.steps, statement_crashes=args.statement_crashes,
+        examples=args.examples, steps=args.steps,
+        statement_crashes=statement_points and system.supports_statement_points,
         hypothesis_shrink=args.hypothesis_shrink, spawn=args.spawn, deadline=args.deadline,
         duration=args.duration, jobs=args.jobs, shard=args.shard,
-        concurrency=args.concurrency, statement_points=args.statement_points, pin=args.pin,
+        concurrency=args.concurrency, statement_points=concurrent and statement_points,
+        pin=args.pin,
         power_loss=args.power_loss,
     )
     sink = Sink(args.corpus, str(args.shard), system, args.seed)
