@@ -18,7 +18,8 @@ Installing faultlab gives every pytest run:
   saying how to name its system, and nothing runs for it.
 * ``--faultlab-examples N`` and ``--faultlab-seed S`` for state-machine tests
   built with :func:`faultlab.state_machine` (its ``TestCase``; also the lower-level
-  :func:`faultlab.search.machine.outbox_machine`), and the marker
+  :func:`faultlab.search.machine.outbox_machine` and the concurrent
+  :func:`faultlab.search.schedules.concurrent_machine`), and the marker
   ``@pytest.mark.faultlab(examples=..., seed=..., steps=...)``, as Hypothesis's own
   plugin does for its settings. A marker wins over an option, an option over what
   ``faultlab.state_machine`` was given. A failing ``faultlab.state_machine`` test saves
@@ -182,15 +183,19 @@ class TraceItem(pytest.Item):
 
 
 def _machine_of(item: pytest.Item) -> Any:
-    """The OutboxMachine behind a TestCase item, or None."""
+    """The faultlab state machine behind a TestCase item, or None: a sequential one
+    (:class:`~faultlab.search.machine.OutboxMachine`) or a concurrent one
+    (:class:`~faultlab.search.schedules.ConcurrentMachine`); both take the same settings."""
     cls = getattr(item, "cls", None)
     run = getattr(cls, "runTest", None) if cls is not None else None
     machine = getattr(run, "_hypothesis_state_machine_class", None)
     if machine is None:
         return None
     from faultlab.search.machine import OutboxMachine
+    from faultlab.search.schedules import ConcurrentMachine
 
-    return machine if isinstance(machine, type) and issubclass(machine, OutboxMachine) else None
+    machines = (OutboxMachine, ConcurrentMachine)
+    return machine if isinstance(machine, type) and issubclass(machine, machines) else None
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -146,3 +146,55 @@ def test_installed_plugin_from_any_directory(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{len(TRACES)} passed" in result.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+CONCURRENT_MACHINE_TESTS = """
+import json
+from pathlib import Path
+
+import pytest
+
+from faultlab.search.schedules import ConcurrentRecorder, concurrent_machine
+
+PLAIN = ConcurrentRecorder()
+MARKED = ConcurrentRecorder()
+TestPlain = concurrent_machine("reference", concurrency=2, examples=40, steps=3,
+                               recorder=PLAIN).TestCase
+
+
+@pytest.mark.faultlab(examples=2, seed=11, steps=2)
+class TestMarked(concurrent_machine("reference", concurrency=2, examples=40, steps=3,
+                                    recorder=MARKED).TestCase):
+    pass
+
+
+def test_zz_write_what_ran():
+    Path("ran.json").write_text(json.dumps({
+        name: {"examples": r.examples, "steps": r.steps,
+               "last": [s.describe() for s in r.last_steps]}
+        for name, r in (("plain", PLAIN), ("marked", MARKED))
+    }))
+"""
+
+
+def _concurrent_machines(pytester: pytest.Pytester, *options: str) -> dict[str, dict[str, object]]:
+    pytester.makepyfile(test_concurrent_machine=CONCURRENT_MACHINE_TESTS)
+    result = pytester.runpytest_subprocess(*PLUGIN, "-p", "no:cacheprovider", *options)
+    result.assert_outcomes(passed=3)
+    ran: dict[str, dict[str, object]] = json.loads((pytester.path / "ran.json").read_text())
+    return ran
+
+
+def test_the_options_and_the_marker_reach_concurrent_machines(pytester: pytest.Pytester) -> None:
+    """--faultlab-examples, --faultlab-seed and the marker set a concurrent machine's
+    TestCase as they set a sequential one's (it ran 40 examples of its own before)."""
+    first = _concurrent_machines(pytester, "--faultlab-examples", "3", "--faultlab-seed", "3")
+    assert 3 <= int(first["plain"]["examples"]) < 10  # type: ignore[call-overload]
+    assert 2 <= int(first["marked"]["examples"]) < 5  # type: ignore[call-overload]
+    marked_last = first["marked"]["last"]
+    assert isinstance(marked_last, list) and len(marked_last) <= 2  # the marker's steps
+    again = _concurrent_machines(pytester, "--faultlab-examples", "3", "--faultlab-seed", "3")
+    assert again == first  # the same seed, the same examples, step for step
+    other = _concurrent_machines(pytester, "--faultlab-examples", "3", "--faultlab-seed", "4")
+    assert other["plain"] != first["plain"]
+    assert other["marked"] == first["marked"]  # its seed is the marker's
