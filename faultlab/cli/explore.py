@@ -36,6 +36,7 @@ from faultlab.cli.common import (
 )
 from faultlab.corpus.files import DEFAULT_CORPUS, check_corpus_directory, replay_command
 from faultlab.corpus.redis_store import RedisCorpus, is_redis_url
+from faultlab.report.progress import Progress
 from faultlab.search import defaults
 from faultlab.search.coverage import Coverage, concurrent_vacuity, vacuity
 from faultlab.search.streams import Shard, parse_shard
@@ -217,19 +218,12 @@ class Sink:
             self.redis.close()
 
 
-def _progress_line(totals: Totals, seconds: float, jobs: int, concurrency: int = 1) -> None:
+def _progress_line(totals: Totals, seconds: float, jobs: int, concurrency: int = 1) -> str:
     seconds = max(seconds, 1e-9)
     prefix = f"explore ({jobs} jobs)" if jobs > 1 else "explore"
     steps = "concurrent steps" if concurrency > 1 else "steps"
-    print(f"{prefix}: {totals.examples} examples, {totals.steps} {steps}, "
-          f"{totals.sigkills} SIGKILLs, {totals.steps / seconds:.0f} steps/s",
-          file=sys.stderr, flush=True)
-
-
-def _announce_failure() -> None:
-    """Shrinking takes a while (every candidate is real processes): say it has begun."""
-    sys.stderr.write("explore: an invariant failed; shrinking the trace\n")  # one write: a
-    sys.stderr.flush()  # signal right after it must not leave the line unfinished
+    return (f"{prefix}: {totals.examples} examples, {totals.steps} {steps}, "
+            f"{totals.sigkills} SIGKILLs, {totals.steps / seconds:.0f} steps/s")
 
 
 def cmd_explore(args: argparse.Namespace) -> int:
@@ -267,14 +261,19 @@ def cmd_explore(args: argparse.Namespace) -> int:
     )
     sink = Sink(args.corpus, str(args.shard), system, args.seed)
     started = time.monotonic()
-    last_line = [0.0]
+    shown = Progress(examples=plan.examples * max(plan.jobs, 1), duration=plan.duration,
+                     label="explore", quiet=args.quiet)
 
     def progress(totals: Totals, seconds: float) -> None:
         sink.publish(totals, seconds)
-        now = time.monotonic()
-        if not args.quiet and now - last_line[0] >= 1.0:
-            last_line[0] = now
-            _progress_line(totals, seconds, plan.jobs, plan.concurrency)
+        shown.update(examples=totals.examples, seconds=seconds,
+                     line=_progress_line(totals, seconds, plan.jobs, plan.concurrency),
+                     postfix=f"{totals.steps} steps, {totals.sigkills} SIGKILLs, "
+                             f"{totals.steps / max(seconds, 1e-9):.0f} steps/s")
+
+    def announce_failure() -> None:
+        """Shrinking takes a while (every candidate is real processes): say it has begun."""
+        shown.write("explore: an invariant failed; shrinking the trace")
 
     try:
         with spawner(args.spawn) as runner:
@@ -283,7 +282,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
                 result, found = run_stream(
                     system, runner, plan, 0,
                     progress=lambda t: progress(t, time.monotonic() - started),
-                    on_failure=None if args.quiet else _announce_failure)
+                    on_failure=None if args.quiet else announce_failure)
                 results = [result]
                 replay = found.replay if found is not None else None
             else:
@@ -297,6 +296,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
 
                 replay = replaying.replay(replaying.plan(Path("finding"), trace, system),
                                           runner, deadline=args.deadline).execution
+        shown.close()
         totals = Totals()
         for r in results:
             for key, value in vars(r.totals).items():
@@ -355,6 +355,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
                   f"python -m faultlab replay DIR/...{named}")
         return EXIT_FOUND
     finally:
+        shown.close()
         sink.close()
 
 
