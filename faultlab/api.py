@@ -96,7 +96,7 @@ def explore(
     >>> import faultlab
     >>> found = faultlab.explore("no-dedup", examples=50, seed=0)   # doctest: +SKIP
     >>> found.clean, len(found.trace.steps)                         # doctest: +SKIP
-    (False, 3)
+    (False, 2)
     >>> faultlab.explore("reference", examples=20).clean            # doctest: +SKIP
     True
     """

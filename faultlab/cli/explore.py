@@ -146,7 +146,7 @@ def register(commands: Commands) -> None:
                               "simplifies payloads)")
     parser.add_argument("--concurrency", type=concurrency, default=1, metavar="N",
                         help="workers that may be alive at once (default 1: sequential "
-                             "traces, exactly as before). With N >= 2 each step is a "
+                             "traces). With N >= 2 each step is a "
                              "scheduling choice over N lanes (start a worker held at its "
                              "first point, release, finish, kill, pause, resume, tick the "
                              "virtual clock); findings are version 2 traces")
