@@ -72,6 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # every other command stops cleanly on a signal
         with interrupt.handling(restore=not program):
             code = _run(argv, worker_process)
+            # a pipe is block-buffered: flush here, where a closed reader is handled,
+            # not in the interpreter's final flush, which would print a traceback
+            sys.stdout.flush()
             interrupt.finished()  # the outcome is decided and printed
     except interrupt.Interrupted as stopped:
         print(f"faultlab: {stopped}; workers stopped, nothing reported or saved",

@@ -612,7 +612,7 @@ def outbox_machine(
     Machine.accept_points, Machine.dispatch_points = accept_points, dispatch_points
     if power_loss:  # only then: without it the rules, and so every seed's examples, are as before
         Machine.power_loss = True
-        Machine.power = _power_rule()  # type: ignore[attr-defined]
+        Machine.power = _power_rule()
     if server_crashes_possible(system):  # likewise only then
         Machine.server_crash = _server_crash_rule()
     Machine.payload_source = generated.payload_strategy(system)
