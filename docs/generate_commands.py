@@ -21,15 +21,6 @@ PAGE = ROOT / "docs" / "reference" / "commands.md"
 COMMANDS = ["suite", "explore", "replay", "enumerate", "mutants", "corpus export",
             "corpus status", "systems", "init", "worker"]
 
-#: Wording in help texts that the documentation does not use (it describes the product
-#: only); each is rewritten on the page. An entry that does not match is harmless.
-REWRITES = [
-    ("the five regression scenarios of the seed lab on fresh stores",
-     "the five regression scenarios on fresh stores"),
-    ("and the seed's summary lines", "and the summary lines"),
-    ("(default 1: sequential traces, exactly as before)", "(default 1: sequential traces)"),
-]
-
 INTRO = """\
 # Commands
 
@@ -88,12 +79,6 @@ def help_text(command: str) -> str:
     return result.stdout
 
 
-def reworded(text: str) -> str:
-    for old, new in REWRITES:
-        text = text.replace(old, new)
-    return text
-
-
 def sections(text: str) -> tuple[str, str, dict[str, list[str]]]:
     """Usage, description, and the named sections (options, positional arguments, ...)."""
     blocks = re.split(r"\n\n+(?=\S)", text.strip("\n"))
@@ -137,7 +122,7 @@ def page() -> str:
         usage, description, named = sections(help_text(command))
         out.append(f"## `{command}`\n")
         if description:
-            out.append(reworded(description) + "\n")
+            out.append(description + "\n")
         out.append("```text\n" + usage + "\n```\n")
         for title in ("positional arguments", "options"):
             rows = [(t, h) for t, h in entries(named.get(title, []))
@@ -147,7 +132,7 @@ def page() -> str:
             out.append(f"| {title[:-1] if title.endswith('s') else title} | meaning |")
             out.append("| --- | --- |")
             for term, help_ in rows:
-                out.append(f"| `{cell(term)}` | {cell(reworded(help_)) or '-'} |")
+                out.append(f"| `{cell(term)}` | {cell(help_) or '-'} |")
             out.append("")
         if "exit status" in named:
             status = "\n".join(line.rstrip() for line in named["exit status"] if line.strip())

@@ -117,7 +117,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
 
 
 def print_scenarios(outcomes: Sequence[Any], fmt: str) -> None:
-    """The scenario table, the seed's summary lines, and every failed or unknown check."""
+    """The scenario table, the summary lines, and every failed or unknown check."""
     from faultlab.report import tables as report
 
     print(report.scenario_table(outcomes, fmt))

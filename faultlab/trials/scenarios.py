@@ -1,7 +1,7 @@
 """The five regression scenarios, as fixed traces with expected figures.
 
 Each scenario is a list of steps run by the one executor, plus a check that
-turns the observations into the seed's summary and a list of failed checks.
+turns the observations into the summary and a list of failed checks.
 A scenario passes when every check holds; ``deduplication_disabled`` passes
 when the checker *does* report the duplicate ticket (it is a negative control).
 """
