@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT
 
 from faultlab.base.errors import UsageError
-from faultlab.process.spawn import Spawner
+from faultlab.process.spawn import Spawner, spawner
 from faultlab.run.executor import execute
 from faultlab.system import is_builtin, load_system
 from faultlab.system.builtin.mutants import MUTANTS, POWER_MUTANTS
@@ -70,6 +70,17 @@ def test_the_reference_keeps_everything_acknowledged_through_power_cuts(
     execution = execute(load_system("reference"), steps, fork_spawner, settle=True)
     assert execution.verdict.clean, [str(v) for v in execution.violations]
     assert execution.observations[-1].snapshot.counts()["tickets"] == 2
+
+
+def test_a_recording_worker_is_forked_from_the_fork_server() -> None:
+    """The recording's log directory is set by the forked worker itself, as the clock files
+    are: a power trace keeps fork mode's cost (a fork server starts for its accept)."""
+    with spawner("fork") as runner:
+        execution = execute(load_system("reference"),
+                            [Step("accept", "op-1", P), Step.power(DROP_ALL)], runner)
+        assert runner.server_pids, "the recording accept was exec'd, not forked"
+    assert execution.verdict.clean
+    assert execution.observations[-1].snapshot.counts()["operations_pending"] == 1
 
 
 @pytest.mark.parametrize("name", sorted(POWER_MUTANTS))

@@ -21,6 +21,10 @@ SPAWN_MODES: tuple[SpawnMode, ...] = ("fork", "exec")
 DEFAULT_DEADLINE = 15.0
 #: The exit code a parent observes for a child killed by SIGKILL (``-9`` on Linux).
 KILLED = -int(signal.SIGKILL)
+#: Set for a trace with power steps: the directory a worker's SQLite changes are recorded in
+#: (:mod:`faultlab.stores.vfs`), so a power cut can be rebuilt. The worker reads it as it
+#: starts its role, so a forked worker sets it itself like the clock files.
+POWER_LOG_VARIABLE = "FAULTLAB_POWER_LOG"
 
 
 @dataclass(frozen=True)

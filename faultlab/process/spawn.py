@@ -34,6 +34,7 @@ from faultlab.base.errors import ExecutionError
 from faultlab.base.wall_clock import LOAD_VARIABLES, TIMESTAMP_VARIABLE
 from faultlab.process.records import (
     DEFAULT_DEADLINE,
+    POWER_LOG_VARIABLE,
     SPAWN_MODES,
     ProcessRecord,
     SpawnMode,
@@ -54,8 +55,9 @@ _KILL_GRACE = 2.0
 #: How a worker runs inside a process: the role's code, returning the exit status.
 WorkerMain = Callable[[WorkerSpec], int]
 #: Environment variables a forked worker sets itself, before it runs: each is read where it
-#: is used, not as the process starts (faultlab's clock file, libfaketime's timestamp file).
-_CHILD_VARIABLES = frozenset({CLOCK_ENV, TIMESTAMP_VARIABLE})
+#: is used, not as the process starts (faultlab's clock file, libfaketime's timestamp file,
+#: the power-loss recording's log directory).
+_CHILD_VARIABLES = frozenset({CLOCK_ENV, TIMESTAMP_VARIABLE, POWER_LOG_VARIABLE})
 #: Environment variables only a process's start can give (a preloaded library and the
 #: settings it reads as it loads): a fork server started with them passes them on.
 _SERVER_VARIABLES = frozenset(LOAD_VARIABLES)
@@ -789,8 +791,8 @@ def server_environment(
 
     The variables read as a process starts (a preload: libfaketime's library and
     settings) are the server's, inherited by every child; those read where they are used
-    (the clock files) each child sets itself (:func:`_read_spec`). Any other variable
-    (the power-loss recording's) is given by exec, as it always was.
+    (the clock files, the power-loss recording's log directory) each child sets itself
+    (:func:`_read_spec`). Any other variable is given by exec.
     """
     fixed = []
     for name, value in environment:

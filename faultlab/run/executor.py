@@ -34,9 +34,13 @@ from faultlab.base.errors import EXIT_USAGE, ExecutionError, UsageError
 from faultlab.base.messages import worker_message
 from faultlab.base.wall_clock import WallClock
 from faultlab.checks.invariants import Check, Model, Violation, check_live, check_step
-from faultlab.process.records import DEFAULT_DEADLINE, ProcessRecord, WorkerSpec
+from faultlab.process.records import (
+    DEFAULT_DEADLINE,
+    POWER_LOG_VARIABLE,
+    ProcessRecord,
+    WorkerSpec,
+)
 from faultlab.process.spawn import Spawner
-from faultlab.run.worker import POWER_LOG_VARIABLE
 from faultlab.stores import vfs
 from faultlab.stores.sqlite import (
     Snapshot,

@@ -18,7 +18,7 @@ from typing import Any
 from faultlab.base import clock
 from faultlab.base.errors import EXIT_USAGE
 from faultlab.nemesis import crash, schedule
-from faultlab.process.records import ProcessRecord, WorkerSpec
+from faultlab.process.records import POWER_LOG_VARIABLE, ProcessRecord, WorkerSpec
 from faultlab.process.spawn import exec_worker, fork_worker, zygote_main
 from faultlab.stores.sqlite import StoreError, connect
 from faultlab.system import REFERENCE, load_system
@@ -77,11 +77,6 @@ class Context:
 
 def emit(response: dict[str, Any]) -> None:
     os.write(1, (json.dumps(response, sort_keys=True) + "\n").encode())
-
-
-#: Set by the executor for a trace with power steps: the directory the worker's SQLite
-#: changes are recorded in (:mod:`faultlab.stores.vfs`), so a power cut can be rebuilt.
-POWER_LOG_VARIABLE = "FAULTLAB_POWER_LOG"
 
 
 def record_for_power_loss() -> None:
