@@ -8,7 +8,9 @@ executed steps (recovery dispatches included); on the reference it is clean.
 from __future__ import annotations
 
 import io
+import json
 from contextlib import redirect_stdout
+from pathlib import Path
 
 import pytest
 
@@ -160,3 +162,27 @@ def test_systems_command_lists_the_zoo() -> None:
     with redirect_stdout(out):
         assert main(["systems", "--system", "split-receipt", "--format", "plain"]) == 0
     assert "service_between_commits" in out.getvalue()
+
+
+def test_mutants_judges_the_power_rows_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    """reference-power and the power mutants are rows of ``mutants`` (an unknown --only
+    lists every row it could judge)."""
+    assert main(["mutants", "--only", "no-such-row"]) == 2
+    refused = capsys.readouterr().err
+    assert refused.count("\n") == 1
+    for name in ("reference-power", "wal-normal-receiver", "sync-off-caller"):
+        assert name in refused
+
+
+@pytest.mark.slow
+def test_mutants_catches_a_power_mutant_by_explore_power_loss(tmp_path: Path) -> None:
+    output = tmp_path / "mutants.json"
+    with redirect_stdout(io.StringIO()) as printed:
+        code = main(["mutants", "--only", "sync-off-caller", "--corpus", str(tmp_path),
+                     "--jobs", "1", "--output", str(output)])
+    assert code == 0, printed.getvalue()
+    (row,) = json.loads(output.read_text())["systems"]
+    assert row["explore_found"] and not row["enumerable"] and row["ok"] and row["at_minimum"]
+    assert row["shrunk_steps"] == 2 and set(row["explore_invariants"]) == {"ACK", "DURABLE"}
+    (saved,) = tmp_path.glob("sync-off-caller-*.json")
+    assert [s["action"] for s in json.loads(saved.read_text())["steps"]] == ["accept", "power"]

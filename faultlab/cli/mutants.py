@@ -34,7 +34,10 @@ def register(commands: Commands) -> None:
                     "bad input. Each shrunk finding is saved to the corpus. A mutant only a "
                     "server crash shows (async-commit-pg) is judged by explore alone on a "
                     "private PostgreSQL server of its own (as --postgres private); on a "
-                    "machine that cannot start one its row says why instead.",
+                    "machine that cannot start one its row says why instead. The reference "
+                    "and the mutants only a power cut shows (reference-power, "
+                    "wal-normal-receiver, sync-off-caller) are judged by explore "
+                    "--power-loss alone.",
     )
     parser.add_argument("--only", action="append", metavar="NAME",
                         help="judge only this system (repeatable; reference or a mutant name)")
@@ -65,10 +68,11 @@ def register(commands: Commands) -> None:
 
 def cmd_mutants(args: argparse.Namespace) -> int:
     from faultlab.report import tables as report
-    from faultlab.system import builtin_names, concurrency_mutant_names
+    from faultlab.system import builtin_names, concurrency_mutant_names, power_mutant_names
     from faultlab.trace import write_json_atomically
     from faultlab.trials.race_zoo import REFERENCE_CONCURRENT
     from faultlab.trials.zoo import (
+        REFERENCE_POWER,
         SERVER_CRASH_MUTANTS,
         Budget,
         Judgement,
@@ -81,7 +85,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     if args.output is not None:
         check_output_path(args.output)
     names = [*builtin_names(), REFERENCE_CONCURRENT, *concurrency_mutant_names(),
-             *SERVER_CRASH_MUTANTS]
+             *SERVER_CRASH_MUTANTS, REFERENCE_POWER, *power_mutant_names()]
     if args.only:
         unknown = [name for name in args.only if name not in names]
         if unknown:
@@ -131,8 +135,8 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     explore_only = sum(not j.enumerable for j in mutants)
     print(f"{'PASS' if passed else 'FAIL'}: {caught} of {len(mutants)} mutants caught by "
           f"both explore and enumerate"
-          + (f" ({explore_only} data/depth mutants by explore alone: enumerate n/a)"
-             if explore_only else "")
+          + (f" ({explore_only} by explore alone: data, depth and power mutants, which "
+             f"enumerate cannot express)" if explore_only else "")
           + (f"; not judged here: {', '.join(unjudged)} (no private PostgreSQL server)"
              if unjudged else "")
           + ("" if not any(j.reference for j in judgements)

@@ -80,7 +80,7 @@ class Budget:
 
 def judge(name: str, budget: Budget) -> Judgement:
     """Explore and enumerate one system (runs in a worker process of the pool)."""
-    from faultlab.system import concurrency_mutant_names
+    from faultlab.system import concurrency_mutant_names, power_mutant_names
     from faultlab.trials.race_zoo import REFERENCE_CONCURRENT, judge_concurrent
 
     if name == REFERENCE_CONCURRENT or name in concurrency_mutant_names():
@@ -91,7 +91,13 @@ def judge(name: str, budget: Budget) -> Judgement:
         ))
     if name in SERVER_CRASH_MUTANTS:
         return _judge_on_private_server(name, budget)
+    if name == REFERENCE_POWER or name in power_mutant_names():
+        return _judge_sequential(name, budget, power_loss=True)
     return _judge_sequential(name, budget)
+
+
+#: The row in ``mutants`` for the reference explored with power cuts (it must stay clean).
+REFERENCE_POWER = "reference-power"
 
 
 #: Mutants only a crash of the whole PostgreSQL server shows: judged on a private server
@@ -138,19 +144,22 @@ def _judge_on_private_server(name: str, budget: Budget) -> Judgement:
     )
 
 
-def _judge_sequential(name: str, budget: Budget) -> Judgement:
+def _judge_sequential(name: str, budget: Budget, *, power_loss: bool = False) -> Judgement:
+    """Explore, then enumerate (where the system can be enumerated); ``power_loss``:
+    explore with power cuts and do not enumerate (enumerate draws no power step)."""
     from faultlab.corpus import files as corpus
     from faultlab.process.spawn import spawner
     from faultlab.search.enumeration import enumerate_system
     from faultlab.search.explore import explore
     from faultlab.system import load_system
 
-    system = load_system(name)
+    system = load_system("reference" if name == REFERENCE_POWER else name)
     with spawner(budget.spawn) as runner:
         explored = explore(system, runner, examples=budget.examples, steps=budget.steps,
-                           seed_value=budget.seed, deadline=budget.deadline)
+                           seed_value=budget.seed, deadline=budget.deadline,
+                           power_loss=power_loss)
         began = time.monotonic()
-        enumerable = bool(getattr(system, "enumerable", True))
+        enumerable = bool(getattr(system, "enumerable", True)) and not power_loss
         enumerated = enumerate_system(system, [runner], operations=budget.operations,
                                       crashes=budget.crashes, deadline=budget.deadline,
                                       first=True) if enumerable else None
@@ -162,8 +171,9 @@ def _judge_sequential(name: str, budget: Budget) -> Judgement:
     recorder = explored.recorder
     return Judgement(
         system=name,
-        defect=system.description,
-        reference=name == "reference",
+        defect="the reference, with power cuts" if name == REFERENCE_POWER
+        else system.description,
+        reference=name in ("reference", REFERENCE_POWER),
         caught_by=list(getattr(system, "caught_by", ())),
         minimal_steps=getattr(system, "minimal_steps", None),
         enumerate_found=enumerated is not None and enumerated.found,
@@ -201,7 +211,8 @@ def judge_all(
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context,
                                initializer=interrupt.install)
     try:
-        first = sorted(names, key=lambda name: name not in ("reference", REFERENCE_CONCURRENT))
+        first = sorted(names, key=lambda name: name not in (
+            "reference", REFERENCE_CONCURRENT, REFERENCE_POWER))
         futures = {pool.submit(judge, name, budget): name for name in first}
         for future in as_completed(futures):
             judgement = future.result()
