@@ -63,7 +63,9 @@ def shape(root: int) -> dict[int | str, str]:
 
     Between workers a fork server (a child of root) has exactly one child: the spare it
     forked ahead for the next worker, a new process after every worker. Anything else
-    below root is listed by pid, so a leftover worker or zombie still shows.
+    below root is listed by pid, so a leftover worker or zombie still shows. A process is
+    "Z" (a zombie) or "alive": whether it is running or sleeping at the moment of the
+    look is timing (a fork server forking its next spare), not a leftover.
     """
     table = processes()
     found = descendants(root)
@@ -71,10 +73,10 @@ def shape(root: int) -> dict[int | str, str]:
     for pid, state in found.items():
         parent = table[pid][1] if pid in table else -1
         is_spare = parent in found and table.get(parent, ("", -1, 0))[1] == root
-        key: int | str = f"spare of {parent}" if is_spare and state == "S" else pid
+        key: int | str = f"spare of {parent}" if is_spare and state != "Z" else pid
         if key in named:
             key = pid  # a second waiting child is not a spare
-        named[key] = state
+        named[key] = "Z" if state == "Z" else "alive"
     return named
 
 
