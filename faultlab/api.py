@@ -34,8 +34,12 @@ class Outcome:
     never let concurrent workers overlap, is not clean: ``notes`` says why). ``trace`` is
     the shrunk trace of a finding (``None`` when clean); ``violations`` the invariant
     failures its replay showed; ``path`` the corpus file a finding was saved to, if any;
-    ``notes`` anything the run wants a reader to know (for example a failure whose replay
-    did not reproduce it, which is never reported as a finding).
+    ``notes`` anything the run wants a reader to know.
+
+    ``flaky`` is True when an exploration saw an invariant fail in an example but the
+    failure did not happen again when the example was re-run (``explore``'s exit 5): not
+    clean, and not a finding. ``trace`` is then that example's trace, marked ``"expect":
+    "flaky"`` and never saved to ``corpus``; ``notes`` says what the re-run showed.
     """
 
     clean: bool
@@ -44,6 +48,7 @@ class Outcome:
     path: Path | None = None
     notes: tuple[str, ...] = ()
     stats: dict[str, Any] = field(default_factory=dict)
+    flaky: bool = False
 
     def __bool__(self) -> bool:
         """True when clean, so ``assert faultlab.explore(...)`` reads as intended."""
@@ -109,6 +114,7 @@ def explore(
     if examples < 1 or steps < 1:
         raise UsageError("examples and steps must be at least 1")
     found: Trace | ConcurrentTrace | None
+    flaky: Trace | ConcurrentTrace | None
     if concurrency == 1:
         from faultlab.search.explore import explore as explore_sequential
 
@@ -119,6 +125,7 @@ def explore(
                 statement_crashes=True if statement_points is None else statement_points,
             )
         found, stats, notes = result.trace, result.stats(), result.notes
+        flaky, flaky_reason = result.flaky, result.flaky_reason
         checked = result.recorder.checks
         violations = tuple(result.replay.violations) if result.replay else ()
         vacuous = vacuity(result.recorder.coverage, chosen, result.recorder.examples)
@@ -131,11 +138,15 @@ def explore(
             statement_points=bool(statement_points),
         )
         found, stats, notes = concurrent.trace, concurrent.stats(), concurrent.notes
+        flaky, flaky_reason = concurrent.flaky, concurrent.flaky_reason
         checked = concurrent.recorder.steps
         violations = tuple(concurrent.replay.violations) if concurrent.replay else ()
         recorder = concurrent.recorder
         vacuous = concurrent_vacuity(recorder.checked, recorder.examples, recorder.held,
                                      concurrency, can_hold=chosen.holds_in_lanes())
+    if found is None and flaky is not None:  # not clean, not a finding, never saved
+        return Outcome(clean=False, trace=flaky, notes=(*notes, f"flaky: {flaky_reason}"),
+                       stats=stats, flaky=True)
     path = None
     if found is not None and corpus is not None:
         from faultlab.corpus import files
@@ -270,10 +281,11 @@ def _explore_as_test(system: System, *, examples: int, steps: int, seed: int,
 
     The report is what explore prints for it: the ``FOUND`` line naming the saved file, the
     replay table, its violations, the first worker that died with an undeclared error (with
-    its stderr) and the command that replays the saved trace. What explore only notes is a
-    warning, and the test passes: a failure its replay did not reproduce (no finding, as in
-    explore), and a vacuous run (explore's exit 4: nothing was tested, for example no
-    declared crash point ever fired), since a short test run is often vacuous on purpose.
+    its stderr) and the command that replays the saved trace. A flaky outcome (explore's
+    exit 5: an invariant failed, but not again when re-run) fails the test too, with the
+    ``flaky:`` line; nothing is saved. What explore only notes is a warning, and the test
+    passes: a vacuous run (explore's exit 4: nothing was tested, for example no declared
+    crash point ever fired), since a short test run is often vacuous on purpose.
     """
     import warnings
 
@@ -289,6 +301,9 @@ def _explore_as_test(system: System, *, examples: int, steps: int, seed: int,
             seed_value=seed, deadline=deadline)
     for note in result.notes:
         warnings.warn(f"faultlab: {note}", stacklevel=3)
+    if result.trace is None and result.flaky is not None:
+        return (f"flaky: {result.flaky_reason} (seed {seed}, {result.recorder.examples} "
+                f"examples); nothing saved: {corpus} holds only failures that reproduce")
     if result.trace is None or result.replay is None:
         vacuous = vacuity(result.recorder.coverage, system, result.recorder.examples)
         if vacuous is not None:

@@ -216,7 +216,8 @@ class Trace:
     expected: Verdict | None = None
     violations: list[Violation] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
-    #: ``"finding"``: the recorded finding is expected (see :data:`EXPECT_FINDING`).
+    #: ``"finding"``: the recorded finding is expected (see :data:`EXPECT_FINDING`);
+    #: ``"flaky"``: it did not happen again when re-run (see :data:`EXPECT_FLAKY`).
     expect: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -261,6 +262,11 @@ class Recorded(Protocol):
 #: the field is a regression test: replay fails while the finding reproduces and passes once
 #: the bug is fixed (the trace replays clean), as a saved Hypothesis example does.
 EXPECT_FINDING = "finding"
+#: A trace's top-level ``"expect": "flaky"``: an invariant failed when it was explored, but
+#: not again when the example was re-run. ``explore`` keeps such a trace apart from the
+#: corpus, for inspection; replay never judges it as a regression test (a clean replay is
+#: not "fixed"), and the pytest plugin skips it.
+EXPECT_FLAKY = "flaky"
 
 
 def document(version: int, trace: Recorded, steps: list[dict[str, Any]],
@@ -306,9 +312,10 @@ def recorded_fields(data: dict[str, Any]) -> dict[str, Any]:
     ):
         raise TypeError("meta must be an object and violations a list")
     expect = data.get("expect")
-    if expect is not None and expect != EXPECT_FINDING:
-        raise UsageError(f"trace 'expect' must be {EXPECT_FINDING!r} (an expected finding) or "
-                         f"absent (a regression test), not {json.dumps(expect)[:40]}")
+    if expect is not None and expect not in (EXPECT_FINDING, EXPECT_FLAKY):
+        raise UsageError(f"trace 'expect' must be {EXPECT_FINDING!r} (an expected finding), "
+                         f"{EXPECT_FLAKY!r} (a failure that did not happen again) or absent "
+                         f"(a regression test), not {json.dumps(expect)[:40]}")
     return {
         "system": system,
         "deduplication": data["deduplication"],
@@ -491,7 +498,8 @@ class ConcurrentTrace:
     expected: Verdict | None = None
     violations: list[Violation] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
-    #: ``"finding"``: the recorded finding is expected (see :data:`EXPECT_FINDING`).
+    #: ``"finding"``: the recorded finding is expected (see :data:`EXPECT_FINDING`);
+    #: ``"flaky"``: it did not happen again when re-run (see :data:`EXPECT_FLAKY`).
     expect: str | None = None
     #: Workers also hold at sql:K and commit:K (:class:`faultlab.run.interleaving.LaneExecutor`).
     statement_points: bool = False

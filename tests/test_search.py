@@ -147,13 +147,13 @@ def test_a_stop_after_a_failure_does_not_lose_the_finding(
             assert len(result.trace.steps) == len(found.trace.steps), calls
 
 
-def test_a_failure_its_replay_does_not_reproduce_is_a_note_never_a_finding(
+def test_a_failure_its_replay_does_not_reproduce_is_flaky_never_a_finding(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A receiver that duplicated a ticket once (and never again): exploration sees ONE
     fail, but neither Hypothesis's own rerun nor faultlab's replay shows it again. That is
-    not a finding: a note, no trace (before, the sequential explorer reported the clean
-    last example as one: FOUND: clean)."""
+    not a finding (before, the sequential explorer reported the clean last example as one:
+    FOUND: clean), and not clean either: flaky, with the failing example's trace kept."""
     from faultlab.process.spawn import spawner
     from faultlab.system import load_system
 
@@ -168,6 +168,9 @@ def test_a_failure_its_replay_does_not_reproduce_is_a_note_never_a_finding(
     assert result.trace is None and result.replay is None
     assert any(note.endswith(("not reported", "nothing reported")) for note in result.notes), (
         result.notes)
+    assert result.flaky is not None and result.flaky.expect == "flaky"
+    assert result.flaky.expected is not None and "ONE" in result.flaky.expected.invariants
+    assert result.flaky_reason is not None and "did not fail again" in result.flaky_reason
 
 
 def test_shards_are_reproducible_and_different(tmp_path: Path) -> None:

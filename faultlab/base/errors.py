@@ -16,6 +16,11 @@ EXIT_RUN_FAILED = 3
 #: (1): a system whose accept prints garbage and stores nothing must not pass a CI job.
 #: (``faultlab worker`` keeps its own 4, downstream_failure: another command.)
 EXIT_VACUOUS = 4
+#: An invariant failed in an example, but the failure did not happen again when the example
+#: was re-run (by Hypothesis, or by faultlab's replay of its trace): a result that cannot be
+#: reproduced is neither clean (0) nor a finding (1). Its trace is kept apart from the
+#: corpus, marked ``"expect": "flaky"``; ``replay`` of it exits 5 too unless it fails again.
+EXIT_FLAKY = 5
 
 
 class UsageError(Exception):

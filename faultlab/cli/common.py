@@ -50,9 +50,11 @@ REPLAY_EPILOG = EPILOG.replace(
     _OUTCOMES,
     "0        every outcome matches: an expected finding (\"expect\": \"finding\") shows as\n"
     "           recorded, a regression test (no \"expect\") replays clean: its bug is fixed\n"
-    "  1        an outcome differs: a regression test still fails, or an expected finding\n"
-    "           did not show as recorded",
-)
+    "  1        an outcome differs: a regression test still fails, an expected finding\n"
+    "           did not show as recorded, or a flaky trace failed again",
+).replace("  130/143",
+          "  5        a flaky trace (\"expect\": \"flaky\") did not fail again, and no\n"
+          "           outcome differs\n  130/143")
 
 
 class _Formatter(argparse.HelpFormatter):

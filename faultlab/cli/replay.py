@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from faultlab.base.errors import EXIT_FOUND, EXIT_OK, UsageError
+from faultlab.base.errors import EXIT_FLAKY, EXIT_FOUND, EXIT_OK, UsageError
 from faultlab.base.messages import plural
 from faultlab.cli.common import (
     REPLAY_EPILOG,
@@ -37,7 +37,10 @@ def register(commands: Commands) -> None:
                     "(the zoo's, the negative control's) passes when it shows its recorded "
                     "finding; one without it (what explore saves for the reference or your "
                     "system) is a regression test: it fails (exit 1, \"still fails\") while "
-                    "its finding reproduces and passes once the bug is fixed. With --against, "
+                    "its finding reproduces and passes once the bug is fixed. A trace with "
+                    "\"expect\": \"flaky\" (what explore keeps in flaky/ when a failure did "
+                    "not fail again) is no test: clean, it is flaky again (exit 5); failing, "
+                    "it differs (exit 1). With --against, "
                     "each trace runs on another system and is expected to be clean (a finding "
                     "from a broken variant replayed against a fixed one must pass).",
         epilog=REPLAY_EPILOG,
@@ -87,13 +90,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
              against=against is not None)
         for path, trace in zip(args.traces, loaded, strict=True)
     ]
-    mismatches = 0
+    mismatches = flaky = 0
     replayed = []
     with spawner(args.spawn) as runner:
         for planned in plans:
             outcome = replay(planned, runner, deadline=args.deadline, fmt=args.format)
             print("\n".join(outcome.lines()) + "\n")
             mismatches += not outcome.matches
+            flaky += outcome.flaky and outcome.matches
             replayed.append(outcome)
     if args.html is not None:
         from faultlab.report import html as html_report
@@ -112,5 +116,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"{mismatches} of {plural(len(plans), 'trace')} "
               f"{'differs' if mismatches == 1 else 'differ'} from what was expected")
         return EXIT_FOUND
+    if flaky:  # a kept flaky trace that replays clean is not fixed: still flaky, not clean
+        print(f"{flaky} of {plural(len(plans), 'trace')} flaky: recorded as failing, "
+              "and did not fail again")
+        return EXIT_FLAKY
     print(f"{plural(len(plans), 'trace')} replayed; every outcome matches")
     return EXIT_OK

@@ -57,9 +57,31 @@ def finding_on_purpose(trace: Trace | ConcurrentTrace) -> bool:
 def marked(trace: Trace | ConcurrentTrace) -> Trace | ConcurrentTrace:
     """The trace as the corpus saves it: ``"expect": "finding"`` when
     :func:`finding_on_purpose`, else without the field (a regression test)."""
-    if trace.expected is not None and not trace.expected.clean and finding_on_purpose(trace):
+    if trace.expect is None and trace.expected is not None and not trace.expected.clean \
+            and finding_on_purpose(trace):
         trace.expect = EXPECT_FINDING
     return trace
+
+
+#: Where ``explore`` keeps a flaky outcome's trace: beside the corpus directory, never in it.
+FLAKY_DIRECTORY = "flaky"
+
+
+def flaky_directory(corpus: str) -> Path:
+    """Where a flaky outcome's trace is kept for a run whose corpus is ``corpus``: a
+    ``flaky/`` directory beside a corpus directory (``corpus/`` gives ``flaky/``), or in
+    the current directory for a Redis corpus. Never inside the corpus: replay of the corpus
+    and the pytest plugin see only findings that reproduced."""
+    from faultlab.corpus.redis_store import is_redis_url
+
+    if is_redis_url(corpus):
+        return Path(FLAKY_DIRECTORY)
+    directory = Path(corpus)
+    kept = directory.parent / FLAKY_DIRECTORY
+    resolved = directory.resolve()
+    if kept.resolve() == resolved or resolved in kept.resolve().parents:  # corpus flaky/ or .
+        kept = resolved.parent / f"{resolved.name}-{FLAKY_DIRECTORY}"
+    return kept
 
 
 def save(trace: Trace | ConcurrentTrace, directory: Path, system_name: str | None = None) -> Path:

@@ -15,6 +15,10 @@ is judged depends on what the file says it is:
   regression test, as a saved Hypothesis example or a pytest test is. It fails
   while its finding (or any other) still shows and passes once the bug is fixed,
   when it replays clean.
+* ``"expect": "flaky"`` (what ``explore`` keeps beside the corpus when a failure did not
+  fail again): never a regression test, since a clean replay says nothing was fixed. A
+  clean replay is flaky again (``replay`` exits 5), a failing one differs (exit 1: it
+  failed again).
 * ``replay --against``: another system than recorded; it passes when clean.
 """
 
@@ -30,7 +34,7 @@ from faultlab.report.columns import concurrent_table, concurrent_violation_lines
 from faultlab.run.executor import Execution, execute, validate_step
 from faultlab.run.interleaving import ConcurrentExecution, execute_concurrent
 from faultlab.system.contract import System, check_crash_point
-from faultlab.trace import EXPECT_FINDING, ConcurrentTrace, Trace, Verdict
+from faultlab.trace import EXPECT_FINDING, EXPECT_FLAKY, ConcurrentTrace, Trace, Verdict
 
 #: The line a failing regression replay ends with: what to do about it.
 STILL_FAILS = "still fails: fix the bug, then replay again; it passes once fixed"
@@ -74,6 +78,7 @@ class Replayed:
     violation_lines: list[str]
     execution: Execution | ConcurrentExecution | None  # what ran (a page is drawn from it)
     regression: bool = False  # a regression test of a recorded finding (no "expect")
+    flaky: bool = False  # a flaky outcome's kept trace ("expect": "flaky")
 
     @property
     def still_fails(self) -> bool:
@@ -82,6 +87,8 @@ class Replayed:
 
     @property
     def status(self) -> str:
+        if self.flaky:
+            return "flaky: did not fail again" if self.matches else "FAILED AGAIN"
         if self.matches:
             return "matches"
         return "STILL FAILS" if self.still_fails else "DIFFERS"
@@ -119,9 +126,15 @@ def replay(planned: Plan, runner: Spawner, *, deadline: float, fmt: str = "simpl
         table = report.execution_table(execution, fmt)
         # a worker's undeclared error, with its stderr: why the checks after it failed
         violations = [*report.violation_lines(execution), *report.worker_error_lines(execution)]
-    regression = False
+    regression = flaky = False
     if planned.against:
         expected_text = f"clean (replayed --against {system.ref})"
+        matches = verdict.clean
+    elif trace.expect == EXPECT_FLAKY:
+        flaky = True
+        recorded = trace.expected.describe() if trace.expected else "a failure"
+        expected_text = (f"nothing to judge (a flaky trace: {recorded} when explored, not "
+                         "again when re-run; kept for inspection, not a regression test)")
         matches = verdict.clean
     elif trace.expect == EXPECT_FINDING or trace.expected is None or trace.expected.clean:
         expected = trace.expected if trace.expected is not None else Verdict()
@@ -132,4 +145,4 @@ def replay(planned: Plan, runner: Spawner, *, deadline: float, fmt: str = "simpl
         expected_text = f"clean once fixed (a regression test of {trace.expected.describe()})"
         matches = verdict.clean
     return Replayed(planned, verdict, expected_text, matches, table, violations, execution,
-                    regression)
+                    regression, flaky)

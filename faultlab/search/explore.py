@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from hypothesis import Phase, Verbosity, seed
 from hypothesis import __version__ as _hypothesis_version
@@ -34,13 +34,16 @@ from faultlab.search.machine import (
     StopExploration,
     Weights,
     ended_by_stop,
+    flaky_reason,
     machine_settings,
     not_a_finding,
     outbox_machine,
 )
 from faultlab.search.shrink import minimise
 from faultlab.system.contract import System
-from faultlab.trace import Step, Trace
+from faultlab.trace import EXPECT_FLAKY, ConcurrentTrace, Step, Trace, Verdict
+
+TraceT = TypeVar("TraceT", Trace, ConcurrentTrace)
 
 #: Explorations record it: the same seed gives the same run with the same Hypothesis.
 HYPOTHESIS_VERSION: str = _hypothesis_version
@@ -60,6 +63,10 @@ class Exploration:
     notes: list[str] = field(default_factory=list)
     #: True when the run was told to stop before its examples were done (no finding).
     stopped: bool = False
+    #: An example failed, but its re-run did not fail again: its trace (marked
+    #: ``"expect": "flaky"``, never a corpus file) and what the flaky line says about it.
+    flaky: Trace | None = None
+    flaky_reason: str | None = None
 
     @property
     def found(self) -> bool:
@@ -96,6 +103,7 @@ class Exploration:
             "hypothesis": HYPOTHESIS_VERSION,  # a seed reproduces a run with this version
             **self.stats(),
             "found": self.found,
+            "flaky": self.flaky is not None,
             "shrunk_steps": self.shrunk_steps,
         }
         if self.trace is not None:
@@ -210,17 +218,25 @@ def explore(
     seconds = time.monotonic() - started
     result = Exploration(system.ref, deduplication, seed_value, recorder, seconds,
                          stopped=stopped)
+    failed = recorder.first_failure
     if failure is None:
-        return result
+        if failed is None:
+            return result
+        failure = InvariantFailure(failed[1].step, failed[2])  # one Hypothesis did not report
     if on_failure is not None:
         on_failure()
+    # The failing example Hypothesis reports is the last it ran; when that last run did not
+    # fail (Hypothesis calls it Flaky), the first failing example is the one to re-run.
+    steps_of, verdict_of, violations_of = (
+        (recorder.last_steps, recorder.last_verdict, recorder.last_violations)
+        if not recorder.last_verdict.clean or failed is None else failed)
     trace = Trace(
         system=system.ref,
         deduplication=deduplication,
-        steps=list(recorder.last_steps),
+        steps=list(steps_of),
         settle=True,
-        expected=recorder.last_verdict,
-        violations=list(recorder.last_violations),
+        expected=verdict_of,
+        violations=list(violations_of),
         meta={
             "found_by": "explore",
             "seed": seed_value,
@@ -239,6 +255,10 @@ def explore(
     )
     refused = not_a_finding(trace.expected, replay.verdict, failure)
     if refused is not None:
+        if failed is not None:  # an example did fail, and did not fail again: flaky
+            result.flaky = flaky_trace(trace, replay.verdict)
+            result.flaky_reason = flaky_reason(
+                recorder.first_failure_examples, verdict_of, replay.verdict)
         result.notes.append(refused)
         return result
 
@@ -249,6 +269,15 @@ def explore(
     trace, replay = minimise(trace, replay, run)
     result.trace, result.replay = trace, replay
     return result
+
+
+def flaky_trace(trace: TraceT, replayed: Verdict) -> TraceT:
+    """A failing example's trace as a flaky outcome keeps it: ``"expect": "flaky"`` (so
+    replay and the pytest plugin never take it for a regression test), with what its
+    re-run showed in ``meta``."""
+    trace.expect = EXPECT_FLAKY
+    trace.meta = {**trace.meta, "replayed": replayed.to_json()}
+    return trace
 
 
 def _describe(trace: Trace) -> str:
@@ -267,9 +296,10 @@ def suite_exploration(
     stats = clean.stats()
     vacuous = None if clean.trace is not None or examples == 0 else vacuity(
         clean.recorder.coverage, system, clean.recorder.examples)
-    clean_ok = clean.trace is None and vacuous is None
-    outcome = "clean" if clean_ok else f"VACUOUS ({vacuous}): FAIL" if clean.trace is None \
-        else f"FOUND {_describe(clean.trace)}: FAIL"
+    clean_ok = clean.trace is None and clean.flaky is None and vacuous is None
+    outcome = "clean" if clean_ok else f"FOUND {_describe(clean.trace)}: FAIL" \
+        if clean.trace is not None else f"FLAKY ({clean.flaky_reason}): FAIL" \
+        if clean.flaky is not None else f"VACUOUS ({vacuous}): FAIL"
     lines = [
         f"explore {system.ref} (seed {seed}, Hypothesis {HYPOTHESIS_VERSION}): "
         f"{stats['examples']} examples, {stats['steps']} steps, {stats['sigkills']} SIGKILLs, "

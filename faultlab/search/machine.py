@@ -101,8 +101,9 @@ def not_a_finding(recorded: Verdict | None, replayed: Verdict,
     """Why the example a search ended on is not reported, or None when it is a finding.
 
     A finding is a failure that its replay reproduces. A search can also end on an error
-    of Hypothesis's own (Flaky) with a clean or different last example: that is a note,
-    never a corpus file (a clean one was once printed as "FOUND: clean")."""
+    of Hypothesis's own (Flaky) with no failing example at all: that is a note, never a
+    corpus file (a clean one was once printed as "FOUND: clean"). A failing example whose
+    replay does not show its failure again is neither: it is flaky (:func:`flaky_reason`)."""
     if replayed != recorded:
         shown = recorded.describe() if recorded else "nothing"
         return f"replay showed {replayed.describe()}, recorded {shown}: not reported"
@@ -110,6 +111,17 @@ def not_a_finding(recorded: Verdict | None, replayed: Verdict,
         return (f"the search ended with {type(failure).__name__}, but no recorded example "
                 "failed an invariant: nothing reported")
     return None
+
+
+def flaky_reason(example: int | str | None, recorded: Verdict, replayed: Verdict) -> str:
+    """What a flaky outcome's line says between ``flaky:`` and where its trace is kept:
+    ``example`` (a number, or a label such as "example 3 of job 1") failed ``recorded``, and
+    its re-run showed ``replayed``."""
+    which = "an example" if example is None else \
+        f"example {example}" if isinstance(example, int) else example
+    again = "did not fail again when re-run" if replayed.clean else \
+        f"did not fail the same way when re-run (it showed {replayed.describe()})"
+    return f"an invariant failed in {which} ({recorded.describe()}) but {again}"
 
 
 def should_stop(stop: Callable[[], bool] | None, failure_seen: bool) -> bool:
@@ -154,6 +166,9 @@ class Recorder:
     started: float = field(default_factory=time.monotonic)
     first_failure_examples: int | None = None
     first_failure_seconds: float | None = None
+    #: the first example that failed: its steps, verdict and violations (Hypothesis's re-run
+    #: of it may not fail again; then this is the trace kept as flaky)
+    first_failure: tuple[list[Step], Verdict, list[Violation]] | None = None
     #: the first error that stopped a step without a verdict (deadline, protocol, store):
     #: a run failure, never a finding, whatever Hypothesis makes of it
     run_error: Exception | None = None
@@ -192,6 +207,7 @@ class Recorder:
         if not verdict.clean and self.first_failure_examples is None:
             self.first_failure_examples = self.examples
             self.first_failure_seconds = self.seconds
+            self.first_failure = (list(steps), verdict, list(violations))
             if self.progress is not None:
                 self.progress(self)  # at once: shrinking starts now, and may take a while
 
