@@ -87,7 +87,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = _closed_pipe()
     if program:
         # the exception and its frames are gone, so multiprocessing's semaphores are
-        # released: end its resource tracker too, rather than leave it to outlive us
+        # released: end its resource tracker too, rather than leave it to outlive us.
+        # Frames in a reference cycle (an error a library kept, whose frames reach back to
+        # run_jobs and its queue) are collected first: a tracker that outlives their
+        # semaphores prints a traceback for each one at exit.
+        import gc
+
+        gc.collect()
         from faultlab.process.spawn import stop_resource_tracker
 
         stop_resource_tracker()

@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from faultlab.base.errors import EXIT_FOUND, EXIT_OK, EXIT_VACUOUS, UsageError
+from faultlab.base.errors import EXIT_FOUND, EXIT_OK, EXIT_VACUOUS, ExecutionError, UsageError
 from faultlab.cli.common import (
     EPILOG,
     MAX_JOBS,
@@ -178,7 +178,14 @@ def register(commands: Commands) -> None:
 
 
 class Sink:
-    """Where findings go and where live counters are published (a Redis corpus only)."""
+    """Where findings go and where live counters are published (a Redis corpus only).
+
+    A Redis server that goes away in the middle of the run does not raise where the
+    counters are published (inside an example, Hypothesis would take that for a failing
+    one and shrink it): :attr:`lost` keeps what the error says, the run is asked to stop
+    (:meth:`stop`), and :meth:`check` raises it once the run has ended, as one line. Only
+    the words are kept: the error's traceback holds the frames of the run (with
+    ``--jobs``, its queue and semaphores), which must be gone before faultlab exits."""
 
     def __init__(self, target: str, shard: str, system: System, seed: int) -> None:
         self.target = target
@@ -186,6 +193,8 @@ class Sink:
         self.redis: RedisCorpus | None = None
         self.fields: dict[str, Any] = {"system": system.ref, "seed": seed, "state": "running",
                                        "findings": 0}
+        self.counts: dict[str, Any] = {}
+        self.lost: str | None = None
         self._last = 0.0
         if is_redis_url(target):
             self.redis = RedisCorpus(target, create=True)
@@ -195,14 +204,39 @@ class Sink:
     def publish(self, totals: Totals, seconds: float, *, force: bool = False,
                 **fields: Any) -> None:
         self.fields.update(fields)
+        self.counts = {"examples": totals.examples, "steps": totals.steps,
+                       "sigkills": totals.sigkills, "seconds": round(seconds, 1)}
         now = time.monotonic()
-        if self.redis is None or (not force and now - self._last < 1.0):
+        if self.redis is None or self.lost is not None or (not force and now - self._last < 1.0):
             return
         self._last = now
-        self.redis.update_counters(self.shard, {
-            **self.fields, "examples": totals.examples, "steps": totals.steps,
-            "sigkills": totals.sigkills, "seconds": round(seconds, 1),
-        })
+        try:
+            self.redis.update_counters(self.shard, {**self.fields, **self.counts})
+        except ExecutionError as error:
+            self.lost = str(error)
+            if force:  # the run has ended: nothing left to stop
+                raise
+
+    def stop(self) -> bool:
+        """Whether the run should stop: the Redis corpus went away."""
+        return self.lost is not None
+
+    def check(self) -> None:
+        if self.lost is not None:
+            raise ExecutionError(self.lost)
+
+    def ended_by(self, error: BaseException) -> None:
+        """The run ended in ``error``: its shard says so (``failed``, or ``interrupted``)
+        instead of ``running``, when the server still answers; otherwise the ``running``
+        entry's short expiry ends it."""
+        if self.redis is None or self.lost is not None:
+            return
+        state = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+        try:
+            self.redis.update_counters(self.shard, {**self.fields, **self.counts,
+                                                    "state": state})
+        except ExecutionError:
+            pass  # the error being raised is the one to report
 
     def save(self, trace: Trace | ConcurrentTrace, system: System) -> str:
         from faultlab.corpus import files as corpus
@@ -280,13 +314,13 @@ def cmd_explore(args: argparse.Namespace) -> int:
             replay = None
             if plan.jobs == 1:
                 result, found = run_stream(
-                    system, runner, plan, 0,
+                    system, runner, plan, 0, stop=sink.stop,
                     progress=lambda t: progress(t, time.monotonic() - started),
                     on_failure=None if args.quiet else announce_failure)
                 results = [result]
                 replay = found.replay if found is not None else None
             else:
-                results = run_jobs(plan, progress=progress)
+                results = run_jobs(plan, progress=progress, stop=sink.stop)
             seconds = time.monotonic() - started
             finders = sorted((r for r in results if r.trace is not None),
                              key=lambda r: r.seconds_until_found or 0.0)
@@ -297,6 +331,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
                 replay = replaying.replay(replaying.plan(Path("finding"), trace, system),
                                           runner, deadline=args.deadline).execution
         shown.close()
+        sink.check()  # the Redis corpus went away: one line, exit 3, whatever was found
         totals = Totals()
         for r in results:
             for key, value in vars(r.totals).items():
@@ -354,6 +389,10 @@ def cmd_explore(args: argparse.Namespace) -> int:
             print(f"replay with: python -m faultlab corpus export {args.corpus} DIR, then "
                   f"python -m faultlab replay DIR/...{named}")
         return EXIT_FOUND
+    except BaseException as error:
+        shown.close()
+        sink.ended_by(error)  # not left "running": the shard's run ended in an error
+        raise
     finally:
         shown.close()
         sink.close()

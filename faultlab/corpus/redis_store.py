@@ -13,8 +13,14 @@ What the database holds, all under the ``faultlab:`` prefix:
 * ``faultlab:findings`` - a set of those names, for ``corpus export`` and ``status``;
 * ``faultlab:shard:<K>/<N>`` - a hash of live counters per shard (system, seed, state,
   examples, steps, SIGKILLs, findings, seconds, updated), refreshed about once a second
-  while the shard runs; it expires :data:`COUNTER_TTL_SECONDS` after the last update, so
-  the status table shows the current cluster and not last month's.
+  while the shard runs. A ``running`` entry expires :data:`RUNNING_TTL_SECONDS` after its
+  last update, so a run that died (killed, its machine gone, its Redis connection lost)
+  does not look alive for long; an ended one (``done``, ``found``, ``failed``,
+  ``interrupted``) expires :data:`COUNTER_TTL_SECONDS` after it, so the status table shows
+  the current cluster and not last month's.
+
+Every command has a socket timeout (:data:`SOCKET_TIMEOUT_SECONDS`, one retry): a server
+that stops answering in the middle of a run fails the run within seconds, never hangs it.
 
 Needs the ``redis`` client (the ``redis`` extra).
 """
@@ -53,6 +59,13 @@ FINDINGS = "faultlab:findings"
 FINDING_PREFIX = "faultlab:finding:"
 SHARD_PREFIX = "faultlab:shard:"
 COUNTER_TTL_SECONDS = 7 * 24 * 3600
+#: A ``running`` shard's counters: refreshed about once a second while steps run, so five
+#: minutes without an update outlasts a slow step or a shrink and still ends a dead run's
+#: entry the same hour.
+RUNNING_TTL_SECONDS = 300
+#: Per command, connecting included; a command is tried once more after a timeout or a
+#: lost connection, so a server that stalls costs a run at most about twice this.
+SOCKET_TIMEOUT_SECONDS = 2.0
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.json")
 COUNTER_FIELDS = ("system", "seed", "state", "examples", "steps", "sigkills", "findings",
                   "seconds", "updated")
@@ -98,13 +111,19 @@ class RedisCorpus:
     def __init__(self, url: str, *, create: bool) -> None:
         try:
             import redis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
         except ImportError:
             raise UsageError("a redis:// corpus needs the redis client: "
                              "pip install 'faultlab[redis]'") from None
         self.address = parse_url(url)
+        # the client's own default retries (three, with backoff, in redis-py 6) made a
+        # stalled server cost about 20 s a command: one retry, no backoff
         self.client: Any = redis.Redis(host=self.address.host, port=self.address.port,
-                                       db=self.address.db, socket_timeout=5,
-                                       socket_connect_timeout=5, decode_responses=True)
+                                       db=self.address.db,
+                                       socket_timeout=SOCKET_TIMEOUT_SECONDS,
+                                       socket_connect_timeout=SOCKET_TIMEOUT_SECONDS,
+                                       retry=Retry(NoBackoff(), 1), decode_responses=True)
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         try:
             marker = self.client.get(MARKER_KEY)
@@ -127,13 +146,17 @@ class RedisCorpus:
     def close(self) -> None:
         self.client.close()
 
+    def went_away(self, error: BaseException) -> str:
+        """The one line a run that lost this server ends with (exit 3)."""
+        return f"the Redis corpus at {self.address} went away: {printable(str(error), 200)}"
+
     def save(self, trace_json: dict[str, Any], name: str) -> tuple[str, bool]:
         """Store a finding under its content name; False when it was already there."""
         try:
             new = bool(self.client.set(FINDING_PREFIX + name, json.dumps(trace_json), nx=True))
             self.client.sadd(FINDINGS, name)
         except self._errors as error:
-            raise ExecutionError(f"{self.address}: cannot save {name}: {error}") from None
+            raise ExecutionError(f"{self.went_away(error)} (saving {name})") from None
         return f"{self.address}#{name}", new
 
     def _read(self, what: str, call: Callable[[], Any]) -> Any:
@@ -182,14 +205,19 @@ class RedisCorpus:
                 for name, data in self.findings().items()}
 
     def update_counters(self, shard: str, fields: dict[str, Any]) -> None:
-        """Refresh this shard's live counters (a lost update is retried by the next one)."""
+        """Refresh this shard's live counters, and their expiry by state (a ``running``
+        entry lives :data:`RUNNING_TTL_SECONDS`): one transaction, so no entry is ever left
+        without an expiry."""
         key = SHARD_PREFIX + shard
+        ttl = RUNNING_TTL_SECONDS if fields.get("state") == "running" else COUNTER_TTL_SECONDS
         try:
-            self.client.hset(key, mapping={**{k: str(v) for k, v in fields.items()},
-                                           "updated": f"{time.time():.0f}"})
-            self.client.expire(key, COUNTER_TTL_SECONDS)
+            pipeline = self.client.pipeline(transaction=True)
+            pipeline.hset(key, mapping={**{k: str(v) for k, v in fields.items()},
+                                        "updated": f"{time.time():.0f}"})
+            pipeline.expire(key, ttl)
+            pipeline.execute()
         except self._errors as error:
-            raise ExecutionError(f"{self.address}: cannot update counters: {error}") from None
+            raise ExecutionError(self.went_away(error)) from None
 
     def counters(self) -> dict[str, dict[str, str]]:
         """Each shard's counters; a counter that is not a number is refused (exit 2)."""

@@ -280,9 +280,15 @@ def _job_main(plan: Plan, job: int, messages: Any, stop_event: Any) -> None:
 
 def run_jobs(
     plan: Plan, *, progress: Callable[[Totals, float], None] | None = None,
+    stop: Callable[[], bool] = lambda: False,
 ) -> list[StreamResult]:
     """Run ``plan.jobs`` streams in as many processes (spawned: a fresh interpreter each,
-    so no fork server or Hypothesis state is inherited). Waits for all of them."""
+    so no fork server or Hypothesis state is inherited). Waits for all of them.
+
+    ``progress`` is called with the summed totals as jobs report them, and at least every
+    half second while none does (a heartbeat for the live counters); ``stop`` is asked as
+    often, and True ends every job's stream as the first finding does (each job still
+    reports, so the run ends as a stopped one, never by killing the jobs)."""
     context = multiprocessing.get_context("spawn")
     messages = context.Queue()
     stop_event = context.Event()
@@ -301,6 +307,8 @@ def run_jobs(
             with interrupt.deferred():
                 process.start()
         while len(results) + len(errors) < len(processes):
+            if stop():
+                stop_event.set()
             try:
                 kind, job, payload = messages.get(timeout=0.5)
             except queue.Empty:
@@ -312,6 +320,8 @@ def run_jobs(
                         errors.append(f"job process {dead[0].name} died "
                                       f"(exit {dead[0].exitcode})")
                         break
+                if progress is not None:
+                    progress(_merged(live), time.monotonic() - started)
                 continue
             if kind == "progress":
                 live[job] = Totals(**payload)
@@ -324,11 +334,7 @@ def run_jobs(
             else:
                 errors.append(f"job {job}: {payload}")
             if progress is not None:
-                merged = Totals()
-                for totals in live.values():
-                    for key, value in vars(totals).items():
-                        setattr(merged, key, getattr(merged, key) + value)
-                progress(merged, time.monotonic() - started)
+                progress(_merged(live), time.monotonic() - started)
     except BaseException:
         # interrupted: end the jobs at once (a job waiting on a worker would otherwise run
         # to its deadline); each ends its worker and fork server and removes its stores
@@ -355,3 +361,11 @@ def run_jobs(
 
         raise ExecutionError(errors[0])
     return [results[job] for job in sorted(results)]
+
+
+def _merged(live: Mapping[int, Totals]) -> Totals:
+    merged = Totals()
+    for totals in live.values():
+        for key, value in vars(totals).items():
+            setattr(merged, key, getattr(merged, key) + value)
+    return merged
