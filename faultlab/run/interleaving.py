@@ -306,6 +306,8 @@ class LaneExecutor:
             if program is not None:
                 pid = self._spawn_program(program, (decide_r, announce_w), out_w, err_w)
                 go = ANNOUNCE_CONTINUE
+                if program.backend_tag is not None:  # its backends are a live worker's
+                    pgstores.command_worker_started(program.backend_tag, pid)
             elif forks:
                 pid = os.fork()
                 if pid == 0:  # child: never returns
@@ -457,6 +459,8 @@ class LaneExecutor:
                 waited, status = os.waitpid(lane.pid, 0)
                 break
             time.sleep(0.0005)
+        if lane.program is not None and lane.program.backend_tag is not None:
+            pgstores.command_worker_ended(lane.program.backend_tag)  # reaped: it has ended
         os.close(lane.decide)
         if os.WIFSIGNALED(status):
             # killed with its group: a dispatcher's service that was running comes to this

@@ -716,14 +716,43 @@ def wait_for_backends(directory: Path, bound: float | None = None) -> None:
         delay = min(delay * 2, 0.05)
 
 
+#: Command-line workers that lanes started and have not reaped yet, by the tag their
+#: backends' ``application_name`` ends with (``...-worker-cmd<N>``): a command's
+#: connection string is written before its process exists, so it cannot carry its pid.
+_command_workers: dict[str, int] = {}
+_command_tags = iter(range(1, 1 << 62))
+
+
+def command_worker_tag() -> str:
+    """A new tag for one command-line worker's ``application_name`` (unique in this
+    process; the run's name before it makes it unique on the server)."""
+    return f"cmd{next(_command_tags)}"
+
+
+def command_worker_started(tag: str, pid: int) -> None:
+    """A lane started the worker whose connection strings carry ``tag``; it is alive
+    until :func:`command_worker_ended` (its process reaped)."""
+    _command_workers[tag] = pid
+
+
+def command_worker_ended(tag: str) -> None:
+    _command_workers.pop(tag, None)
+
+
 def _worker_alive(application: str) -> bool:
-    """Whether the worker named in ``application`` (``...-worker-<pid>``) still runs.
+    """Whether the worker named in ``application`` still runs: ``...-worker-<pid>`` (a
+    Python worker's own pid), or ``...-worker-cmd<N>`` (a command-line worker a lane
+    started, alive until the lane reaps it, its children with it: a dispatcher's service
+    gets the same connection strings).
 
     Concurrent traces snapshot while other workers are alive, held at a scheduling point
     with their transactions open: only a worker that has ended must have lost its backend.
-    A command-line worker's name carries no pid (``-worker-cmd``): it counts as ended.
+    A command-line worker no lane started (a sequential step's, which has ended by the
+    snapshot) counts as ended, as does any name without a pid or a live tag.
     """
     suffix = application.rsplit("-", 1)[-1]
+    if suffix in _command_workers:
+        return True
     if not suffix.isdigit():
         return False
     try:

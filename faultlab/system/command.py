@@ -176,12 +176,12 @@ class CommandSystem(System):
         return env
 
     def values(self, directory: Path, operation_id: str | None = None,
-               payload: str | None = None) -> dict[str, str]:
+               payload: str | None = None, *, backend_tag: str = "cmd") -> dict[str, str]:
         values = {**static_values(self.config), "directory": str(directory.resolve())}
         if self.config.postgres:
             from faultlab.system.command_pg import dsn_values
 
-            values.update(dsn_values(directory))
+            values.update(dsn_values(directory, backend_tag))
         if operation_id is not None:
             values["operation_id"] = operation_id
         if payload is not None:
@@ -201,14 +201,20 @@ class CommandSystem(System):
         if spec.role not in ROLES:
             raise UsageError(f"unknown role {spec.role!r}")
         directory = Path(spec.directory)
-        values = self.values(directory, spec.operation_id, spec.payload)
+        tag = None
+        if self.config.postgres:  # its backends named for it (a lane registers the tag)
+            from faultlab.stores import postgres as pgstores
+
+            tag = pgstores.command_worker_tag()
+        values = self.values(directory, spec.operation_id, spec.payload,
+                             backend_tag=tag or "cmd")
         argv = self.argv(spec.role, values, crash_point=spec.crash,
                          deduplication=spec.deduplication)
         env = self.environment(values, crash_point=spec.crash, deduplication=spec.deduplication)
         env.update(spec.environment)
         announces = self.config.crash is not None and self.config.crash.mode == "announce"
         return Program(tuple(argv), env, str(directory), announces,
-                       frozenset(point.name for point in self.crash_points))
+                       frozenset(point.name for point in self.crash_points), backend_tag=tag)
 
     def response(self, spec: WorkerSpec, record: ProcessRecord) -> ProcessRecord:
         """The program's own JSON read through the file's ``response_fields``."""

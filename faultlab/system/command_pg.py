@@ -5,8 +5,9 @@ faultlab creates: the system's ``init`` command runs *once per run*, against
 empty marked template databases (``{dsn:STORE}`` is each one's libpq connection
 string); every trace then gets clones of them (:mod:`faultlab.stores.postgres`). Worker
 commands get their trace's databases through the same ``{dsn:STORE}``
-placeholders, whose ``application_name`` lets faultlab see in
-``pg_stat_activity`` when a killed worker's backend is gone. Snapshot queries
+placeholders, whose ``application_name`` (``<run>-worker-cmd<N>``, one tag per worker)
+lets faultlab see in ``pg_stat_activity`` when a killed worker's backend is gone, and tell
+a live lane's backends from an ended worker's. Snapshot queries
 run in a ``READ ONLY`` transaction: a query that writes is refused by the server.
 """
 
@@ -46,14 +47,17 @@ class CommandSystem(Protocol):
     def snapshot_deadline(self) -> float: ...
 
 
-def dsn_values(directory: Path) -> dict[str, str]:
-    """``{"dsn:STORE": conninfo}`` for the trace in ``directory`` (empty before initialise)."""
+def dsn_values(directory: Path, tag: str = "cmd") -> dict[str, str]:
+    """``{"dsn:STORE": conninfo}`` for the trace in ``directory`` (empty before initialise),
+    whose ``application_name`` is ``<run>-worker-<tag>``: one worker's tag
+    (:func:`faultlab.stores.postgres.command_worker_tag`) lets a snapshot attribute its
+    backends to it while it lives."""
     if not (directory / pgstores.STORES_FILE).is_file():
         return {}
     info = pgstores.stores_info(directory)
     return {
         f"dsn:{store}": pgstores.conninfo_for(
-            info.conninfo, dbname=database, application_name=f"{info.application}-worker-cmd")
+            info.conninfo, dbname=database, application_name=f"{info.application}-worker-{tag}")
         for store, database in info.databases.items()
     }
 

@@ -172,6 +172,11 @@ class Program:
     cwd: str
     announces: bool = False
     points: frozenset[str] = frozenset()
+    #: The tag its PostgreSQL connection strings name it by (``application_name`` ends
+    #: ``-worker-<tag>``), or None: a lane registers it with its process
+    #: (:func:`faultlab.stores.postgres.command_worker_started`), so a snapshot tells this
+    #: live worker's backends from those of workers that have ended.
+    backend_tag: str | None = None
 
 
 class StepRunner(Protocol):
