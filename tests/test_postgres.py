@@ -21,6 +21,7 @@ import pytest
 from conftest import ROOT, require_service
 
 from faultlab.base.errors import ExecutionError, UsageError
+from faultlab.base.wall_clock import EPOCH
 from faultlab.process.spawn import Spawner, child_environment
 from faultlab.run.executor import Executor, execute
 from faultlab.run.interleaving import LaneExecutor, execute_concurrent
@@ -412,11 +413,15 @@ def test_concurrent_exploration_of_reference_pg_is_clean_and_leaves_nothing(
     assert "clean" in completed.stdout
 
 
-def _outbox_claims(directory: Path) -> list[tuple[str, int, float]]:
+def _outbox_claims(directory: Path) -> list[tuple[str, int, float | None]]:
+    """(operation, token, lease end in ticks, None when never leased) of each outbox row."""
     connection = pgstores.connect(directory, "caller", role="snapshot")
     try:
-        return [(str(r[0]), int(r[1]), float(r[2])) for r in connection.execute(
-            "SELECT operation_id, attempt, lease_until FROM outbox ORDER BY seq").fetchall()]
+        return [(str(r[0]), int(r[1]), None if r[2] is None else float(r[2]))
+                for r in connection.execute(
+                    "SELECT operation_id, attempt, CASE WHEN lease_until = '-infinity' "
+                    "THEN NULL ELSE extract(epoch FROM lease_until)::float8 - %s END "
+                    "FROM outbox ORDER BY seq", (EPOCH,)).fetchall()]
     finally:
         connection.close()
 
@@ -433,7 +438,7 @@ def test_reference_pg_claims_skip_locked_with_a_lease_and_fences_the_superseded(
         assert held.lanes == ("dispatch @during_claim", "-")
         skipped = ex.run(LaneStep("run", 2, "dispatch"))
         assert [r.response for _, r in skipped.exited] == [{"idle": True}]  # SKIP LOCKED
-        assert _outbox_claims(ex.directory) == [("op-1", 0, 0.0)]  # the claim is uncommitted
+        assert _outbox_claims(ex.directory) == [("op-1", 0, None)]  # the claim is uncommitted
         claimed = ex.run(LaneStep("release", 1))
         assert claimed.lanes[0] == "dispatch @before_dispatch"
         assert _outbox_claims(ex.directory) == [("op-1", 1, float(LEASE_TICKS))]

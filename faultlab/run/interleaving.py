@@ -246,6 +246,7 @@ class LaneExecutor:
         try:
             self.system.initialise(self.directory)
             self.clock = VirtualClock(self.directory)
+            self._set_server_clock()
             if getattr(self.system, "virtual_wall_clock", False):
                 self.wall = WallClock(self.directory)
             self.snapshot = self.system.snapshot(self.directory)
@@ -253,6 +254,14 @@ class LaneExecutor:
             self.close()
             raise
         return self
+
+    def _set_server_clock(self) -> None:
+        """A private PostgreSQL server's ``now()`` follows the trace's clock (one tick, one
+        second after its epoch), so a lease the server stamps lapses at the tick that
+        passes it; each trace starts the server's clock at 0 again. A shared server's
+        clock is not faultlab's: nothing moves there."""
+        if self.clock is not None and getattr(self.system, "store_kind", None) == "postgres":
+            pgstores.set_server_clock(self.clock.ticks)
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  tb: TracebackType | None) -> None:
@@ -591,6 +600,7 @@ class LaneExecutor:
             if self.clock is None:
                 raise ExecutionError("the lane executor is not open")
             self.clock.advance(step.ticks or 0)
+            self._set_server_clock()
             if self.wall is not None:
                 self.wall.set(self.clock.ticks)
         elif step.action == SERVER_CRASH:

@@ -95,6 +95,24 @@ def private_server() -> PrivateServer | None:
     return _server
 
 
+def server_clock_follows() -> bool:
+    """Whether the server's wall clock is faultlab's to move: a private server running under
+    libfaketime (:meth:`~faultlab.stores.pgserver.PrivateServer.set_clock`). A shared
+    server keeps the machine's time, whatever a trace's ``tick`` steps say."""
+    return _server is not None and _server.virtual_clock
+
+
+def set_server_clock(ticks: int) -> bool:
+    """Move the private server's clock to ``ticks`` seconds after its epoch (one tick of
+    a trace's virtual clock is one second of the server's ``now()``); False, and nothing
+    moved, when the server's clock is not faultlab's (:func:`server_clock_follows`)."""
+    server = _server
+    if server is None or not server.virtual_clock:
+        return False
+    server.set_clock(float(ticks))
+    return True
+
+
 def crash_server() -> float:
     """Crash the private server (every process SIGKILLed) and restart it on its data;
     the seconds it took, crash recovery included.
@@ -512,7 +530,7 @@ def clone_stores(directory: Path, templates: dict[str, str]) -> None:
         for store, key in templates.items():
             databases[store] = run.clone(key)
         data = {"conninfo": run.base, "run": run.run_id, "application": run.application,
-                "databases": databases}
+                "databases": databases, "server_clock": server_clock_follows()}
         path.write_text(json.dumps(data, sort_keys=True), encoding="utf-8")
     except BaseException:
         for name in databases.values():
@@ -543,6 +561,8 @@ class StoreInfo:
     run: str
     application: str
     databases: dict[str, str]
+    #: the server's clock follows the trace's ``tick`` steps (:func:`server_clock_follows`)
+    server_clock: bool = False
 
 
 _info_cache: dict[str, StoreInfo] = {}
@@ -557,7 +577,8 @@ def stores_info(directory: Path) -> StoreInfo:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         info = StoreInfo(str(data["conninfo"]), str(data["run"]), str(data["application"]),
-                         {str(k): str(v) for k, v in data["databases"].items()})
+                         {str(k): str(v) for k, v in data["databases"].items()},
+                         data.get("server_clock") is True)
     except FileNotFoundError:
         raise StoreError(f"{path}: no PostgreSQL stores here (initialise with faultlab)") from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
@@ -699,15 +720,24 @@ def wait_for_backends(directory: Path, bound: float | None = None) -> None:
         with run._lock:
             rows = run._admin.execute(
                 "SELECT pid, application_name, datname, state, "
-                "(SELECT count(*) FROM pg_locks l WHERE l.pid = a.pid AND l.granted) "
+                "(SELECT count(*) FROM pg_locks l WHERE l.pid = a.pid AND l.granted), "
+                "wait_event_type "
                 "FROM pg_stat_activity a WHERE datname = ANY(%s) AND application_name LIKE %s",
                 (names, pattern),
             ).fetchall()
         rows = [row for row in rows if not _worker_alive(str(row[1]))]
         if not rows:
             return
+        server = _server
+        if server is not None and server.virtual_clock:
+            # client_connection_check_interval is a timeout on the wall clock, which a
+            # private server's frozen clock never lets fire: a dead client's backend that
+            # waits for a lock is ended here instead, as that check would end it
+            for pid, *_, waiting in rows:
+                if waiting == "Lock":
+                    server.terminate_backend(int(pid))
         if time.monotonic() >= end:
-            pid, application, datname, state, locks = rows[0]
+            pid, application, datname, state, locks, _ = rows[0]
             raise ExecutionError(
                 f"backend {pid} ({application}) on {datname} is still {state} with {locks} "
                 f"locks {bound:g}s after its worker ended; not waiting for it"

@@ -62,16 +62,24 @@ def power_mutant_names() -> list[str]:
     return list(POWER_MUTANTS)
 
 
+def _private_concurrency_names() -> list[str]:
+    """PostgreSQL mutants only a concurrent trace on faultlab's own server shows."""
+    from faultlab.system.builtin.reference_pg import PRIVATE_CONCURRENCY_MUTANTS
+
+    return list(PRIVATE_CONCURRENCY_MUTANTS)
+
+
 def concurrency_mutant_names() -> list[str]:
     """The mutants only a concurrent trace can catch (``explore --concurrency 2``) that
-    ``mutants`` judges; :func:`concurrency_mutant_all_names` adds the ones it cannot yet."""
-    return [name for name, make in _concurrency_builtins().items()
-            if getattr(make, "judged", True)]
+    ``mutants`` judges, the PostgreSQL ones that need a private server last;
+    :func:`concurrency_mutant_all_names` adds the ones it cannot judge yet."""
+    return [*(name for name, make in _concurrency_builtins().items()
+              if getattr(make, "judged", True)), *_private_concurrency_names()]
 
 
 def concurrency_mutant_all_names() -> list[str]:
     """Every concurrency mutant, judged by ``mutants`` or not (each loadable by name)."""
-    return list(_concurrency_builtins())
+    return [*_concurrency_builtins(), *_private_concurrency_names()]
 
 
 def builtin_names() -> list[str]:

@@ -7,14 +7,15 @@ changes is what production outboxes on PostgreSQL do:
 
 * the dispatcher *claims* the oldest claimable pending entry (lease lapsed, no earlier
   pending entry of its key) with ``SELECT ... FOR UPDATE SKIP LOCKED`` in a short claim
-  transaction that takes a new fencing token (``attempt + 1``) and a lease
-  (``lease_until``, :data:`~faultlab.system.builtin.reference.LEASE_TICKS` on the virtual clock,
-  0 on the real one) and commits; it calls downstream holding no lock, then completes
-  only if the row still carries its token (``SELECT ... FOR UPDATE`` first), answering
-  ``superseded`` otherwise, as :mod:`faultlab.system.builtin.reference` does. A crash inside the
-  claim transaction (``during_claim``) or the completion (``during_completion``) kills a
-  client that holds row locks, which the server releases only when it has ended the
-  client's backend;
+  transaction that takes a new fencing token (``attempt + 1``) and a lease on the
+  server's clock (``lease_until = now()`` plus
+  :data:`~faultlab.system.builtin.reference.LEASE_TICKS` seconds in a concurrent trace, plus
+  0 in a sequential one; :meth:`ReferencePg.lease_clock`) and commits; it calls
+  downstream holding no lock, then completes only if the row still carries its token
+  (``SELECT ... FOR UPDATE`` first), answering ``superseded`` otherwise, as
+  :mod:`faultlab.system.builtin.reference` does. A crash inside the claim transaction
+  (``during_claim``) or the completion (``during_completion``) kills a client that holds
+  row locks, which the server releases only when it has ended the client's backend;
 * the receiver serialises calls for one operation id with a transaction-scoped
   advisory lock, so concurrent services cannot both miss the receipt;
 * three *ambiguous commits*: COMMIT sent, the worker killed before reading the reply
@@ -32,6 +33,7 @@ from typing import Any
 
 from faultlab.base import clock
 from faultlab.base.canonical import canonical_json
+from faultlab.base.wall_clock import EPOCH
 from faultlab.stores.sqlite import Snapshot
 from faultlab.system.builtin.reference import LEASE_TICKS, ORDERING_KEY, ClaimLost
 from faultlab.system.contract import CrashPoint, Refusal, System, WorkerContext
@@ -46,7 +48,7 @@ CREATE TABLE operations (
 CREATE TABLE outbox (
     seq BIGSERIAL UNIQUE, operation_id TEXT PRIMARY KEY REFERENCES operations(id),
     state TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0,
-    lease_until DOUBLE PRECISION NOT NULL DEFAULT 0)
+    lease_until TIMESTAMPTZ NOT NULL DEFAULT '-infinity')
 """
 DOWNSTREAM_SCHEMA = """
 CREATE TABLE tickets (
@@ -56,19 +58,27 @@ CREATE TABLE receipts (
 """
 SCHEMAS = {CALLER: CALLER_SCHEMA, DOWNSTREAM: DOWNSTREAM_SCHEMA}
 
-#: Lock the oldest pending entry whose lease lapsed and that no earlier pending entry of
-#: the same key precedes, skipping rows another claim transaction holds (only the outbox
-#: row is locked: ``FOR UPDATE OF o``). In a sequential trace this is the oldest pending
-#: entry. The key comparison is :data:`~faultlab.system.builtin.reference.CLAIM_SQL`'s.
+#: Lock the oldest pending entry whose lease lapsed by ``{now}`` (the server's ``now()``,
+#: see :meth:`ReferencePg.lease_clock`) and that no earlier pending entry of the same key
+#: precedes, skipping rows another claim transaction holds (only the outbox row is
+#: locked: ``FOR UPDATE OF o``). In a sequential trace this is the oldest pending entry.
+#: The key comparison is :data:`~faultlab.system.builtin.reference.CLAIM_SQL`'s.
 CLAIM_SQL = (
     "SELECT o.operation_id, o.attempt, op.payload FROM outbox o "
     "JOIN operations op ON op.id = o.operation_id "
-    "WHERE o.state = 'pending' AND o.lease_until <= %s AND NOT EXISTS ("
+    "WHERE o.state = 'pending' AND o.lease_until <= {now} AND NOT EXISTS ("
     "SELECT 1 FROM outbox e JOIN operations eo ON eo.id = e.operation_id "
     "WHERE e.state = 'pending' AND e.seq < o.seq "
     f"AND (eo.payload::jsonb ->> '{ORDERING_KEY}') "
     f"IS NOT DISTINCT FROM (op.payload::jsonb ->> '{ORDERING_KEY}')) "
     "ORDER BY o.seq LIMIT 1 FOR UPDATE OF o SKIP LOCKED"
+)
+
+#: Write the claim's token and its lease, ``{now}`` plus the lease's seconds, and return
+#: the lease's end in seconds since the Unix epoch.
+LEASE_SQL = (
+    "UPDATE outbox SET attempt = %s, lease_until = {now} + make_interval(secs => %s) "
+    "WHERE operation_id = %s RETURNING extract(epoch FROM lease_until)::float8"
 )
 
 EXIT_CONFLICT = 3
@@ -238,23 +248,40 @@ class ReferencePg(PostgresSystem):
     #: when a subclass reads the next entry without claiming it.
     held: tuple[str, int] | None = None
 
+    def lease_clock(self, context: WorkerContext) -> tuple[str, tuple[float, ...]]:
+        """The clock leases are stamped and checked on, as SQL and its parameters.
+
+        The server's ``now()`` (the claim transaction's start), as PostgreSQL job queues
+        do: every dispatcher reads one clock, whatever its own says. That needs a server
+        whose clock follows the trace's ``tick`` steps (faultlab's own, ``--postgres
+        private``, under libfaketime) or no virtual clock at all (a sequential trace, whose
+        leases are 0 s long). A shared server's clock cannot be moved, so there a
+        concurrent trace's leases are on the workers' virtual clock instead, passed in
+        (one tick, one second after :data:`~faultlab.base.wall_clock.EPOCH`)."""
+        from faultlab.stores import postgres as pgstores
+
+        if clock.is_virtual() and not pgstores.stores_info(context.directory).server_clock:
+            return "to_timestamp(%s)", (EPOCH + context.now(),)
+        return "now()", ()
+
     def claim(self, context: WorkerContext, connection: Any) -> tuple[str, str] | None:
         """Claim the next entry in a short transaction: lock it (SKIP LOCKED), write a new
-        token and lease, commit. Returns (operation id, payload), or None when idle."""
-        now = context.now()
-        until = now + (LEASE_TICKS if clock.is_virtual() else 0)
-        row = connection.execute(CLAIM_SQL, (now,)).fetchone()
+        token and a lease on the server's clock, commit. Returns (operation id, payload),
+        or None when idle."""
+        now, at = self.lease_clock(context)
+        lease = float(LEASE_TICKS if clock.is_virtual() else 0)
+        row = connection.execute(CLAIM_SQL.format(now=now), at).fetchone()
         if row is None:
             connection.rollback()
             return None
         operation_id, attempt = str(row[0]), int(row[1]) + 1
-        connection.execute(
-            "UPDATE outbox SET attempt = %s, lease_until = %s WHERE operation_id = %s",
-            (attempt, until, operation_id),
-        )
+        stamped = connection.execute(LEASE_SQL.format(now=now),
+                                     (attempt, *at, lease, operation_id)).fetchone()
         context.crash_point("during_claim")
         connection.commit()
         self.held = (operation_id, attempt)
+        # announced on the trace's clock: the server's lease end, back in ticks
+        until = float(stamped[0]) - EPOCH if clock.is_virtual() else context.now() + lease
         context.claimed(operation_id, attempt, lease_until=until)
         return operation_id, str(row[2])
 
@@ -267,6 +294,7 @@ class ReferencePg(PostgresSystem):
                 return {"idle": True}
             operation_id, payload = pending
             context.crash_point("before_dispatch")
+            self.work_begins(context)
             service = context.call_service(operation_id, payload)
             service_summary = {"pid": service.pid, "exit_code": service.exit_code}
             response = service.response or {}
@@ -290,6 +318,10 @@ class ReferencePg(PostgresSystem):
             "operation_id": operation_id, "result": response["result"],
             "replayed": bool(response.get("replayed")), "service": service_summary,
         }
+
+    def work_begins(self, context: WorkerContext) -> None:
+        """The claimed entry's work starts (the downstream call comes next): nothing to do
+        here; one place a mutant keeps a clock of its own."""
 
     def check_claim(self, connection: Any, operation_id: str) -> None:
         """Fencing: lock the outbox row and require this dispatcher's token on it, still
@@ -642,8 +674,81 @@ class AdvisoryLockPg(ReferencePg):
         }
 
 
+class ServerClockLeasePg(ReferencePg):
+    """The lease is stamped on the server's clock and trusted on the worker's: the claim
+    writes ``lease_until = now() + 10 s`` as reference-pg does (``now()`` being the claim
+    transaction's start), but the dispatcher times its lease itself, on its own clock,
+    from the moment it starts the work, and while that timer runs it completes without
+    asking the server again ("nobody else can hold it before then"). A dispatcher delayed
+    between the claim and the work (a pause, a local queue, a slow claim transaction)
+    works on after the server's lease has lapsed: the server lets a second dispatcher
+    claim the entry, and the first completes although it was superseded (``FENCE``).
+
+    Only a concurrent trace on a server whose clock follows the ticks shows it
+    (``--postgres private --concurrency 2``): lane 1 claims and holds before its work; a
+    tick passes the server's lease; lane 2 claims and completes; lane 1 wakes, starts its
+    timer, and completes too.
+    """
+
+    name = "server-clock-lease-pg"
+    description = ("reference-pg whose dispatcher times its lease on its own clock from "
+                   "when its work starts, while the server stamped it with now() at the "
+                   "claim, and completes unfenced while that timer runs")
+    caught_by = ("FENCE",)
+    concurrency = 2
+    #: Judged by ``mutants`` with two lanes on a private server of its own.
+    private_server = True
+    enumerable = False
+    minimal_trace: tuple[LaneStep, ...] = (
+        LaneStep("run", 1, "accept", "op-1", {"title": "backlog", "priority": "normal"}),
+        LaneStep("start", 1, "dispatch"),
+        LaneStep("release", 1),
+        LaneStep("tick", ticks=LEASE_TICKS),
+        LaneStep("run", 2, "dispatch"),
+    )
+    minimal_steps = len(minimal_trace)
+    #: Where this dispatcher believes its lease ends, on its own clock.
+    deadline = float("inf")
+
+    def initialise(self, directory: Path) -> None:
+        from faultlab.base.errors import UsageError
+        from faultlab.stores import postgres as pgstores
+
+        if not pgstores.server_clock_follows():
+            raise UsageError(
+                f"{self.name} stamps its leases on the server's clock, which faultlab moves "
+                "only on its own server: --postgres private (with libfaketime installed)")
+        super().initialise(directory)
+
+    def work_begins(self, context: WorkerContext) -> None:
+        # the defect: the lease timed from here on the worker's clock, not from the
+        # lease_until the server stamped when the claim transaction began
+        self.deadline = context.now() + (LEASE_TICKS if clock.is_virtual() else 0)
+
+    def complete(
+        self, context: WorkerContext, connection: Any, operation_id: str, result: str
+    ) -> None:
+        from faultlab.nemesis.pgcrash import commit_or_crash
+
+        if clock.is_virtual() and context.now() >= self.deadline:
+            raise ClaimLost(operation_id)  # its own timer ran out: it gives the entry up
+        connection.execute(
+            "UPDATE operations SET state = 'complete', result = %s WHERE id = %s",
+            (result, operation_id),
+        )
+        context.crash_point("during_completion")
+        connection.execute(
+            "UPDATE outbox SET state = 'complete' WHERE operation_id = %s", (operation_id,)
+        )
+        commit_or_crash(context, connection, "completion_commit_sent")
+
+
 POSTGRES_SYSTEMS: dict[str, type[ReferencePg]] = {
     cls.name: cls
     for cls in (ReferencePg, NoDedupPg, SplitCompletePg, NoSkipLockedClaimPg, NoFencingPg,
-                AsyncCommitPg, AdvisoryLockPg)
+                AsyncCommitPg, AdvisoryLockPg, ServerClockLeasePg)
 }
+
+#: PostgreSQL mutants ``mutants`` judges with two lanes on a private server of their own.
+PRIVATE_CONCURRENCY_MUTANTS: tuple[str, ...] = tuple(
+    name for name, cls in POSTGRES_SYSTEMS.items() if getattr(cls, "private_server", False))

@@ -1,0 +1,201 @@
+"""Leases on the server's clock: a private PostgreSQL server's ``now()`` follows a concurrent
+trace's ``tick`` steps, ``reference-pg`` stamps and checks its leases with it, and the
+mutant of that class, ``server-clock-lease-pg``, is caught.
+
+Against real servers only: skipped with the reason when this machine cannot start a
+private server with a virtual clock (no ``postgres`` user or initdb, no psycopg, no
+libfaketime), failed instead when FAULTLAB_REQUIRE_SERVICES names ``postgres``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, require_service
+
+from faultlab.base import wall_clock
+from faultlab.base.errors import UsageError
+from faultlab.run.interleaving import LaneExecutor, execute_concurrent
+from faultlab.search.schedules import executed
+from faultlab.stores import pgserver
+from faultlab.stores import postgres as pgstores
+from faultlab.stores.pgserver import PrivateServer
+from faultlab.system import concurrency_mutant_names, load_system
+from faultlab.system.builtin.reference import LEASE_TICKS
+from faultlab.trace import LaneStep
+
+PAYLOAD = {"title": "invoice", "count": 3}
+
+
+def _require() -> None:
+    reason = pgserver.unavailable()
+    if reason is not None:
+        require_service("postgres", reason)
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        require_service("postgres", "psycopg (the postgres extra) is not installed")
+    if wall_clock.library() is None:
+        require_service("postgres", "libfaketime is not installed: the private server's "
+                                    "clock cannot follow the ticks")
+
+
+@pytest.fixture(scope="module")
+def private() -> Iterator[PrivateServer]:
+    """One private server with a virtual clock, the stores configured on it."""
+    _require()
+    server = PrivateServer(virtual_clock=True)
+    try:
+        server.start()
+        pgstores.configure(server.conninfo, server=server)
+        yield server
+    finally:
+        pgstores.close_run()
+        pgstores.configure(None)
+        server.stop()
+
+
+def _server_now(directory: Path) -> float:
+    """The server's clock_timestamp() as seen from the trace's caller store, in seconds
+    since the virtual clock's epoch."""
+    connection = pgstores.connect(directory, "caller", role="snapshot")
+    try:
+        row = connection.execute("SELECT extract(epoch FROM clock_timestamp())::float8")\
+            .fetchone()
+        connection.rollback()
+    finally:
+        connection.close()
+    return float(row[0]) - wall_clock.EPOCH
+
+
+def _lease_ends(directory: Path) -> list[float | None]:
+    connection = pgstores.connect(directory, "caller", role="snapshot")
+    try:
+        rows = connection.execute(
+            "SELECT CASE WHEN lease_until = '-infinity' THEN NULL "
+            "ELSE extract(epoch FROM lease_until)::float8 - %s END FROM outbox ORDER BY seq",
+            (wall_clock.EPOCH,)).fetchall()
+        connection.rollback()
+    finally:
+        connection.close()
+    return [None if value is None else float(value) for (value,) in rows]
+
+
+def test_server_clock_lease_pg_needs_a_server_whose_clock_moves() -> None:
+    """On a shared server (or a private one on the real clock) the mutant is refused
+    before any store exists: its leases would never lapse at a tick there."""
+    pytest.importorskip("psycopg")
+    if pgstores.private_server() is not None:
+        pytest.skip("a private server is configured in this process")
+    with pytest.raises(UsageError, match="--postgres private"):
+        load_system("server-clock-lease-pg").initialise(Path("/nonexistent"))
+
+
+def test_the_private_servers_now_follows_the_ticks(private: PrivateServer) -> None:
+    """Each trace starts the server's clock at its epoch; a tick moves it by exactly the
+    ticks (one tick, one second), and nothing else moves it."""
+    private.set_clock(500)  # what a previous trace may have left
+    with LaneExecutor(load_system("reference-pg"), concurrency=2) as ex:
+        assert pgstores.stores_info(ex.directory).server_clock is True
+        start = _server_now(ex.directory)
+        assert start == 0.0
+        ex.run(LaneStep("run", 1, "accept", "op-1", PAYLOAD))
+        assert _server_now(ex.directory) == start
+        ex.run(LaneStep("tick", ticks=7))
+        assert _server_now(ex.directory) - start == 7.0
+        ex.run(LaneStep("tick", ticks=LEASE_TICKS))
+        assert _server_now(ex.directory) - start == 7.0 + LEASE_TICKS
+        assert private.clock == 7 + LEASE_TICKS
+
+
+def test_reference_pg_stamps_its_lease_with_the_servers_now(private: PrivateServer) -> None:
+    """The lease is the claim transaction's now() + 10 s on the server: a dispatcher held
+    inside its claim while 4 ticks pass commits a lease that ends at 10, announces it so,
+    and a second dispatcher claims exactly when the server's lease lapses."""
+    with LaneExecutor(load_system("reference-pg"), concurrency=2) as ex:
+        ex.run(LaneStep("run", 1, "accept", "op-1", PAYLOAD))
+        ex.run(LaneStep("start", 1, "dispatch"))  # held inside the claim transaction
+        assert _lease_ends(ex.directory) == [None]
+        ex.run(LaneStep("tick", ticks=4))
+        ex.run(LaneStep("release", 1))
+        assert _lease_ends(ex.directory) == [float(LEASE_TICKS)]
+        assert [(c.lease_until, c.at) for c in ex.history.claims] == [(10.0, 4)]
+        ex.run(LaneStep("tick", ticks=LEASE_TICKS - 5))  # 9: the server's lease still runs
+        early = ex.run(LaneStep("run", 2, "dispatch"))
+        assert [r.response for _, r in early.exited] == [{"idle": True}]
+        ex.run(LaneStep("tick", ticks=1))
+        rescued = ex.run(LaneStep("run", 2, "dispatch"))
+        assert [r.response["result"] for _, r in rescued.exited] == [{"ticket_id": 1}]
+        last = ex.run(LaneStep("finish", 1))
+        assert [r.response["superseded"] for _, r in last.exited] == [True]
+        assert last.violations == ()
+
+
+def test_server_clock_lease_pg_is_caught_at_its_minimal_trace_and_reference_pg_is_not(
+        private: PrivateServer) -> None:
+    """The mutant trusts the lease it counted from its commit, 10 ticks past the one the
+    server stamped: lane 2 claims when the server's lease lapses, lane 1 completes too
+    (FENCE). The same trace is clean on reference-pg, whose lane 1 is superseded."""
+    mutant = load_system("server-clock-lease-pg")
+    assert mutant.name in concurrency_mutant_names()
+    trace = list(mutant.minimal_trace)
+    caught = execute_concurrent(mutant, trace, concurrency=mutant.concurrency)
+    assert len(executed(caught)) == mutant.minimal_steps == len(trace) == 5
+    assert caught.verdict.invariants == ("FENCE",)
+    clean = execute_concurrent(load_system("reference-pg"), trace, concurrency=2)
+    assert clean.verdict.clean
+
+
+def test_a_lane_killed_while_waiting_for_a_lock_loses_its_backend_on_a_frozen_clock(
+        private: PrivateServer) -> None:
+    """The client connection check is a timeout on the server's wall clock, which a frozen
+    virtual clock never lets fire: the backend of a lane killed while it waits for a lock
+    is ended by faultlab instead, as the check would end it, and the trace goes on."""
+    with LaneExecutor(load_system("reference-pg"), concurrency=2) as ex:
+        ex.run(LaneStep("start", 1, "accept", "op-1", PAYLOAD))
+        blocked = ex.run(LaneStep("run", 2, "accept", "op-1", PAYLOAD))
+        assert blocked.lanes == ("accept @during_accept", "accept blocked")
+        killed = ex.run(LaneStep("kill", 2))
+        assert [r.exit_code for _, r in killed.exited] == [-9]
+        assert killed.violations == ()
+        finished = ex.run(LaneStep("finish", 1))
+        assert [r.exit_code for _, r in finished.exited] == [0]
+        assert [op.id for op in finished.snapshot.operations] == ["op-1"]
+
+
+def _faultlab(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "faultlab", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.mark.slow
+def test_mutants_judges_server_clock_lease_pg_on_a_private_server(tmp_path: Path) -> None:
+    """``mutants --only server-clock-lease-pg`` starts a private server of its own and
+    judges the mutant there with two lanes (explore alone: it is not enumerable)."""
+    _require()
+    output = tmp_path / "zoo.json"
+    done = _faultlab("mutants", "--only", "server-clock-lease-pg", "--examples", "10",
+                     "--corpus", str(tmp_path / "c"), "--output", str(output))
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    rows: Any = json.loads(output.read_text(encoding="utf-8"))["systems"]
+    (row,) = rows
+    assert row["system"] == "server-clock-lease-pg" and row["unjudged"] is None
+    assert row["enumerable"] is False and row["explore_steps"] > 0
+    assert row["caught_by"] == ["FENCE"] and row["minimal_steps"] == 5
+
+
+@pytest.mark.slow
+def test_concurrent_explore_of_reference_pg_on_a_private_server_is_clean(
+        tmp_path: Path) -> None:
+    _require()
+    done = _faultlab("explore", "--system", "reference-pg", "--postgres", "private",
+                     "--concurrency", "2", "--examples", "30", "--seed", "0", "--quiet",
+                     "--corpus", str(tmp_path / "corpus"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "clean" in done.stdout
