@@ -81,7 +81,9 @@ def read_side(side: Path) -> tuple[list[int], dict[str, Any] | None]:
     acked: list[int] = []
     done: dict[str, Any] | None = None
     if side.exists():
-        for line in side.read_text(encoding="utf-8").splitlines():
+        # the child may be writing its last line as we read: only whole lines count
+        *lines, _partial = side.read_text(encoding="utf-8").split("\n")
+        for line in lines:
             if line.startswith("done "):
                 done = json.loads(line[5:])
             elif line.isdigit():
