@@ -23,3 +23,9 @@ def max_steps(operations: int, crashes: int) -> int:
     """enumerate's steps per trace: every operation accepted and dispatched, each crash, and
     one more step."""
     return 2 * operations + crashes + 1
+
+#: How ``explore --concurrency N`` draws the lane that moves (``--scheduler``; see
+#: :mod:`faultlab.search.schedules`), and the default: the one that measured better on the
+#: concurrency mutants (``bench/scheduler.py``).
+SCHEDULERS = ("uniform", "pct", "swarm")
+SCHEDULER = "uniform"

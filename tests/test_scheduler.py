@@ -1,0 +1,105 @@
+"""``explore --concurrency N --scheduler``: PCT draws the lanes through Hypothesis.
+
+A seed draws the same priorities and change points; a PCT finding shrinks to the same
+minimal trace as a uniform one; the trace records the concrete lane steps, so its replay
+does not depend on the scheduler that found it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from faultlab.cli import main
+from faultlab.corpus import files as corpus
+from faultlab.run.interleaving import execute_concurrent
+from faultlab.search.schedules import (
+    ConcurrentExploration,
+    check_scheduler,
+    explore_concurrent,
+    pct_span,
+)
+from faultlab.system import load_system
+from faultlab.system.builtin.race_mutants import ConcurrencyMutant
+from faultlab.trace import ConcurrentTrace, load
+
+MUTANT = "eager-rescue"  # found by PCT within a few examples of seed 0
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def found() -> dict[str, ConcurrentExploration]:
+    system = load_system(MUTANT)
+    return {scheduler: explore_concurrent(system, concurrency=2, examples=10, seed_value=0,
+                                          scheduler=scheduler)
+            for scheduler in ("pct", "uniform")}
+
+
+def test_pct_draws_are_the_same_for_a_seed() -> None:
+    system = load_system("reference")
+    runs = [explore_concurrent(system, concurrency=2, examples=3, seed_value=5,
+                               scheduler="pct") for _ in range(2)]
+    draws = [run.recorder.pct_draws for run in runs]
+    assert draws[0] and draws[0] == draws[1]
+    for order, points in draws[0]:
+        assert sorted(order) == [1, 2]
+        assert len(points) == 2 and all(1 <= p <= pct_span(10) for p in points)
+    assert runs[0].recorder.last_steps == runs[1].recorder.last_steps
+    other = explore_concurrent(system, concurrency=2, examples=3, seed_value=5,
+                               scheduler="uniform")
+    assert other.recorder.pct_draws == []  # uniform draws no priorities at all
+
+
+def test_pct_finds_a_mutant_and_shrinks_it_as_uniform_does(
+        found: dict[str, ConcurrentExploration]) -> None:
+    system = load_system(MUTANT)
+    assert isinstance(system, ConcurrencyMutant)
+    pct, uniform = found["pct"], found["uniform"]
+    assert pct.trace is not None and uniform.trace is not None
+    assert pct.recorder.first_failure_examples is not None
+    assert pct.recorder.first_failure_examples <= 10
+    assert pct.shrunk_steps == uniform.shrunk_steps == system.minimal_steps
+    assert pct.trace.meta["scheduler"] == "pct" and "scheduler" not in uniform.trace.meta
+
+
+def test_a_pct_finding_replays_whatever_the_scheduler(
+        found: dict[str, ConcurrentExploration], tmp_path: Path) -> None:
+    trace = found["pct"].trace
+    assert trace is not None
+    path = corpus.save(trace, tmp_path, MUTANT)
+    code, out, _ = cli("replay", str(path))
+    assert code == 0 and "every outcome matches" in out, out
+    document = json.loads(path.read_text())
+    del document["meta"]["scheduler"]  # the steps are the trace: replay never asks
+    path.write_text(json.dumps(document))
+    saved = load(path)
+    assert isinstance(saved, ConcurrentTrace)
+    replayed = execute_concurrent(load_system(MUTANT), saved.steps, concurrency=2)
+    assert replayed.verdict == saved.expected
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--concurrency", "2", "--scheduler", "bogus"], "invalid choice: 'bogus'"),
+    (["--scheduler", "pct"], "--scheduler applies with --concurrency above 1"),
+])
+def test_a_bad_scheduler_is_one_line_exit_2(tmp_path: Path, args: list[str],
+                                           message: str) -> None:
+    code, out, err = cli("explore", *args, "--corpus", str(tmp_path / "c"), "--quiet")
+    assert code == 2 and out == "" and message in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "c").exists()
+
+
+def test_an_unknown_scheduler_is_refused_by_the_engine_too() -> None:
+    with pytest.raises(Exception, match="unknown scheduler 'bogus'"):
+        check_scheduler("bogus")
