@@ -60,6 +60,12 @@ def test_pct_draws_are_the_same_for_a_seed() -> None:
     assert other.recorder.pct_draws == []  # uniform draws no priorities at all
 
 
+def test_swarm_draws_pct_for_some_examples_only() -> None:
+    result = explore_concurrent(load_system("reference"), concurrency=2, examples=4,
+                                seed_value=5, scheduler="swarm")
+    assert 0 < len(result.recorder.pct_draws) < result.recorder.examples
+
+
 def test_pct_finds_a_mutant_and_shrinks_it_as_uniform_does(
         found: dict[str, ConcurrentExploration]) -> None:
     system = load_system(MUTANT)
