@@ -126,6 +126,16 @@ def check_server_crash(system: System, what: str = "a server_crash step") -> Non
                          f"{system.name} keeps them elsewhere")
 
 
+def check_server_alive(system: System) -> None:
+    """A private PostgreSQL server that died by itself fails the run (ExecutionError, exit
+    3), whatever the step's worker showed: never a finding."""
+    if getattr(system, "store_kind", None) != "postgres":
+        return
+    from faultlab.stores import postgres as pgstores
+
+    pgstores.check_server_alive(wait=True)
+
+
 class Executor:
     """Runs steps on one set of fresh stores and checks every invariant after each."""
 
@@ -263,6 +273,8 @@ class Executor:
             environment=self._environment(),
         )
         record = self.system.run_step(spec, self.spawner)
+        if record.exit_code != 0:  # not the step's doing if the server died under it
+            check_server_alive(self.system)
         where = f"step {len(self.observations) + 1} {step.describe()}: worker pid {record.pid}"
         if record.timed_out:
             raise ExecutionError(

@@ -282,7 +282,11 @@ class OutboxMachine(NewOperations, RuleBasedStateMachine):
             self.system, cls.spawner, deduplication=cls.deduplication, deadline=cls.deadline,
             power=cls.power_loss,
         )
-        self.executor.__enter__()
+        try:
+            self.executor.__enter__()
+        except Exception as error:  # the stores could not be made: the run's error, not
+            self.recorder.run_error = self.recorder.run_error or error  # the example's
+            raise
         self.payloads: dict[str, dict[str, Any]] = {}
         self.failure: InvariantFailure | None = None
         self.fired: set[str] = set()
@@ -375,7 +379,11 @@ class OutboxMachine(NewOperations, RuleBasedStateMachine):
                     self.recorder.coverage.live_checked()
                 self.failure = found
         finally:
-            self.executor.close()
+            try:
+                self.executor.close()
+            except Exception as error:  # releasing the stores failed: the run's error
+                self.recorder.run_error = self.recorder.run_error or error
+                raise
             verdict, violations = Verdict(), []
             if self.failure is not None:
                 violations = self.failure.violations

@@ -136,6 +136,12 @@ DEFAULT_SETTINGS: dict[str, str] = {
     "log_timezone": "UTC",
     "log_line_prefix": "%m [%p] ",
     "logging_collector": "off",
+    # a server process that dies abnormally (SIGKILLed by the OOM killer or anyone else, a
+    # crash) takes the server down instead of PostgreSQL's silent crash-restart, which ends
+    # every session (the run's own included) and runs a crash recovery faultlab did not
+    # ask for: a trace could then show a "finding" its steps did not cause. Stopped, the
+    # server is seen gone (:meth:`PrivateServer.died`) and the run fails naming it (exit 3)
+    "restart_after_crash": "off",
 }
 
 _live: set[PrivateServer] = set()
@@ -523,6 +529,46 @@ class PrivateServer:
             return "(no server log)"
         return "\n".join(text.splitlines()[-lines:]) or "(empty server log)"
 
+    def died(self) -> str | None:
+        """Why the server is gone although faultlab neither stopped nor crashed it (one
+        line, ending with its log's last lines), or None while it runs (or was never
+        started, or was stopped). A crash faultlab made is followed by :meth:`restart`
+        before anything asks."""
+        if os.getpid() != self._owner:  # a fork's poll() would take any server for gone
+            return None
+        with self._lock:
+            keeper = self._keeper
+            if keeper is None or keeper.poll() is None:
+                return None
+            code = keeper.returncode
+        tail = [line.strip() for line in self.log_tail(60).splitlines() if line.strip()]
+        # the server's own account: which process died and how, then how it ended
+        cause = [line for line in tail if "terminated by signal" in line
+                 or "exited with exit code" in line or "PANIC:" in line][-1:]
+        shown = [line[:200] for line in cause + [line for line in tail[-3:]
+                                                  if line not in cause]]
+        return (f"the private PostgreSQL server stopped by itself (exit status {code}; "
+                f"faultlab did not crash it: a server process was killed or crashed); "
+                f"the last lines of its log: " + " | ".join(shown))
+
+    def wait_died(self, bound: float) -> str | None:
+        """:meth:`died`, for a server that may be shutting down by itself: while it refuses
+        a session, up to ``bound`` seconds for it to be gone. None at once when it answers."""
+        pg = psycopg_module()
+        end = time.monotonic() + bound
+        while True:
+            reason = self.died()
+            if reason is not None:
+                return reason
+            try:
+                self._on_admin("SELECT 1", ())
+                return None
+            except pg.Error:
+                self._forget_admin()
+            if time.monotonic() >= end:
+                return self.died()
+            time.sleep(0.02)
+
     def _fail(self, what: str) -> PrivateServerError:
         return PrivateServerError(f"private PostgreSQL server: {what}; log tail:\n"
                                   f"{self.log_tail()}")
@@ -698,7 +744,8 @@ class PrivateServer:
             self._check_owner()
             self._forget_admin()
             if not self.running:
-                raise PrivateServerError("crash(): the private server is not running")
+                raise PrivateServerError(self.died() or
+                                         "crash(): the private server is not running")
             self._signal_keeper(signal.SIGUSR1)
             if not self._wait_keeper(STOP_DEADLINE):
                 raise self._fail("the server's processes did not die after SIGKILL")
@@ -786,26 +833,37 @@ class PrivateServer:
                                            application_name="faultlab-pgserver-admin")
             return self._admin
 
+    def _on_admin(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """Rows of ``sql`` on the server's own session; one the server ended (a restart,
+        ``pg_terminate_backend``) is reopened once, never used dead."""
+        pg = psycopg_module()
+        with self._lock:
+            admin = self.admin()
+            try:
+                return admin.execute(sql, params).fetchall()
+            except pg.OperationalError:
+                if not admin.closed:
+                    raise
+            self._forget_admin()
+            return self.admin().execute(sql, params).fetchall()
+
     def terminate_backend(self, pid: int, timeout: float = 5.0) -> bool:
         """``pg_terminate_backend``: end one session while its client process lives on
         (a dropped connection). Waits until the backend has exited, so its locks are free
         when this returns True; False if there was no such backend."""
         with self._lock:
-            admin = self.admin()
-            alive = admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
-                                  (pid,)).fetchone()
-            if alive is None:
+            if not self._on_admin("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)):
                 return False
-            row = admin.execute("SELECT pg_terminate_backend(%s, %s)",
-                                (pid, int(timeout * 1000))).fetchone()
-            return bool(row and row[0])
+            rows = self._on_admin("SELECT pg_terminate_backend(%s, %s)",
+                                  (pid, int(timeout * 1000)))
+            return bool(rows and rows[0][0])
 
     def terminate_backends_of(self, application_name: str, timeout: float = 5.0) -> list[int]:
         """Terminate every session with this ``application_name``; the pids it ended."""
         with self._lock:
-            rows = self.admin().execute(
+            rows = self._on_admin(
                 "SELECT pid FROM pg_stat_activity WHERE application_name = %s "
-                "AND pid <> pg_backend_pid()", (application_name,)).fetchall()
+                "AND pid <> pg_backend_pid()", (application_name,))
             return [int(pid) for (pid,) in rows if self.terminate_backend(int(pid), timeout)]
 
     def processes(self) -> list[int]:

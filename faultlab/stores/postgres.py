@@ -25,6 +25,7 @@ needs it.
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import math
 import os
@@ -38,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from faultlab.base.errors import ExecutionError, UsageError
 from faultlab.stores.sqlite import StoreError
@@ -56,6 +57,8 @@ MARKER_TABLE = "faultlab_marker"
 BACKEND_EXIT_BOUND = 5.0
 #: clones kept ready per template by the background thread
 POOL_SIZE = 2
+
+T = TypeVar("T")
 
 _dsn: str | None = None
 _run: PostgresRun | None = None
@@ -93,6 +96,24 @@ def configure(dsn: str | None, *, server: PrivateServer | None = None) -> None:
 def private_server() -> PrivateServer | None:
     """The private server this run's stores live on, or None on a shared server."""
     return _server
+
+
+#: How long a private server that ended a session of the run's may take to be seen gone,
+#: when it is shutting down by itself (``restart_after_crash = off``).
+SERVER_DEATH_BOUND = 5.0
+
+
+def check_server_alive(*, wait: bool = False) -> None:
+    """Raise :class:`ExecutionError` (the run failed, exit 3: never a finding) when the
+    private server died although faultlab did not crash it; with ``wait``, give one that
+    is shutting down by itself :data:`SERVER_DEATH_BOUND` seconds to be gone. Nothing on
+    a shared server (not ours to watch) or in another process than the server's owner."""
+    server = _server
+    if server is None:
+        return
+    reason = server.wait_died(SERVER_DEATH_BOUND) if wait else server.died()
+    if reason is not None:
+        raise ExecutionError(reason)
 
 
 def server_clock_follows() -> bool:
@@ -134,6 +155,11 @@ def crash_server() -> float:
     if run is not None:
         run.resume()
     return time.monotonic() - began
+
+
+def printable_error(error: BaseException) -> str:
+    """An error's first line (a psycopg message spans several)."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def quote_ident(name: str) -> str:
@@ -211,6 +237,46 @@ class PostgresRun:
         self.readers: dict[str, psycopg.Connection[Any]] = {}
         self._closing = False
 
+    # -- the admin session -------------------------------------------------------------------
+
+    def _reopen_admin(self) -> None:
+        """A new admin session for one the server ended. A server that refuses it is
+        checked first: one that died by itself is the run's error, named (exit 3)."""
+        try:
+            self._admin.close()
+        except Exception:  # noqa: BLE001 - a dead session; nothing to do
+            pass
+        try:
+            self._admin = _admin_connect(self.base)
+        except UsageError as error:
+            check_server_alive(wait=True)
+            raise ExecutionError(f"the server ended the run's admin session and a new one "
+                                 f"cannot be opened: {error}") from None
+
+    def with_admin(self, work: Callable[[psycopg.Connection[Any]], T],
+                   again: Callable[[psycopg.Connection[Any]], T] | None = None) -> T:
+        """``work(admin)`` on the run's admin session, under the run's lock. A session the
+        server ended (``pg_terminate_backend``, a restart) is never used dead: it is
+        reopened and the work done once more (``again`` instead, when redoing it needs
+        care); a private server that died by itself fails the run (:func:`check_server_alive`)."""
+        pg = psycopg_module()
+        with self._lock:
+            check_server_alive()
+            if self._admin.closed:
+                self._reopen_admin()
+            connection = self._admin
+            try:
+                return work(connection)
+            except pg.OperationalError:
+                if not connection.closed:
+                    raise  # an error of the statement, on a live session
+            self._reopen_admin()
+            return (again or work)(self._admin)
+
+    def _create_with_admin(self, name: str, template: str | None) -> None:
+        self.with_admin(lambda c: self._create(c, name, template),
+                        lambda c: self._create(c, name, template, again=True))
+
     # -- naming and marking -----------------------------------------------------------------
 
     def _new_name(self, kind: str) -> str:
@@ -219,12 +285,14 @@ class PostgresRun:
             return f"{self.prefix}{kind}{self._names}"
 
     def _create(self, connection: psycopg.Connection[Any], name: str,
-                template: str | None) -> None:
+                template: str | None, *, again: bool = False) -> None:
         """CREATE DATABASE (from ``template``) and mark it; recorded before it exists.
 
         CREATE DATABASE cannot share a transaction with its COMMENT, so Ctrl-C and SIGTERM
         are held back between the two: an interrupted run never leaves an unmarked
-        database (which it would then refuse to drop).
+        database (which it would then refuse to drop). ``again``: a retry after the
+        session was lost mid-way, so the database may exist already (its name is this
+        run's own: then only the mark is made).
         """
         with self._lock:
             self.created.add(name)
@@ -232,7 +300,10 @@ class PostgresRun:
         held = {signal.SIGINT, signal.SIGTERM}
         previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
         try:
-            connection.execute(f"CREATE DATABASE {quote_ident(name)}{clause}")
+            exists = again and connection.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is not None
+            if not exists:
+                connection.execute(f"CREATE DATABASE {quote_ident(name)}{clause}")
             connection.execute(
                 f"COMMENT ON DATABASE {quote_ident(name)} IS "
                 f"'{COMMENT_PREFIX} {self.run_id}: dropped when the run ends'"
@@ -265,8 +336,7 @@ class PostgresRun:
         name = self._new_name("t")
         pg = psycopg_module()
         try:
-            with self._lock:
-                self._create(self._admin, name, None)
+            self._create_with_admin(name, None)
         except pg.Error as error:  # e.g. a role without CREATEDB: bad input, nothing made
             first = (str(error).strip().splitlines() or ["no message"])[0]
             raise UsageError(f"cannot create a database on {_describe_server(self.base)}: "
@@ -304,10 +374,9 @@ class PostgresRun:
     def _wait_unused(self, names: list[str]) -> None:
         end = time.monotonic() + BACKEND_EXIT_BOUND
         while True:
-            with self._lock:
-                row = self._admin.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = ANY(%s)", (names,)
-                ).fetchone()
+            row = self.with_admin(lambda c: c.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = ANY(%s)", (names,)
+            ).fetchone())
             if row is None or row[0] == 0:
                 return
             if time.monotonic() >= end:
@@ -341,8 +410,7 @@ class PostgresRun:
             name = template.ready.get_nowait()
         except queue.Empty:
             name = self._new_name("c")
-            with self._lock:
-                self._create(self._admin, name, template.name)
+            self._create_with_admin(name, template.name)
         if self._thread is not None:  # pool 0: nothing would ever take the work
             self._work.put(("fill", key))
         return name
@@ -353,8 +421,7 @@ class PostgresRun:
         if reader is not None:
             reader.close()
         if self._thread is None:
-            with self._lock:
-                self._drop(self._admin, name)
+            self.with_admin(lambda c: self._drop(c, name))
         else:
             self._work.put(("drop", name))
 
@@ -387,6 +454,14 @@ class PostgresRun:
             kind, value = item
             if kind == "fill" and self._closing:
                 continue  # the run is ending: no more clones
+            if connection.closed:  # the server ended it: a new one, never a dead one used
+                try:
+                    connection = self._background = psycopg_module().connect(
+                        conninfo_for(self.base, dbname=self._admin.info.dbname,
+                                     application_name="faultlab-admin"),
+                        autocommit=True, connect_timeout=5)
+                except Exception:  # noqa: BLE001 - the foreground clones; close() drops
+                    continue
             try:
                 if kind == "drop":
                     self._drop(connection, value)
@@ -447,13 +522,20 @@ class PostgresRun:
         left: list[str] = []
         with self._lock:
             names = sorted(self.created, key=lambda n: (n.startswith(f"{self.prefix}t"), n))
+        server = _server
+        if server is not None and server.died() is not None:
+            # a private server that died by itself (the run's error said so): its databases
+            # go with its directory, which the command removes next
+            names = []
         for name in names:  # clones first, then the templates they came from
             try:
-                with self._lock:
-                    self._drop(self._admin, name)
+                self.with_admin(functools.partial(self._drop, name=name))
             except Exception as error:  # noqa: BLE001 - reported by the caller
-                left.append(f"{name}: {error}")
-        self._admin.close()
+                left.append(f"{name}: {printable_error(error)}")
+        try:
+            self._admin.close()
+        except Exception:  # noqa: BLE001 - a dead session; nothing to do
+            pass
         return left
 
 
@@ -608,6 +690,7 @@ def connect(directory: Path, store: str, *, role: str = "worker",
                          options=_with_client_check(info.conninfo)),
         )
     except pg.OperationalError as error:
+        check_server_alive(wait=True)
         first = (str(error).strip().splitlines() or ["no message"])[-1].strip()
         raise StoreError(f"database {database}: cannot connect: {first}") from None
     try:
@@ -670,7 +753,16 @@ def query_described(
     if connection is None or connection.closed:
         connection = connect(directory, store, role="snapshot")
     try:
-        connection.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        try:
+            connection.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        except pg.OperationalError:
+            if not connection.closed:
+                raise
+            # a kept reader the server ended while it idled: a new one, never a dead one
+            connection.close()
+            check_server_alive(wait=True)
+            connection = connect(directory, store, role="snapshot")
+            connection.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         if timeout is not None:  # LOCAL: ends with the transaction, the kept reader unchanged
             milliseconds = max(1, math.ceil(timeout * 1000))
             connection.execute(f"SET LOCAL statement_timeout = {milliseconds}")
@@ -687,6 +779,8 @@ def query_described(
                     f"snapshot query {name!r} ran longer than its {timeout:g}s deadline "
                     "(--deadline) and was cancelled") from None
             except pg.Error as error:
+                if connection.closed:  # the session was lost mid-snapshot
+                    check_server_alive(wait=True)
                 message = (str(error).strip().splitlines() or ["no message"])[0]
                 raise StoreError(f"snapshot query {name!r}: {message}") from None
         connection.rollback()
@@ -717,14 +811,13 @@ def wait_for_backends(directory: Path, bound: float | None = None) -> None:
     end = time.monotonic() + bound
     delay = 0.001
     while True:
-        with run._lock:
-            rows = run._admin.execute(
-                "SELECT pid, application_name, datname, state, "
-                "(SELECT count(*) FROM pg_locks l WHERE l.pid = a.pid AND l.granted), "
-                "wait_event_type "
-                "FROM pg_stat_activity a WHERE datname = ANY(%s) AND application_name LIKE %s",
-                (names, pattern),
-            ).fetchall()
+        rows = run.with_admin(lambda c: c.execute(
+            "SELECT pid, application_name, datname, state, "
+            "(SELECT count(*) FROM pg_locks l WHERE l.pid = a.pid AND l.granted), "
+            "wait_event_type "
+            "FROM pg_stat_activity a WHERE datname = ANY(%s) AND application_name LIKE %s",
+            (names, pattern),
+        ).fetchall())
         rows = [row for row in rows if not _worker_alive(str(row[1]))]
         if not rows:
             return

@@ -1,0 +1,171 @@
+"""A run on faultlab's private PostgreSQL server whose own sessions the server ends, or whose
+server dies by itself.
+
+* The server ends the run's admin session and its snapshot readers between two steps
+  (``pg_terminate_backend`` from a separate connection, as a restart or an operator
+  would): they are reopened, the trace runs on as if nothing happened, and every
+  database the run made is dropped at its end.
+* A server process is SIGKILLed mid-run (as the OOM killer would on a loaded machine):
+  PostgreSQL would reinitialise the whole server, ending every session and running crash
+  recovery faultlab did not ask for. The private server runs with
+  ``restart_after_crash = off``, so it stops instead, and the run fails with one line
+  naming it and quoting the server log's last lines (exit 3): no finding, no traceback,
+  nothing left behind.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import ROOT, require_service
+
+from faultlab.process.spawn import Spawner
+from faultlab.run.executor import Executor, execute
+from faultlab.stores import pgserver
+from faultlab.stores import postgres as pgstores
+from faultlab.stores.pgserver import PrivateServer
+from faultlab.system import load_system
+from faultlab.trace import SERVER_CRASH, Step
+
+PAYLOAD = {"title": "invoice", "count": 3}
+
+
+def _require() -> None:
+    reason = pgserver.unavailable()
+    if reason is not None:
+        require_service("postgres", reason)
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        require_service("postgres", "psycopg (the postgres extra) is not installed")
+
+
+@pytest.fixture(scope="module")
+def private() -> Iterator[PrivateServer]:
+    _require()
+    server = PrivateServer()
+    try:
+        server.start()
+        pgstores.configure(server.conninfo, server=server)
+        yield server
+    finally:
+        pgstores.close_run()
+        pgstores.configure(None)
+        server.stop()
+
+
+def _end_run_sessions(server: PrivateServer) -> list[str]:
+    """Terminate this process's run's admin session and snapshot readers from a connection
+    of the test's own; the application names of the sessions ended."""
+    run = pgstores.active_run()
+    if run is None:
+        raise AssertionError("no PostgreSQL run is active")
+    with server.connect(autocommit=True, application_name="test-terminator") as connection:
+        rows = connection.execute(
+            "SELECT application_name, pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
+            "WHERE (application_name = 'faultlab-admin' OR application_name LIKE %s) "
+            "AND pid <> pg_backend_pid()", (f"{run.application}-snapshot-%",)).fetchall()
+    return sorted(str(name) for name, ended in rows if ended)
+
+
+def _outcome(observations: list[Any], final: list[Any]) -> list[Any]:
+    return [(o.step, o.snapshot, o.violations, o.record.exit_code)
+            for o in observations] + [final]
+
+
+def test_sessions_the_server_ends_between_steps_are_reopened_and_the_run_cleans_up(
+        private: PrivateServer, fork_spawner: Spawner) -> None:
+    system = load_system("reference-pg")
+    steps = [Step("accept", "op-1", PAYLOAD), Step("dispatch"), Step(SERVER_CRASH),
+             Step("accept", "op-2", PAYLOAD)]
+    undisturbed = execute(system, steps, fork_spawner, settle=True)
+    assert undisturbed.verdict.clean, undisturbed.violations
+    ended: list[list[str]] = []
+    with Executor(system, fork_spawner) as executor:
+        for step in steps:
+            executor.run(step)
+            ended.append(_end_run_sessions(private))
+        _, final = executor.settle()
+        observations = list(executor.observations)
+        ended.append(_end_run_sessions(private))  # the trace's release meets a dead admin
+    assert all("faultlab-admin" in names for names in ended), ended
+    assert any(any("-snapshot-" in name for name in names) for names in ended), ended
+    assert _outcome(observations, final) == _outcome(undisturbed.observations,
+                                                     undisturbed.final_violations)
+    run = pgstores.active_run()
+    if run is None:
+        raise AssertionError("no PostgreSQL run is active")
+    prefix = run.prefix
+    _end_run_sessions(private)  # and so does the run's end
+    assert pgstores.close_run() == []
+    with private.connect(autocommit=True) as connection:
+        assert pgstores.list_databases(connection, prefix) == []
+
+
+def _left_behind(pid: int) -> list[str]:
+    directories = glob.glob(f"/dev/shm/faultlab-pg-{pid}-*")
+    found = list(directories)
+    for directory in directories:
+        found += subprocess.run(["pgrep", "-f", directory], capture_output=True,
+                                text=True, check=False).stdout.split()
+    return found
+
+
+def _a_client_backend(directory: str) -> int | None:
+    """The pid of the server process of a long-lived session of the private server in
+    ``directory`` (the run's admin, on database ``postgres``), or None."""
+    try:
+        postmaster = int(open(f"{directory}/data/postmaster.pid").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    listed = subprocess.run(["pgrep", "-a", "-P", str(postmaster)], capture_output=True,
+                            text=True, check=False).stdout.splitlines()
+    return next((int(line.split()[0]) for line in listed
+                 if "postgres: faultlab postgres " in line), None)
+
+
+def test_a_server_process_killed_mid_run_fails_the_run_in_one_line_and_leaves_nothing() -> None:
+    _require()
+    run = subprocess.Popen(
+        [sys.executable, "-m", "faultlab", "explore", "--system", "reference-pg", "--postgres",
+         "private", "--seed", "0", "--quiet", "--examples", "100000", "--steps", "6"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        victim = None
+        while victim is None:
+            if run.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(run.communicate())
+            directories = glob.glob(f"/dev/shm/faultlab-pg-{run.pid}-*")
+            victim = _a_client_backend(directories[0]) if directories else None
+            time.sleep(0.05)
+        time.sleep(1)  # exploring by now
+        while True:  # a server_crash step may replace it first: then another one
+            victim = _a_client_backend(directories[0]) or victim
+            try:
+                os.kill(victim, signal.SIGKILL)  # as the OOM killer would
+                break
+            except ProcessLookupError:
+                if run.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(run.communicate()) from None
+        out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.send_signal(signal.SIGINT)
+            run.communicate(timeout=60)
+    assert run.returncode == 3, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("faultlab: run failed: the private PostgreSQL server stopped "
+                               "by itself"), err
+    assert "terminated by signal 9" in lines[0], err
+    assert "Traceback" not in err and "FOUND" not in out
+    assert _left_behind(run.pid) == []
