@@ -207,6 +207,7 @@ class PgqueuerOutbox(PostgresSystem):
 
     def accept(self, context: Any, operation_id: str, payload: str) -> dict[str, Any]:
         import psycopg
+
         from pgqueuer.db import SyncPsycopgDriver
         from pgqueuer.queries import SyncQueries
 
