@@ -169,3 +169,4 @@ def test_a_server_process_killed_mid_run_fails_the_run_in_one_line_and_leaves_no
     assert "terminated by signal 9" in lines[0], err
     assert "Traceback" not in err and "FOUND" not in out
     assert _left_behind(run.pid) == []
+    assert glob.glob(f"/dev/shm/faultlab-{run.pid}-*") == []  # nor a trace's run directory

@@ -243,10 +243,12 @@ class Executor:
             if self.power and vfs.installed_directory() == str(self._power_log()):
                 vfs.uninstall()
             owned = self._temporary or self._requested_directory is not None  # not resumed
-            if owned and self.directory != Path():
-                self.system.release(self.directory)  # PostgreSQL databases never outlive a trace
-            if self._temporary and self.directory != Path():
-                shutil.rmtree(self.directory, ignore_errors=True)
+            try:
+                if owned and self.directory != Path():
+                    self.system.release(self.directory)  # PostgreSQL databases never outlive
+            finally:  # a trace; its directory goes even when releasing failed (a dead server)
+                if self._temporary and self.directory != Path():
+                    shutil.rmtree(self.directory, ignore_errors=True)
 
     @property
     def steps(self) -> list[Step]:
