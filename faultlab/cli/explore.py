@@ -17,7 +17,14 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from faultlab.base.errors import EXIT_FOUND, EXIT_OK, EXIT_VACUOUS, ExecutionError, UsageError
+from faultlab.base.errors import (
+    EXIT_FLAKY,
+    EXIT_FOUND,
+    EXIT_OK,
+    EXIT_VACUOUS,
+    ExecutionError,
+    UsageError,
+)
 from faultlab.cli.common import (
     EPILOG,
     MAX_JOBS,
@@ -34,7 +41,12 @@ from faultlab.cli.common import (
     positive_float,
     positive_int,
 )
-from faultlab.corpus.files import DEFAULT_CORPUS, check_corpus_directory, replay_command
+from faultlab.corpus.files import (
+    DEFAULT_CORPUS,
+    check_corpus_directory,
+    flaky_directory,
+    replay_command,
+)
 from faultlab.corpus.redis_store import RedisCorpus, is_redis_url
 from faultlab.report.progress import Progress
 from faultlab.search import defaults
@@ -75,12 +87,16 @@ def _shard(text: str) -> Shard:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-#: explore's exit statuses: every command's, and 4 for a run that tested nothing.
+#: explore's exit statuses: every command's, 4 for a run that tested nothing and 5 for a
+#: failure that did not fail again.
 EXPLORE_EPILOG = EPILOG.replace("  130/143", f"""\
   {EXIT_VACUOUS}        vacuous: nothing failed, but nothing was tested (no operation was ever
            accepted, an invariant family never had anything to check, the declared
            crash points were armed and never fired, or --concurrency workers never
            overlapped); one line says which
+  {EXIT_FLAKY}        flaky: an invariant failed, but not again when the example was re-run;
+           nothing saved to the corpus, the trace kept in flaky/ beside it (one line
+           names the file)
   130/143""")
 
 
@@ -93,7 +109,8 @@ def register(commands: Commands) -> None:
                     "A failure is shrunk to its shortest trace, saved to the corpus and printed "
                     "as a table. Exit 0 when nothing was found, 1 when something was, 2 on bad "
                     "input, 3 when the run failed, 4 when the run tested nothing (a "
-                    "vacuous run is not clean).",
+                    "vacuous run is not clean), 5 when a failure did not fail again when "
+                    "re-run (a flaky run is not clean either).",
         epilog=EXPLORE_EPILOG,
     )
     add_system(parser)
@@ -150,6 +167,14 @@ def register(commands: Commands) -> None:
                              "scheduling choice over N lanes (start a worker held at its "
                              "first point, release, finish, kill, pause, resume, tick the "
                              "virtual clock); findings are version 2 traces")
+    parser.add_argument("--scheduler", choices=defaults.SCHEDULERS, default=None,
+                        help="with --concurrency: which held lane a release or finish "
+                             "moves: uniform (any), pct (probabilistic concurrency testing: "
+                             "random lane priorities, the highest-priority held lane moves, and "
+                             "at a few drawn change points it drops below the others) or swarm "
+                             "(each example one of the two); traces record the steps, so replay "
+                             "does not depend on it "
+                             f"(default {defaults.SCHEDULER})")
     parser.add_argument("--statement-points", action=argparse.BooleanOptionalAction,
                         default=None,
                         help="statement points: before each SQL statement (sql:K) and after "
@@ -271,6 +296,8 @@ def cmd_explore(args: argparse.Namespace) -> int:
     concurrent = args.concurrency > 1
     if concurrent and args.hypothesis_shrink:
         raise UsageError("--hypothesis-shrink does not apply with --concurrency above 1")
+    if args.scheduler is not None and not concurrent:
+        raise UsageError("--scheduler applies with --concurrency above 1")
     if args.power_loss and concurrent:
         raise UsageError("--power-loss applies to sequential traces only (--concurrency 1)")
     if args.html is not None:
@@ -290,6 +317,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
         hypothesis_shrink=args.hypothesis_shrink, spawn=args.spawn, deadline=args.deadline,
         duration=args.duration, jobs=args.jobs, shard=args.shard,
         concurrency=args.concurrency, statement_points=concurrent and statement_points,
+        scheduler=args.scheduler or defaults.SCHEDULER,
         pin=args.pin,
         power_loss=args.power_loss,
     )
@@ -325,6 +353,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
             finders = sorted((r for r in results if r.trace is not None),
                              key=lambda r: r.seconds_until_found or 0.0)
             trace = from_document(finders[0].trace) if finders else None
+            flakies = [r for r in results if r.flaky is not None]
             if trace is not None and replay is None:  # found in a job process: run it here
                 from faultlab.corpus import replay as replaying
 
@@ -336,7 +365,8 @@ def cmd_explore(args: argparse.Namespace) -> int:
         for r in results:
             for key, value in vars(r.totals).items():
                 setattr(totals, key, getattr(totals, key) + value)
-        sink.publish(totals, seconds, force=True, state="found" if finders else "done",
+        sink.publish(totals, seconds, force=True,
+                     state="found" if finders else "flaky" if flakies else "done",
                      findings=len(finders))
         print(report.table(_summary_rows(system, args, plan, totals, results, seconds,
                                          HYPOTHESIS_VERSION), ["explore", "value"], args.format))
@@ -345,6 +375,13 @@ def cmd_explore(args: argparse.Namespace) -> int:
         for r in results:
             for note in r.notes:
                 print(f"note: {note}")
+        kept = _keep_flaky(flakies, args.corpus, system)
+        if trace is None and kept:
+            # an invariant failed but did not fail again: not clean, and not a finding
+            print(f"\nflaky: {kept[0]}")
+            for line in kept[1:]:
+                print(f"another job's failure was flaky too: {line}")
+            return EXIT_FLAKY
         if trace is None:
             vacuous = _vacuity(results, system, plan, totals)
             if vacuous is not None:
@@ -360,6 +397,8 @@ def cmd_explore(args: argparse.Namespace) -> int:
         print(f"\nFOUND: {verdict}, shrunk to {shrunk} {unit}; saved {saved[0]}")
         for extra in saved[1:]:
             print(f"another job found one too; saved {extra}")
+        for line in kept:
+            print(f"another job's failure was flaky: {line}")
         if replay is not None:
             for line in _finding_table(replay, plan.concurrency, args.format):
                 print(line)
@@ -396,6 +435,21 @@ def cmd_explore(args: argparse.Namespace) -> int:
     finally:
         shown.close()
         sink.close()
+
+
+def _keep_flaky(flakies: list[StreamResult], corpus: str, system: System) -> list[str]:
+    """Keep each flaky stream's trace beside the corpus, never in it
+    (:func:`faultlab.corpus.files.flaky_directory`); what each one's line says."""
+    from faultlab.corpus import files
+    from faultlab.trace import from_document
+
+    lines = []
+    for r in flakies:
+        if r.flaky is None:  # pragma: no cover - only flaky streams are passed
+            continue
+        path = files.save(from_document(r.flaky), flaky_directory(corpus), system.name)
+        lines.append(f"{r.flaky_reason}; trace kept at {path}")
+    return lines
 
 
 def _finding_table(replay: Execution | ConcurrentExecution, concurrency: int,
@@ -502,6 +556,8 @@ def _summary_rows(system: System, args: argparse.Namespace, plan: Plan, totals: 
         ["processes", totals.processes],
         ["SIGKILLs", totals.sigkills],
         ["invariant checks", totals.checks],
+        # failures that did not fail again when re-run (each ends its stream)
+        ["flaky", sum(r.flaky is not None for r in results)],
     ]
     if plan.concurrency == 1:
         from faultlab.search.explore import share_at_least

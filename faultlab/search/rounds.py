@@ -42,14 +42,16 @@ from faultlab.process.affinity import allowed_cpus, pin_job
 from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
 from faultlab.process.spawn import Spawner
 from faultlab.search.explore import Exploration, explore
-from faultlab.search.machine import Recorder
+from faultlab.search.machine import Recorder, flaky_reason
 from faultlab.search.schedules import (
+    DEFAULT_SCHEDULER,
     ConcurrentExploration,
     ConcurrentRecorder,
     explore_concurrent,
 )
 from faultlab.search.streams import Shard, round_seed
 from faultlab.system.contract import System
+from faultlab.trace import Verdict
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,8 @@ class Plan:
     concurrency: int = 1
     #: Concurrent traces also hold workers at sql:K / commit:K.
     statement_points: bool = False
+    #: How concurrent traces draw the lane that moves (``--scheduler``, SCHEDULERS).
+    scheduler: str = DEFAULT_SCHEDULER
     #: Sequential traces also draw power cuts (``--power-loss``, :mod:`faultlab.stores.vfs`).
     power_loss: bool = False
     #: Jobs may be pinned, one CPU each (see :mod:`faultlab.process.affinity`); ``--no-pin``
@@ -146,6 +150,11 @@ class StreamResult:
     #: Concurrent traces: scheduling choices by action (run, start, release, ...).
     actions: dict[str, int] = field(default_factory=dict)
     trace: dict[str, Any] | None = None
+    #: An example failed but did not fail again when re-run: its trace (JSON, marked
+    #: ``"expect": "flaky"``; never a corpus file) and the flaky line's reason. It ends the
+    #: stream as a finding would.
+    flaky: dict[str, Any] | None = None
+    flaky_reason: str | None = None
     notes: list[str] = field(default_factory=list)
     examples_until_found: int | None = None
     seconds_until_found: float | None = None
@@ -191,6 +200,7 @@ def run_stream(
         found = explore_round(system, spawner, plan, examples=examples, seed=seed,
                               progress=live, stop=expired, on_failure=on_failure)
         recorder = found.recorder
+        examples_before = totals.examples
         if found.trace is not None and recorder.first_failure_examples is not None:
             result.examples_until_found = totals.examples + recorder.first_failure_examples
             result.seconds_until_found = round(time.monotonic() - started, 3)
@@ -207,14 +217,24 @@ def run_stream(
             for key, count in counter.items():
                 merged[key] = merged.get(key, 0) + count
         result.notes += found.notes
+        where = {"stream_seed": plan.seed, "round": round_index, "job": job,
+                 "shard": str(plan.shard), "jobs": plan.jobs, "round_examples": examples}
         if found.trace is not None:
-            found.trace.meta.update({
-                "stream_seed": plan.seed, "round": round_index, "job": job,
-                "shard": str(plan.shard), "jobs": plan.jobs, "round_examples": examples,
-            })
+            found.trace.meta.update(where)
             result.trace = found.trace.to_json()
             result.ended = time.monotonic()
             return result, found
+        if found.flaky is not None:
+            found.flaky.meta.update(where)
+            result.flaky = found.flaky.to_json()
+            first = recorder.first_failure_examples
+            which = None if first is None else f"example {examples_before + first}" + (
+                f" of job {job}" if plan.jobs > 1 else "")
+            recorded = found.flaky.expected or Verdict()
+            result.flaky_reason = flaky_reason(
+                which, recorded, Verdict.from_json(found.flaky.meta["replayed"]))
+            result.ended = time.monotonic()
+            return result, None
         if plan.duration is None or found.stopped:
             break
         round_index += 1
@@ -234,7 +254,7 @@ def explore_round(
             system, concurrency=plan.concurrency, deduplication=plan.deduplication,
             examples=examples, steps=plan.steps, seed_value=seed, spawn=plan.spawn,
             deadline=plan.deadline, progress=progress, stop=stop, on_failure=on_failure,
-            statement_points=plan.statement_points,
+            statement_points=plan.statement_points, scheduler=plan.scheduler,
         )
     return explore(
         system, spawner, deduplication=plan.deduplication, examples=examples,

@@ -28,7 +28,13 @@ from typing import Any, ClassVar
 from hypothesis import Phase, Verbosity, seed, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
-from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from faultlab.base import interrupt
 from faultlab.base.errors import UsageError
@@ -44,13 +50,15 @@ from faultlab.run.interleaving import (
     execute_concurrent,
 )
 from faultlab.search import data as generated
+from faultlab.search import defaults
 from faultlab.search.data import TITLES
-from faultlab.search.explore import HYPOTHESIS_VERSION, _no_local_constants
+from faultlab.search.explore import HYPOTHESIS_VERSION, _no_local_constants, flaky_trace
 from faultlab.search.machine import (
     InvariantFailure,
     NewOperations,
     StopExploration,
     ended_by_stop,
+    flaky_reason,
     generated_key,
     machine_settings,
     not_a_finding,
@@ -81,6 +89,17 @@ PER_STEP: tuple[str, ...] = tuple(i.name for i in STEP_INVARIANTS if i.name not 
 #: Clock advances the machine draws: a little, and a typical lease or more.
 TICKS = (1, 5, 10)
 
+#: How an example chooses the lane that moves (``explore --scheduler``): ``uniform``, any
+#: held lane a drawn release or finish can move; ``pct``, probabilistic concurrency testing
+#: (random lane priorities and PCT_DEPTH - 1 change points: only the highest-priority held
+#: lane moves, and at a change point the lane that moved drops below all the others);
+#: ``swarm``, each example draws one of the two. Starting a worker in a free lane is the
+#: trace's own choice under every scheduler (PCT schedules the workers alive).
+SCHEDULERS = defaults.SCHEDULERS
+DEFAULT_SCHEDULER = defaults.SCHEDULER
+#: PCT's bug depth d: an example draws d - 1 priority change points among its holds.
+PCT_DEPTH = 3
+
 
 @dataclass
 class ConcurrentRecorder:
@@ -94,6 +113,8 @@ class ConcurrentRecorder:
     blocked: int = 0
     actions: dict[str, int] = field(default_factory=dict)
     last_steps: list[LaneStep] = field(default_factory=list)
+    #: Per example PCT scheduled: its lane priorities (highest first) and change points.
+    pct_draws: list[tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
     last_verdict: Verdict = field(default_factory=Verdict)
     last_violations: list[Violation] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
@@ -157,6 +178,9 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
     spawn: ClassVar[SpawnMode] = "fork"
     deadline: ClassVar[float] = DEFAULT_DEADLINE
     statement_points: ClassVar[bool] = False
+    #: One of SCHEDULERS; ``steps`` is the example's length, where PCT's change points lie.
+    scheduler: ClassVar[str] = "uniform"
+    steps: ClassVar[int] = 10
     recorder: ClassVar[ConcurrentRecorder]
     payload_source: ClassVar[st.SearchStrategy[Any]] = generated.default_payloads()
     id_source: ClassVar[st.SearchStrategy[str] | None] = None
@@ -183,6 +207,12 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
         self.enabled_points: tuple[str, ...] | None = None
         #: this example's step (or its recovery) stopped with an error: no verdict
         self.errored = False
+        # PCT (drawn by the ``schedule`` initialize rule): a priority per lane (None: any
+        # held lane may move), and the change points: the holds (steps that leave the lane
+        # they moved held at a point) after which that lane drops below the others
+        self.priorities: dict[int, int] | None = None
+        self.change_points: frozenset[int] = frozenset()
+        self.holds = 0
         # last: once its run directory exists, nothing of this constructor is left to fail
         # (an exception here would skip teardown, and leave the directory behind)
         try:
@@ -209,6 +239,12 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
             self.recorder.run_error = self.recorder.run_error or error
             raise
         self.recorder.observe(observation)
+        moved = self.executor.lanes.get(step.lane) if step.lane is not None else None
+        if self.priorities is not None and moved is not None and moved.alive \
+                and moved.status == "held":  # the lane moved to a point: one PCT may preempt
+            self.holds += 1
+            if self.holds in self.change_points:  # it drops below every other lane
+                self.priorities[moved.number] = min(self.priorities.values()) - 1
         if observation.violations:
             self.failure = InvariantFailure(observation.index, list(observation.violations))
             raise self.failure
@@ -219,11 +255,18 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
                 if (n in lanes and lanes[n].alive and test(lanes[n]))]
 
     def free_lanes(self) -> list[int]:
+        """The lanes a worker may start in (a start is the trace's choice, never PCT's)."""
         lanes = self.executor.lanes
         return [n for n in range(1, self.concurrency + 1) if n not in lanes or not lanes[n].alive]
 
     def held_lanes(self) -> list[int]:
-        return self.lanes_where(lambda lane: lane.status == "held" and not lane.paused)
+        """The lanes that may be released: every held lane not paused, or under PCT the
+        highest-priority one (a blocked or paused lane cannot move)."""
+        held = self.lanes_where(lambda lane: lane.status == "held" and not lane.paused)
+        if self.priorities is None or not held:
+            return held
+        priorities = self.priorities
+        return [max(held, key=lambda n: priorities[n])]
 
     def has_pending_work(self) -> bool:
         return bool(self.executor.snapshot.pending_outbox())
@@ -416,6 +459,43 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
             raise found
 
 
+def _schedule_rule(scheduler: str) -> Any:
+    """The ``schedule`` initialize rule of a PCT or swarm machine: before the example's
+    first step it draws (through Hypothesis, so a seed draws the same) whether the example is
+    PCT's (swarm: either, as in swarm testing), a priority per lane and the change points.
+    A trace still records its concrete lane steps: replay never needs these draws."""
+
+    def schedule(self: ConcurrentMachine, data: st.DataObject) -> None:
+        if scheduler == "swarm" and not data.draw(st.booleans(), label="pct"):
+            return  # this example is uniform's
+        order = data.draw(st.permutations(range(1, self.concurrency + 1)), label="priorities")
+        span = st.integers(1, pct_span(self.steps))
+        points = data.draw(st.lists(span, min_size=PCT_DEPTH - 1, max_size=PCT_DEPTH - 1),
+                           label="change points")
+        self.priorities = {lane: len(order) - rank for rank, lane in enumerate(order)}
+        self.change_points = frozenset(points)
+        self.recorder.pct_draws.append((tuple(order), tuple(sorted(points))))
+
+    return initialize(data=st.data())(schedule)
+
+
+def pct_span(steps: int) -> int:
+    """Where PCT's change points are drawn: among the first ``steps // 2`` holds (PCT's k,
+    the scheduling points of an example: about every other step leaves a lane held)."""
+    return max(1, steps // 2)
+
+
+def check_scheduler(scheduler: str) -> str:
+    if scheduler not in SCHEDULERS:
+        raise UsageError(f"unknown scheduler {scheduler!r}: choose from {', '.join(SCHEDULERS)}")
+    return scheduler
+
+
+def scheduled_steps(scheduler: str, steps: int) -> int:
+    """Hypothesis's steps per example: PCT's initialize rule counts as one."""
+    return steps if scheduler == "uniform" else steps + 1
+
+
 def _server_crash_rule() -> Any:
     """The ``server_crash`` rule: the private PostgreSQL server crashes while the lanes'
     workers live on (held, blocked or paused), each meeting its dead connection next."""
@@ -443,7 +523,9 @@ def concurrent_machine(
     system_ref: str, *, concurrency: int, deduplication: bool = True, spawn: SpawnMode = "fork",
     deadline: float = DEFAULT_DEADLINE, examples: int = 100, steps: int = 10,
     recorder: ConcurrentRecorder | None = None, statement_points: bool = False,
+    scheduler: str = DEFAULT_SCHEDULER,
 ) -> type[ConcurrentMachine]:
+    check_scheduler(scheduler)
     system = load_system(system_ref)
     system.require_deduplication_switch(deduplication)
 
@@ -457,6 +539,9 @@ def concurrent_machine(
     Machine.spawn = spawn
     Machine.deadline = deadline
     Machine.statement_points = statement_points
+    Machine.scheduler, Machine.steps = scheduler, steps
+    if scheduler != "uniform":  # uniform draws exactly as before: the same seed, the same run
+        Machine.schedule = _schedule_rule(scheduler)
     Machine.draw_data_of(system)  # the system's own payloads and ids, as sequentially
     Machine.accept_points = tuple(p.name for p in system.points_for("accept"))
     Machine.dispatch_points = tuple(p.name for p in system.points_for("dispatch"))
@@ -464,7 +549,7 @@ def concurrent_machine(
     if server_crashes_possible(system):  # on a private server only, as sequentially
         Machine.server_crash = _server_crash_rule()
         Machine.drop_connection = _drop_connection_rule()
-    Machine.TestCase.settings = machine_settings(examples, steps)
+    Machine.TestCase.settings = machine_settings(examples, scheduled_steps(scheduler, steps))
     return Machine
 
 
@@ -481,6 +566,10 @@ class ConcurrentExploration:
     notes: list[str] = field(default_factory=list)
     #: True when the run was told to stop before its examples were done (no finding).
     stopped: bool = False
+    #: An example failed, but its replay did not fail again (as
+    #: :attr:`faultlab.search.explore.Exploration.flaky`).
+    flaky: ConcurrentTrace | None = None
+    flaky_reason: str | None = None
 
     @property
     def shrunk_steps(self) -> int | None:
@@ -687,19 +776,20 @@ def explore_concurrent(
     deadline: float = DEFAULT_DEADLINE,
     progress: Callable[[ConcurrentRecorder], None] | None = None,
     stop: Callable[[], bool] | None = None, on_failure: Callable[[], None] | None = None,
-    statement_points: bool = False,
+    statement_points: bool = False, scheduler: str = DEFAULT_SCHEDULER,
 ) -> ConcurrentExploration:
     """Search concurrent traces; minimise the first failure; confirm it by replay.
 
     ``stop`` and ``on_failure`` work as in :func:`faultlab.search.explore.explore` (a time
-    budget, ``--jobs``); ``statement_points`` also holds workers at sql:K / commit:K."""
+    budget, ``--jobs``); ``statement_points`` also holds workers at sql:K / commit:K;
+    ``scheduler`` is one of SCHEDULERS (how the lane that moves is drawn)."""
     recorder = ConcurrentRecorder(progress=progress, stop=stop)
     machine = concurrent_machine(
         system.ref, concurrency=concurrency, deduplication=deduplication, spawn=spawn,
         deadline=deadline, examples=examples, steps=steps, recorder=recorder,
-        statement_points=statement_points,
+        statement_points=statement_points, scheduler=scheduler,
     )
-    base = machine_settings(examples, steps)
+    base = machine_settings(examples, scheduled_steps(scheduler, steps))
     phases = tuple(p for p in base.phases if p not in (Phase.shrink, Phase.explain))
     chosen = settings(base, verbosity=Verbosity.quiet, phases=phases)
     started = time.monotonic()
@@ -744,6 +834,8 @@ def explore_concurrent(
             "found_by": "explore", "seed": seed_value, "hypothesis": HYPOTHESIS_VERSION,
             "examples": examples, "steps_per_example": steps, "concurrency": concurrency,
             "faultlab": __version__,
+            # how the lanes were drawn; absent for uniform, so older files stay byte for byte
+            **({} if scheduler == "uniform" else {"scheduler": scheduler}),
             # no timestamp: the same seed saves the same bytes, as a sequential finding does
         },
         statement_points=statement_points,
@@ -752,7 +844,10 @@ def explore_concurrent(
                                 deduplication=deduplication, spawn=spawn, deadline=deadline,
                                 statement_points=statement_points)
     refused = not_a_finding(trace.expected, replay.verdict, failure)
-    if refused is not None:
+    if refused is not None:  # the example failed, and its replay did not fail again: flaky
+        result.flaky = flaky_trace(trace, replay.verdict)
+        result.flaky_reason = flaky_reason(recorder.first_failure_examples, found_verdict,
+                                           replay.verdict)
         result.notes.append(refused)
         return result
     trace, replay = minimise(system, trace, replay, spawn=spawn, deadline=deadline)
