@@ -443,7 +443,11 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
                 self.failure = found
         finally:
             # first: a signal landing anywhere later must not leave the lanes' run directory
-            self.executor.close()
+            try:
+                self.executor.close()
+            except Exception as error:  # releasing the stores failed: the run's error
+                self.recorder.run_error = self.recorder.run_error or error
+                raise
             steps = [o.step for o in self.executor.observations if o.phase == "step"]
             processes = self.executor.processes
             checked = self.executor.checked | {
