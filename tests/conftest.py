@@ -59,3 +59,17 @@ def require_service(name: str, reason: str) -> None:
     if name in required_services():
         pytest.fail(f"{reason}, and FAULTLAB_REQUIRE_SERVICES names {name}")
     pytest.skip(reason)
+
+
+def require_private_postgres() -> None:
+    """Skip (or fail, where the environment demands postgres) unless faultlab can start its
+    own PostgreSQL server here and psycopg is installed."""
+    from faultlab.stores import pgserver
+
+    reason = pgserver.unavailable()
+    if reason is not None:
+        require_service("postgres", reason)
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        require_service("postgres", "psycopg (the postgres extra) is not installed")

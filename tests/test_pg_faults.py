@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, require_service
+from conftest import ROOT, require_private_postgres
 
 from faultlab.process.spawn import Spawner
 from faultlab.run.executor import Execution, execute
@@ -36,13 +36,7 @@ REPLAYS = 20 if os.environ.get("FAULTLAB_SLOW_TESTS") else 3
 
 
 def _require() -> None:
-    reason = pgserver.unavailable()
-    if reason is not None:
-        require_service("postgres", reason)
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        require_service("postgres", "psycopg (the postgres extra) is not installed")
+    require_private_postgres()
 
 
 def _report(capsys: pytest.CaptureFixture[str], line: str) -> None:

@@ -25,11 +25,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import ROOT, require_service
+from conftest import ROOT, require_private_postgres
 
 from faultlab.process.spawn import Spawner
 from faultlab.run.executor import Executor, execute
-from faultlab.stores import pgserver
 from faultlab.stores import postgres as pgstores
 from faultlab.stores.pgserver import PrivateServer
 from faultlab.system import load_system
@@ -39,13 +38,7 @@ PAYLOAD = {"title": "invoice", "count": 3}
 
 
 def _require() -> None:
-    reason = pgserver.unavailable()
-    if reason is not None:
-        require_service("postgres", reason)
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        require_service("postgres", "psycopg (the postgres extra) is not installed")
+    require_private_postgres()
 
 
 @pytest.fixture(scope="module")

@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, require_service
+from conftest import ROOT, require_private_postgres, require_service
 
 from faultlab.base import wall_clock
 from faultlab.base.errors import UsageError
 from faultlab.run.interleaving import LaneExecutor, execute_concurrent
 from faultlab.search.schedules import executed
-from faultlab.stores import pgserver
 from faultlab.stores import postgres as pgstores
 from faultlab.stores.pgserver import PrivateServer
 from faultlab.system import concurrency_mutant_names, load_system
@@ -34,13 +33,7 @@ PAYLOAD = {"title": "invoice", "count": 3}
 
 
 def _require() -> None:
-    reason = pgserver.unavailable()
-    if reason is not None:
-        require_service("postgres", reason)
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        require_service("postgres", "psycopg (the postgres extra) is not installed")
+    require_private_postgres()
     if wall_clock.library() is None:
         require_service("postgres", "libfaketime is not installed: the private server's "
                                     "clock cannot follow the ticks")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, require_service
+from conftest import ROOT, require_private_postgres, require_service
 
 from faultlab.base import wall_clock
 from faultlab.stores import pgserver
@@ -32,13 +32,7 @@ EPOCH = datetime.fromtimestamp(pgserver.EPOCH, timezone.utc)
 
 
 def _require() -> None:
-    reason = pgserver.unavailable()
-    if reason is not None:
-        require_service("postgres", reason)
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        require_service("postgres", "psycopg (the postgres extra) is not installed")
+    require_private_postgres()
 
 
 @pytest.fixture

@@ -11,20 +11,12 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, require_service
-
-from faultlab.stores import pgserver
+from conftest import ROOT, require_private_postgres
 
 
 @pytest.fixture(autouse=True)
 def _private_server_possible() -> None:
-    reason = pgserver.unavailable()
-    if reason is not None:
-        require_service("postgres", reason)
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        require_service("postgres", "psycopg (the postgres extra) is not installed")
+    require_private_postgres()
 
 
 def _shared_start_time() -> str | None:

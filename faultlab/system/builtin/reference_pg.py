@@ -341,9 +341,15 @@ class ReferencePg(PostgresSystem):
     ) -> None:
         """Mark operation and outbox row complete in one transaction, only while this
         dispatcher still holds its claim (fencing), and commit it."""
+        self.check_claim(connection, operation_id)
+        self.mark_complete(context, connection, operation_id, result)
+
+    def mark_complete(
+        self, context: WorkerContext, connection: Any, operation_id: str, result: str
+    ) -> None:
+        """Mark the operation and its outbox row complete, and commit (no claim check)."""
         from faultlab.nemesis.pgcrash import commit_or_crash
 
-        self.check_claim(connection, operation_id)
         connection.execute(
             "UPDATE operations SET state = 'complete', result = %s WHERE id = %s",
             (result, operation_id),
@@ -728,19 +734,9 @@ class ServerClockLeasePg(ReferencePg):
     def complete(
         self, context: WorkerContext, connection: Any, operation_id: str, result: str
     ) -> None:
-        from faultlab.nemesis.pgcrash import commit_or_crash
-
         if clock.is_virtual() and context.now() >= self.deadline:
             raise ClaimLost(operation_id)  # its own timer ran out: it gives the entry up
-        connection.execute(
-            "UPDATE operations SET state = 'complete', result = %s WHERE id = %s",
-            (result, operation_id),
-        )
-        context.crash_point("during_completion")
-        connection.execute(
-            "UPDATE outbox SET state = 'complete' WHERE operation_id = %s", (operation_id,)
-        )
-        commit_or_crash(context, connection, "completion_commit_sent")
+        self.mark_complete(context, connection, operation_id, result)
 
 
 POSTGRES_SYSTEMS: dict[str, type[ReferencePg]] = {
