@@ -246,12 +246,17 @@ class PostgresRun:
             self._admin.close()
         except Exception:  # noqa: BLE001 - a dead session; nothing to do
             pass
+        self._admin = self._admin_mid_run("the server ended the run's admin session")
+
+    def _admin_mid_run(self, why: str) -> psycopg.Connection[Any]:
+        """A new admin session once the run is under way. The server answered at the start,
+        so a refusal now is never bad input (exit 2): a server that died by itself is the
+        run's error, named; any other refusal fails the run (exit 3) saying ``why``."""
         try:
-            self._admin = _admin_connect(self.base)
+            return _admin_connect(self.base)
         except UsageError as error:
             check_server_alive(wait=True)
-            raise ExecutionError(f"the server ended the run's admin session and a new one "
-                                 f"cannot be opened: {error}") from None
+            raise ExecutionError(f"{why} and a new one cannot be opened: {error}") from None
 
     def with_admin(self, work: Callable[[psycopg.Connection[Any]], T],
                    again: Callable[[psycopg.Connection[Any]], T] | None = None) -> T:
@@ -497,7 +502,7 @@ class PostgresRun:
         """After the server restarted: reopen the admin session, restart the pool thread.
         Clones queued as ready survived (CREATE DATABASE is durable); a drop queued but not
         done is redone by :meth:`close`, which drops whatever this run created."""
-        self._admin = _admin_connect(self.base)
+        self._admin = self._admin_mid_run("the server restarted")
         self._work = queue.Queue()
         self._start_background()
         if self._thread is not None:
