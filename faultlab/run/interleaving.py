@@ -239,11 +239,14 @@ class LaneExecutor:
     # -- lifetime ------------------------------------------------------------------------
 
     def __enter__(self) -> LaneExecutor:
-        with interrupt.deferred():  # the directory is created and known, or neither
-            # the pid in the name tells whose run directory it is, as for sequential traces
-            self.directory = Path(tempfile.mkdtemp(prefix=f"faultlab-lanes-{os.getpid()}-",
-                                                   dir=scratch_directory()))
         try:
+            # inside the try: a signal held back while the directory is made is raised
+            # as the deferred block ends, and close() must then remove the directory
+            with interrupt.deferred():  # the directory is created and known, or neither
+                # the pid in the name tells whose run directory it is, as for sequential
+                # traces
+                self.directory = Path(tempfile.mkdtemp(
+                    prefix=f"faultlab-lanes-{os.getpid()}-", dir=scratch_directory()))
             self.system.initialise(self.directory)
             self.clock = VirtualClock(self.directory)
             self._set_server_clock()
