@@ -4,7 +4,8 @@ Run as a separate process (``python interrupt_harness.py CONFIG_JSON``): it make
 a child subreaper, so any process faultlab leaves behind (a worker, the fork server, a
 zombie) is reparented to the harness, where it can be seen, counted and then killed and
 reaped. Prints one JSON object: the exit status, stdout, stderr, when the signal was
-sent, the processes left behind and the run directories (``faultlab-<pid>-*``) left.
+sent, the processes left behind and the run directories (``faultlab-<pid>-*``) left, of
+faultlab and of every process seen below it (a ``--jobs`` run's jobs name their own).
 
 CONFIG: ``argv``, ``cwd``, ``signal`` ("INT" or "TERM"), ``trigger`` ("ready": the
 command has installed its SIGTERM handler; "stderr": a text appeared on stderr;
@@ -57,10 +58,28 @@ def handles_sigterm(pid: int) -> bool:
     return False
 
 
-def run_directories(pid: int) -> list[str]:
+def run_directories(*pids: int) -> list[str]:
     places = ["/dev/shm", tempfile.gettempdir()]
-    patterns = (f"faultlab-{pid}-*", f"faultlab-lanes-{pid}-*")
+    patterns = [f"faultlab-{pid}-*" for pid in pids] + [f"faultlab-lanes-{pid}-*" for pid in pids]
     return sorted(p for place in places for name in patterns for p in glob.glob(f"{place}/{name}"))
+
+
+def descendants(root: int) -> set[int]:
+    """Every process below ``root`` now (a ``--jobs`` run's job processes make run
+    directories named by their own pids, not by faultlab's)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()  # noqa: SIM115
+                parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
 
 
 def main() -> None:
@@ -91,8 +110,13 @@ def main() -> None:
             else:
                 output[key.data] += data
 
+    seen = {child.pid}  # faultlab and every process below it: whose run directories count
+    looked = 0.0
     while selector.get_map() and time.monotonic() < limit:
         pump(0.005)
+        if time.monotonic() - looked >= 0.05:
+            looked = time.monotonic()
+            seen |= descendants(child.pid)
         if sent_at is None and triggered_at is None:
             if (trigger == "ready" and handles_sigterm(child.pid)) or (
                 trigger == "stderr" and text.encode() in output["stderr"]
@@ -110,7 +134,7 @@ def main() -> None:
         child.wait()
     exited_at = time.monotonic()
     left = children(me)  # anything faultlab left behind is ours now
-    directories = run_directories(child.pid)
+    directories = run_directories(*sorted(seen))
     # clean up after a failing run, so the next test starts clean: what is killed here
     # may leave its own children to us, so repeat until nothing is left (bounded)
     end = time.monotonic() + 10

@@ -269,10 +269,13 @@ def explore_round(
 
 def _job_main(plan: Plan, job: int, messages: Any, stop_event: Any) -> None:
     """One job process: its own fork server, its stream, messages to the parent."""
-    from faultlab.process.spawn import spawner
+    from faultlab.process.spawn import become_subreaper, spawner
     from faultlab.system import load_system
 
     interrupt.install()  # SIGINT (the terminal's group) or SIGTERM (the parent) end it cleanly
+    # as the faultlab program is: a killed lane's service, orphaned, is reparented to this
+    # job and reaped here, not left a zombie of whoever started faultlab
+    become_subreaper()
     last = [0.0]
 
     def progress(totals: Totals) -> None:
