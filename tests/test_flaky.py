@@ -116,3 +116,40 @@ def test_flaky_has_an_exit_status_of_its_own() -> None:
     statuses = {errors.EXIT_OK, errors.EXIT_FOUND, errors.EXIT_USAGE, errors.EXIT_RUN_FAILED,
                 errors.EXIT_VACUOUS, errors.EXIT_FLAKY}
     assert len(statuses) == 6 and EXIT_FLAKY == 5
+
+
+def test_an_enumerated_failure_fresh_stores_do_not_show_is_flaky(tmp_path: Path) -> None:
+    """enumerate confirms each violating trace on fresh stores: one that passes there was
+    once reported as exit 1 with nothing saved (a finding no file could reproduce)."""
+    flag = tmp_path / "once"
+    flag.touch()
+    done = run(tmp_path, flag, "enumerate", "--system", SYSTEM, "--operations", "1",
+               "--crashes", "1", "--jobs", "1", "--quiet", "--corpus", str(tmp_path / "corpus"))
+    assert done.returncode == EXIT_FLAKY, done.stdout + done.stderr
+    assert not flag.exists()  # the control: the receiver did forget once
+    assert "FOUND" not in done.stdout and "clean:" not in done.stdout
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("flaky: ")]
+    kept = Path(line.rsplit("trace kept at ", 1)[1])
+    assert kept.parent == tmp_path / "flaky" and not (tmp_path / "corpus").exists(), line
+    data = json.loads(kept.read_text())
+    assert data["expect"] == "flaky" and data["meta"]["found_by"] == "enumerate"
+    assert data["meta"]["replayed"] == {"clean": True}
+    replayed = run(tmp_path, flag, "replay", str(kept), "--system", SYSTEM)
+    assert replayed.returncode == EXIT_FLAKY, replayed.stdout + replayed.stderr
+
+
+def test_a_concurrent_enumerated_failure_fresh_stores_do_not_show_is_flaky(
+        tmp_path: Path) -> None:
+    """enumerate --concurrency 2 once printed a note and exited 0 (clean) for this."""
+    flag = tmp_path / "once"
+    flag.touch()
+    done = run(tmp_path, flag, "enumerate", "--system", SYSTEM, "--concurrency", "2",
+               "--quiet", "--corpus", str(tmp_path / "corpus"))
+    assert done.returncode == EXIT_FLAKY, done.stdout + done.stderr
+    assert not flag.exists()
+    assert "FOUND" not in done.stdout and "clean:" not in done.stdout
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("flaky: ")]
+    kept = Path(line.rsplit("trace kept at ", 1)[1])
+    assert kept.parent == tmp_path / "flaky" and not (tmp_path / "corpus").exists(), line
+    data = json.loads(kept.read_text())
+    assert data["expect"] == "flaky" and data["concurrency"] == 2, data

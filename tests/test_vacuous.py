@@ -120,3 +120,31 @@ def test_explore_help_lists_exit_status_4() -> None:
     done = faultlab("explore", "--help")
     statuses = done.stdout.split("exit status:")[1]
     assert "  4        vacuous" in statuses
+
+
+def test_enumerate_over_an_accept_that_stores_nothing_is_vacuous(tmp_path: Path) -> None:
+    system = garbage_accept(tmp_path)
+    done = faultlab("enumerate", "--system", str(system), "--operations", "1", "--crashes",
+                    "0", "--corpus", str(tmp_path / "corpus"), "--quiet")
+    assert done.returncode == EXIT_VACUOUS, done.stdout + done.stderr
+    assert "clean:" not in done.stdout
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("vacuous:")]
+    assert "no operation was ever accepted" in line, line
+    control = faultlab("enumerate", "--system", str(STANDALONE), "--operations", "1",
+                       "--crashes", "0", "--corpus", str(tmp_path / "corpus"), "--quiet")
+    assert control.returncode == EXIT_OK, control.stdout + control.stderr
+    assert "clean: no invariant failed" in control.stdout
+
+
+def test_concurrent_enumerate_over_an_accept_that_stores_nothing_is_vacuous(
+        tmp_path: Path) -> None:
+    """Nothing accepted, so faultlab delivers nothing directly either (it once delivered
+    op-1 anyway, and KEY blamed the system for faultlab's own delivery)."""
+    system = garbage_accept(tmp_path)
+    corpus = tmp_path / "corpus"
+    done = faultlab("enumerate", "--system", str(system), "--concurrency", "2", "--corpus",
+                    str(corpus), "--quiet")
+    assert done.returncode == EXIT_VACUOUS, done.stdout + done.stderr
+    assert "FOUND" not in done.stdout and not corpus.exists()
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("vacuous:")]
+    assert "no operation was ever accepted" in line and "never overlapped" in line, line

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from faultlab.base.errors import EXIT_FOUND, EXIT_OK, UsageError
+from faultlab.base.errors import EXIT_FLAKY, EXIT_FOUND, EXIT_OK, EXIT_VACUOUS, UsageError
 from faultlab.cli.common import (
     Commands,
     add_format,
@@ -45,7 +45,11 @@ def register(commands: Commands) -> None:
                     "state (stored wall-clock times compared by their order) is not extended. "
                     "The shortest violating trace for each "
                     "invariant is saved to the corpus and printed as a table. Exit 0 when "
-                    "nothing was found, 1 when something was, 2 on bad input.",
+                    "nothing was found, 1 when something was, 2 on bad input, 4 when nothing "
+                    "was tested (vacuous: no operation accepted, a family of invariants never "
+                    "checked, declared crash points that never fired), 5 when a violation "
+                    "found did not happen again on fresh stores (flaky: its trace kept in "
+                    "flaky/ beside the corpus, never in it).",
     )
     add_system(parser)
     parser.add_argument("--operations", type=positive_int, default=defaults.OPERATIONS,
@@ -88,10 +92,13 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
         return cmd_enumerate_concurrent(args)
     from faultlab.base.version import __version__
     from faultlab.corpus import files as corpus
+    from faultlab.corpus.files import flaky_directory
     from faultlab.process.spawn import Spawner
     from faultlab.report import tables as report
+    from faultlab.search.coverage import vacuity
     from faultlab.search.enumeration import confirm, enumerate_system
-    from faultlab.trace import Trace
+    from faultlab.search.explore import flaky_trace
+    from faultlab.trace import Trace, Verdict
 
     check_format(args.format)
     check_corpus_directory(args.corpus)
@@ -135,21 +142,44 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
     print()
     report.print_coverage(result.coverage, system, args.format)
     if not confirmed:
+        vacuous = vacuity(result.coverage, system, result.traces)
+        if vacuous is not None:
+            print(f"\nvacuous: nothing failed in {result.traces} traces, but nothing was "
+                  f"tested: {vacuous}")
+            return EXIT_VACUOUS
         print(f"\nclean: no invariant failed in {result.traces} traces")
         return EXIT_OK
 
     summary: list[list[Any]] = []
+    flaky: list[str] = []
     for finding, execution in confirmed:
         verdict = execution.verdict
-        print(f"\nFOUND: {'+'.join(finding.invariants)} at executed step {finding.executed} of a "
-              f"{len(finding.steps)}-step trace (recovery dispatches count as steps)")
+        reproduced = not verdict.clean and not set(verdict.invariants).isdisjoint(
+            finding.invariants)
+        # the heading says FOUND only for what fresh stores showed again
+        heading = "FOUND" if reproduced else "not reproduced on fresh stores"
+        print(f"\n{heading}: {'+'.join(finding.invariants)} at executed step "
+              f"{finding.executed} of a {len(finding.steps)}-step trace (recovery dispatches "
+              f"count as steps)")
         print(report.execution_table(execution, args.format))
         for line in report.violation_lines(execution):
             print(line)
-        if verdict.clean or set(verdict.invariants).isdisjoint(finding.invariants):
-            print(f"note: on fresh stores this trace showed {verdict.describe()}; not saved")
+        if not reproduced:
+            # not a finding, and not clean either: kept beside the corpus as flaky
+            at = finding.executed if finding.executed <= len(finding.steps) else None
+            recorded = Verdict(at, finding.invariants)
+            kept = corpus.save(flaky_trace(Trace(
+                system=system.ref, deduplication=args.deduplication,
+                steps=list(finding.steps), settle=True, expected=recorded,
+                meta={"found_by": "enumerate", "operations": args.operations,
+                      "crashes": args.crashes, "max_steps": max_steps,
+                      "faultlab": __version__}), verdict),
+                flaky_directory(str(args.corpus)), system.name)
+            flaky.append(f"{'+'.join(finding.invariants)} failed in a trace of enumerate's "
+                         f"but not on fresh stores (they showed {verdict.describe()}); trace "
+                         f"kept at {kept}")
             summary.append(["+".join(finding.invariants), finding.executed, len(finding.steps),
-                            "not reproduced"])
+                            f"not reproduced: {kept}"])
             continue
         trace = Trace(
             system=system.ref,
@@ -175,4 +205,6 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
     print()
     print(report.table(summary, ["found", "executed steps", "trace steps", "corpus file"],
                        args.format))
-    return EXIT_FOUND
+    for line in flaky:
+        print(f"flaky: {line}")
+    return EXIT_FLAKY if len(flaky) == len(confirmed) else EXIT_FOUND

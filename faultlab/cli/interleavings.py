@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from faultlab.base.errors import EXIT_FOUND, EXIT_OK, UsageError
+from faultlab.base.errors import EXIT_FLAKY, EXIT_FOUND, EXIT_OK, EXIT_VACUOUS, UsageError
 from faultlab.cli.common import check_format, load_system
 from faultlab.trace import ConcurrentTrace
 
@@ -17,9 +17,12 @@ def cmd_enumerate_concurrent(args: argparse.Namespace) -> int:
 
     from faultlab.base.version import __version__
     from faultlab.corpus import files as corpus
+    from faultlab.corpus.files import flaky_directory
     from faultlab.report import tables as report
     from faultlab.report.columns import concurrent_table, concurrent_violation_lines
     from faultlab.run.interleaving import execute_concurrent
+    from faultlab.search.coverage import concurrent_vacuity
+    from faultlab.search.explore import flaky_trace
     from faultlab.search.schedule_enumeration import ACCEPTORS, enumerate_concurrent
 
     check_format(args.format)
@@ -44,22 +47,34 @@ def cmd_enumerate_concurrent(args: argparse.Namespace) -> int:
     ]
     print(report.table(rows, ["enumerate", "value"], args.format))
     if result.finding is None or result.execution is None:
+        vacuous = concurrent_vacuity(result.checked, result.sequences, 0, args.concurrency,
+                                     can_hold=system.holds_in_lanes())
+        if vacuous is not None:
+            print(f"\nvacuous: nothing failed in {result.sequences} sequences, but nothing "
+                  f"was tested: {vacuous}")
+            return EXIT_VACUOUS
         print(f"\nclean: no invariant failed in {result.sequences} sequences")
         return EXIT_OK
     confirmed = execute_concurrent(
         system, result.finding, concurrency=args.concurrency,
         deduplication=args.deduplication, spawn=args.spawn, deadline=args.deadline,
     )
+    meta = {"found_by": "enumerate", "operations": args.operations, "crashes": args.crashes,
+            "max_steps": max_steps, "faultlab": __version__}
     if confirmed.verdict != result.execution.verdict:
-        print(f"\nnote: a finding ({result.execution.verdict.describe()}) showed "
-              f"{confirmed.verdict.describe()} on fresh stores; not reported")
-        return EXIT_OK
+        # not a finding, and not clean either: kept beside the corpus as flaky
+        kept = corpus.save(flaky_trace(ConcurrentTrace(
+            system=system.ref, deduplication=args.deduplication, concurrency=args.concurrency,
+            steps=list(result.finding), expected=result.execution.verdict, meta=meta),
+            confirmed.verdict), flaky_directory(str(directory)), system.name)
+        print(f"\nflaky: {result.execution.verdict.describe()} failed in a sequence of "
+              f"enumerate's but not the same way on fresh stores (they showed "
+              f"{confirmed.verdict.describe()}); trace kept at {kept}")
+        return EXIT_FLAKY
     trace = ConcurrentTrace(
         system=system.ref, deduplication=args.deduplication, concurrency=args.concurrency,
         steps=list(result.finding), expected=confirmed.verdict,
-        violations=list(confirmed.violations),
-        meta={"found_by": "enumerate", "operations": args.operations, "crashes": args.crashes,
-              "max_steps": max_steps, "faultlab": __version__},
+        violations=list(confirmed.violations), meta=meta,
         # no timestamp: a finding of the same run is the same bytes
     )
     path = corpus.save(trace, directory, system.name)
