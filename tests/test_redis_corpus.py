@@ -222,3 +222,23 @@ def test_a_corpus_holding_bad_data_is_refused(
         assert len(err.splitlines()) == 1 and err.startswith("faultlab: error: "), err
         assert words in err, err
         assert not out_dir.exists() and out == ""
+
+
+def test_a_shard_that_tested_nothing_says_vacuous_not_done(
+    empty_db: tuple[str, Any], tmp_path: Path,
+) -> None:
+    """A shard's counters are what a cluster's operator reads: a run that accepted nothing
+    exits 4 (vacuous), and its shard says ``vacuous``, never ``done``; the reference, as a
+    control, says ``done``."""
+    from test_vacuous import garbage_accept
+
+    url, client = empty_db
+    system = garbage_accept(tmp_path)
+    done = faultlab("explore", "--system", str(system), "--examples", "4", "--steps", "3",
+                    "--quiet", "--corpus", url, "--shard", "0/2")
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert client.hget("faultlab:shard:0/2", "state") == "vacuous"
+    control = faultlab("explore", "--examples", "4", "--steps", "3", "--quiet", "--corpus",
+                       url, "--shard", "1/2")
+    assert control.returncode == 0, control.stdout + control.stderr
+    assert client.hget("faultlab:shard:1/2", "state") == "done"

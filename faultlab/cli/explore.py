@@ -365,8 +365,11 @@ def cmd_explore(args: argparse.Namespace) -> int:
         for r in results:
             for key, value in vars(r.totals).items():
                 setattr(totals, key, getattr(totals, key) + value)
+        # a run that tested nothing is not "done" on the shard's counters either
+        vacuous = None if finders or flakies else _vacuity(results, system, plan, totals)
         sink.publish(totals, seconds, force=True,
-                     state="found" if finders else "flaky" if flakies else "done",
+                     state="found" if finders else "flaky" if flakies else
+                     "vacuous" if vacuous is not None else "done",
                      findings=len(finders))
         print(report.table(_summary_rows(system, args, plan, totals, results, seconds,
                                          HYPOTHESIS_VERSION), ["explore", "value"], args.format))
@@ -383,7 +386,6 @@ def cmd_explore(args: argparse.Namespace) -> int:
                 print(f"another job's failure was flaky too: {line}")
             return EXIT_FLAKY
         if trace is None:
-            vacuous = _vacuity(results, system, plan, totals)
             if vacuous is not None:
                 print(f"\nvacuous: nothing failed in {totals.examples} examples, but nothing "
                       f"was tested: {vacuous}")
