@@ -16,8 +16,8 @@ What the database holds, all under the ``faultlab:`` prefix:
   while the shard runs. A ``running`` entry expires :data:`RUNNING_TTL_SECONDS` after its
   last update, so a run that died (killed, its machine gone, its Redis connection lost)
   does not look alive for long; an ended one (``done``, ``found``, ``flaky``, ``vacuous``,
-  ``failed``, ``interrupted``) expires :data:`COUNTER_TTL_SECONDS` after it, so the status table shows
-  the current cluster and not last month's.
+  ``failed``, ``interrupted``) expires :data:`COUNTER_TTL_SECONDS` after it, so the
+  status table shows the current cluster and not last month's.
 
 Every command has a socket timeout (:data:`SOCKET_TIMEOUT_SECONDS`, one retry): a server
 that stops answering in the middle of a run fails the run within seconds, never hangs it.
