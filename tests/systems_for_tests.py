@@ -312,3 +312,25 @@ class OnceRefusingOutbox(ReferenceOutbox):
             os.unlink(flag)
             raise Refusal("refused_once", 2)
         return super().dispatch(context)
+
+
+class SlowDispatchOutbox(ReferenceOutbox):
+    """The reference, but each dispatcher first waits (a network call, a back-off) for
+    ``FAULTLAB_TEST_DISPATCH_SLEEP`` seconds (default 2) without using the CPU: slow,
+    never wrong."""
+
+    name = "slow-dispatch"
+
+    def dispatch(self, context: WorkerContext) -> dict[str, Any]:
+        time.sleep(float(os.environ.get("FAULTLAB_TEST_DISPATCH_SLEEP", "2")))
+        return super().dispatch(context)
+
+
+class HangingDispatchOutbox(ReferenceOutbox):
+    """dispatch never returns: a deadline must end it, as a run failure."""
+
+    name = "hanging-dispatch"
+
+    def dispatch(self, context: WorkerContext) -> dict[str, Any]:
+        time.sleep(3600)
+        raise AssertionError("unreachable: the deadline kills this worker")

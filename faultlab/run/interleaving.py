@@ -509,8 +509,18 @@ class LaneExecutor:
         watch = self.fast_blocking and any(
             other is not lane and other.alive for other in self.lanes.values())
         while lane.status in ("running", "blocked"):
+            alone = not self._others_alive(lane)
+            if alone:
+                # no other worker is alive to hold a lock it could wait for: it is slow
+                # (a network call, a back-off, a sleep), never blocked; only the deadline
+                # ends the wait, and missing it fails the run, as a sequential step does
+                end = max(end, began + self.deadline)
             remaining = end - now
             if remaining <= 0:
+                if alone:
+                    raise ExecutionError(
+                        f"lane {lane.number} worker pid {lane.pid} ({lane.spec.role}) missed "
+                        f"its deadline ({self.deadline:g} s) while no other worker was alive")
                 working, cpu = _still_working(lane.pid, cpu)
                 if working and time.monotonic() - began < self.deadline:
                     end = time.monotonic() + WORK_SLICE
@@ -532,6 +542,11 @@ class LaneExecutor:
                     lane.status = "blocked"
                     return
                 sleeping = None
+
+    def _others_alive(self, lane: Lane) -> bool:
+        """Whether a worker other than ``lane``'s is alive (running, held, blocked or
+        paused): only such a worker can hold a lock ``lane`` waits for."""
+        return any(other is not lane and other.alive for other in self.lanes.values())
 
     def _wait_exit(self, lane: Lane) -> None:
         end = time.monotonic() + self.deadline + 5
