@@ -109,3 +109,50 @@ def test_a_bad_scheduler_is_one_line_exit_2(tmp_path: Path, args: list[str],
 def test_an_unknown_scheduler_is_refused_by_the_engine_too() -> None:
     with pytest.raises(Exception, match="unknown scheduler 'bogus'"):
         check_scheduler("bogus")
+
+
+def test_the_overtake_rule_starts_a_second_relay_on_the_held_claims_key() -> None:
+    """Per-key order bugs need a relay holding its claim while work of the same key is
+    accepted and a second relay starts: the overtake rule draws that as one move. In 30
+    examples on the reference, an example holds a relay, accepts an operation whose
+    title is the title of the operation the relay claimed, and starts a second relay
+    while the first still holds."""
+    from dataclasses import dataclass, field
+
+    from hypothesis import Phase, Verbosity, seed, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from faultlab.search.schedules import ConcurrentRecorder, concurrent_machine
+    from faultlab.trace import LaneStep
+
+    @dataclass
+    class Collecting(ConcurrentRecorder):
+        examples_seen: list[list[LaneStep]] = field(default_factory=list)
+
+        def finish(self, steps: list[LaneStep], *args: object, **kwargs: object) -> None:
+            self.examples_seen.append(list(steps))
+            super().finish(steps, *args, **kwargs)  # type: ignore[arg-type]
+
+    recorder = Collecting()
+    machine = concurrent_machine("reference", concurrency=2, examples=30, steps=8,
+                                 recorder=recorder)
+    chosen = settings(machine.TestCase.settings, verbosity=Verbosity.quiet,
+                      phases=(Phase.generate,))
+    run_state_machine_as_test(seed(0)(machine), settings=chosen)
+
+    def overtakes(steps: list[LaneStep]) -> bool:
+        titles: dict[str, object] = {}
+        for first, accept, second in zip(steps, steps[1:], steps[2:], strict=False):
+            if first.action == "accept" or first.role == "accept":
+                titles[first.operation_id or ""] = (first.payload or {}).get("title")
+            if (first.action, first.role) == ("start", "dispatch") \
+                    and (accept.action, accept.role) == ("run", "accept") \
+                    and (second.action, second.role) == ("start", "dispatch") \
+                    and second.lane != first.lane \
+                    and isinstance(accept.payload, dict) \
+                    and accept.payload.get("title") in titles.values():
+                return True
+        return False
+
+    assert len(recorder.examples_seen) >= 30
+    assert any(map(overtakes, recorder.examples_seen)), recorder.examples_seen[:3]
