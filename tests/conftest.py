@@ -10,9 +10,11 @@ workers (which get it as ``PYTHONPATH``).
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,6 +54,21 @@ def required_services() -> set[str]:
 
     names = os.environ.get("FAULTLAB_REQUIRE_SERVICES", "")
     return {name.strip() for name in names.split(",") if name.strip()}
+
+
+def lock_redis_database(db: int) -> int | None:
+    """An open descriptor holding this machine's test lock on Redis database ``db``, or None
+    when another test process holds it: tests running in parallel (pytest-xdist) each look
+    for an empty database, and two of them once took the same one between looking and
+    writing. Closing the descriptor (or the process ending) releases the lock."""
+    fd = os.open(os.path.join(tempfile.gettempdir(), f"faultlab-test-redis-{db}.lock"),
+                 os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def require_service(name: str, reason: str) -> None:

@@ -8,6 +8,7 @@ empty when it starts and deletes only the keys it made.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, require_service
+from conftest import ROOT, lock_redis_database, require_service
 
 from faultlab.base.errors import UsageError
 from faultlab.corpus.redis_store import parse_url
@@ -41,10 +42,14 @@ def _client(db: int) -> Any:
 def empty_db() -> Iterator[tuple[str, Any]]:
     """A redis://... URL of a database holding no keys, and a client on it."""
     for db in range(15, 0, -1):
+        lock = lock_redis_database(db)
+        if lock is None:
+            continue  # another test process is using it
         client = _client(db)
         if client.dbsize() == 0:
             break
         client.close()
+        os.close(lock)
     else:
         pytest.fail("no empty Redis database among 1-15 to test in")
     try:
@@ -54,6 +59,7 @@ def empty_db() -> Iterator[tuple[str, Any]]:
         if keys:
             client.delete(*keys)
         client.close()
+        os.close(lock)
 
 
 def faultlab(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

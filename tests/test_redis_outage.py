@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import ROOT, TESTS, require_service
+from conftest import ROOT, TESTS, lock_redis_database, require_service
 
 from faultlab.corpus.redis_store import (
     COUNTER_TTL_SECONDS,
@@ -120,10 +120,14 @@ def corpus_db() -> Iterator[tuple[int, Any]]:
     """An empty database, marked as a faultlab corpus at once (so no other test takes it
     as empty), and a direct client on it."""
     for db in range(1, 16):
+        lock = lock_redis_database(db)
+        if lock is None:
+            continue  # another test process is using it
         client = _client(db)
         if client.dbsize() == 0 and client.set(MARKER_KEY, MARKER, nx=True):
             break
         client.close()
+        os.close(lock)
     else:
         pytest.fail("no empty Redis database among 1-15 to test in")
     try:
@@ -133,6 +137,7 @@ def corpus_db() -> Iterator[tuple[int, Any]]:
         if keys:
             client.delete(*keys)
         client.close()
+        os.close(lock)
 
 
 @pytest.fixture
