@@ -319,7 +319,9 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
         operation_id = self.new_operation_id(data)
         payload = self.new_payload(data)
         reused = any(generated_key(p) == generated_key(payload) for p in self.payloads.values())
-        if isinstance(payload, dict) and "title" in payload and not reused and (
+        if title is not None and isinstance(payload, dict) and not reused:
+            payload = {**payload, "title": title}  # the key the caller asked for
+        elif isinstance(payload, dict) and "title" in payload and not reused and (
                 payload["title"] in TITLES
                 # a realistic payload keeps its own title one time in four: the rest share
                 # the swarm's keys too (two operations of one key were rare, and a relay
@@ -327,8 +329,8 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
                 or data.draw(st.integers(0, 3), label="own title") != 3):
             if self.titles is None:
                 self.titles = data.draw(swarm(TITLES), label="titles")
-            payload = {**payload, "title": title if title is not None else
-                       data.draw(st.sampled_from(self.titles), label="title")}
+            payload = {**payload,
+                       "title": data.draw(st.sampled_from(self.titles), label="title")}
         lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
         self.payloads[operation_id] = payload
         self.execute(LaneStep(action, lane, "accept", operation_id, payload, crash=crash))
