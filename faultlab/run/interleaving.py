@@ -506,8 +506,7 @@ class LaneExecutor:
         end = began + bound
         cpu = tree_activity(lane.pid)[1]
         sleeping: tuple[float, int] | None = None  # since when, and the CPU used then
-        watch = self.fast_blocking and any(
-            other is not lane and other.alive for other in self.lanes.values())
+        watch = self.fast_blocking and self._others_alive(lane)
         while lane.status in ("running", "blocked"):
             alone = not self._others_alive(lane)
             if alone:
