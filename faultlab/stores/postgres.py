@@ -703,11 +703,17 @@ def connect(directory: Path, store: str, *, role: str = "worker",
         cursor.execute(f"SELECT run FROM {MARKER_TABLE}")
         row = cursor.fetchone()
         connection.rollback()
-    except pg.Error:
+    except pg.errors.UndefinedTable:
         connection.close()
         raise StoreError(
             f"database {database}: not created by faultlab (no marker); refusing to write"
         ) from None
+    except pg.Error as error:  # the server went away under the check: not a foreign database
+        connection.close()
+        check_server_alive(wait=True)
+        first = (str(error).strip().splitlines() or ["no message"])[-1].strip()
+        raise StoreError(f"database {database}: lost the connection while checking its "
+                         f"marker: {first}") from None
     if row is None or row[0] != info.run:
         connection.close()
         raise StoreError(f"database {database}: marked by another faultlab run; refusing")
