@@ -26,6 +26,7 @@ from faultlab.base.version import __version__
 
 if TYPE_CHECKING:
     from faultlab.api import Outcome, explore, replay, state_machine
+    from faultlab.stores.vfs import record_power_loss
     from faultlab.system.contract import System
     from faultlab.trace import ConcurrentTrace, Trace
 
@@ -36,6 +37,7 @@ __all__ = [
     "Trace",
     "__version__",
     "explore",
+    "record_power_loss",
     "replay",
     "state_machine",
 ]
@@ -45,6 +47,7 @@ _LAZY: dict[str, str] = {
     "explore": "faultlab.api",
     "replay": "faultlab.api",
     "state_machine": "faultlab.api",
+    "record_power_loss": "faultlab.stores.vfs",
     "System": "faultlab.system.contract",
     "Trace": "faultlab.trace",
     "ConcurrentTrace": "faultlab.trace",

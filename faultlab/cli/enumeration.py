@@ -63,9 +63,10 @@ def register(commands: Commands) -> None:
                              "each crash, one more step)")
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, metavar="DIR",
                         help="where findings are saved (default corpus/; created when needed)")
-    parser.add_argument("--jobs", type=positive_int, default=default_jobs(), metavar="J",
+    parser.add_argument("--jobs", type=positive_int, metavar="J",
                         help="worker threads, each with its own fork server "
-                             f"(default {default_jobs()}: two per core, at most {MAX_JOBS})")
+                             f"(default {default_jobs()}: two per core, at most {MAX_JOBS}; "
+                             "1 with --power-loss)")
     parser.add_argument("--first", action="store_true",
                         help="stop after the trace length at which something was first found")
     parser.add_argument("--concurrency", type=concurrency, default=1, metavar="N",
@@ -75,6 +76,13 @@ def register(commands: Commands) -> None:
                              "dispatcher or a direct delivery in a free lane, release or kill "
                              "a held lane, one clock advance past a lease), each state "
                              "explored once; stops at the first (shortest) finding")
+    parser.add_argument("--power-loss", action="store_true",
+                        help="also cut the machine's power after each step, once for every "
+                             "choice of the unsynced writes that gives a distinct outcome "
+                             "(each cut counts against --crashes); the stores are recorded "
+                             "through faultlab's SQLite VFS, and a cut checks that each "
+                             "store still opens (OPEN) and that what was acknowledged "
+                             "survived (DURABLE). Sequential traces only, one job")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_spawn(parser)
     add_format(parser)
@@ -86,6 +94,9 @@ def _progress(message: str) -> None:
 
 
 def cmd_enumerate(args: argparse.Namespace) -> int:
+    if args.power_loss and args.concurrency > 1:
+        raise UsageError("enumerate --power-loss applies to sequential traces only "
+                         "(--concurrency 1)")
     if args.concurrency > 1:
         from faultlab.cli.interleavings import cmd_enumerate_concurrent
 
@@ -102,17 +113,22 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
 
     check_format(args.format)
     check_corpus_directory(args.corpus)
+    if args.power_loss and args.jobs not in (None, 1):
+        raise UsageError("enumerate --power-loss runs one job (the recording VFS is this "
+                         "process's default, for one log at a time): drop --jobs")
+    jobs = args.jobs or (1 if args.power_loss else default_jobs())
     system = load_system(args.system, args.deduplication)
     if system.store_kind != "sqlite":  # branches copy the run directory's store files
         raise UsageError(f"enumerate: system {system.name!r} keeps its stores in "
                          f"{system.store_kind}; enumerate needs SQLite stores (use explore)")
     max_steps = args.max_steps or defaults.max_steps(args.operations, args.crashes)
-    spawners = [Spawner(args.spawn) for _ in range(args.jobs)]
+    spawners = [Spawner(args.spawn) for _ in range(jobs)]
     try:
         result = enumerate_system(
             system, spawners, deduplication=args.deduplication, operations=args.operations,
             crashes=args.crashes, max_steps=max_steps, deadline=args.deadline,
             first=args.first, progress=None if args.quiet else _progress,
+            power=args.power_loss,
         )
         confirmed = [
             (finding, confirm(system, finding, spawners[0], deduplication=args.deduplication,
@@ -126,7 +142,9 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
     dedup = "" if args.deduplication else " (deduplication off)"
     rows: list[list[Any]] = [
         ["system", f"{system.ref}{dedup}"],
-        ["budget", f"{args.operations} operations, {args.crashes} crashes, {max_steps} steps"],
+        ["budget", f"{args.operations} operations, {args.crashes} "
+                   f"{'crashes or power cuts' if args.power_loss else 'crashes'}, "
+                   f"{max_steps} steps"],
         ["traces run", result.traces],
         ["pruned by state (reached an explored state)", result.skipped],
         ["pruned by symmetry (an unused id renamed)", result.symmetric],
@@ -140,7 +158,8 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
     ]
     print(report.table(rows, ["enumerate", "value"], args.format))
     print()
-    report.print_coverage(result.coverage, system, args.format)
+    report.print_coverage(result.coverage, system, args.format,
+                          faults=("power",) if args.power_loss else ())
     if not confirmed:
         vacuous = vacuity(result.coverage, system, result.traces)
         if vacuous is not None:

@@ -192,7 +192,9 @@ def register(commands: Commands) -> None:
     parser.add_argument("--power-loss", action="store_true",
                         help="also cut the machine's power between steps: the stores are "
                              "recorded through faultlab's SQLite VFS and rebuilt as a power "
-                             "cut could leave them (sequential traces, Python systems)")
+                             "cut could leave them (sequential traces; a command-line system's "
+                             "program records only if it calls faultlab.record_power_loss(), "
+                             "and a run whose writes were not recorded ends with exit 3)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_html(parser, "for a finding, write its replay as one self-contained HTML page (a "
                      "timeline with a lane per process, both stores after each step); nothing "

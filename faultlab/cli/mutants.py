@@ -38,8 +38,8 @@ def register(commands: Commands) -> None:
                     "--postgres private); on a machine that cannot start one the row says "
                     "why instead. The reference "
                     "and the mutants only a power cut shows (reference-power, "
-                    "wal-normal-receiver, sync-off-caller) are judged by explore "
-                    "--power-loss alone.",
+                    "wal-normal-receiver, sync-off-caller, full-sync-caller) are judged by "
+                    "explore --power-loss and enumerate --power-loss.",
     )
     parser.add_argument("--only", action="append", metavar="NAME",
                         help="judge only this system (repeatable; reference or a mutant name)")
@@ -137,7 +137,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     explore_only = sum(not j.enumerable for j in mutants)
     print(f"{'PASS' if passed else 'FAIL'}: {caught} of {len(mutants)} mutants caught by "
           f"both explore and enumerate"
-          + (f" ({explore_only} by explore alone: data, depth and power mutants, which "
+          + (f" ({explore_only} by explore alone: data, depth and PostgreSQL mutants, which "
              f"enumerate cannot express)" if explore_only else "")
           + (f"; not judged here: {', '.join(unjudged)} (no private PostgreSQL server)"
              if unjudged else "")

@@ -24,7 +24,8 @@ KILLED = -int(signal.SIGKILL)
 #: Set for a trace with power steps: the directory a worker's SQLite changes are recorded in
 #: (:mod:`faultlab.stores.vfs`), so a power cut can be rebuilt. The worker reads it as it
 #: starts its role, so a forked worker sets it itself like the clock files.
-POWER_LOG_VARIABLE = "FAULTLAB_POWER_LOG"
+POWER_LOG_VARIABLE = "FAULTLAB_POWER_LOG"  # faultlab.stores.vfs.LOG_VARIABLE (not imported: workers
+#                                           that do not record must not load the VFS)
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,12 @@ comes due instead of being reported lost.
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
-from contextlib import ExitStack
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -170,6 +171,11 @@ class Executor:
         self._readers = ExitStack()
         #: How long each server_crash step's crash and restart (recovery included) took.
         self.server_crash_seconds: list[float] = []
+        #: The stores' content when recording began or at the last power cut: a store that
+        #: changed since without a recorded write was written by a program that does not
+        #: record, and a power cut of it would be a pretence.
+        #: Keyed by file name, so that it travels with a copy of the run directory.
+        self.unrecorded_baseline: dict[str, str] = {}
 
     def _start_clock(self, *, existing: bool) -> None:
         if getattr(self.system, "virtual_wall_clock", False):
@@ -192,22 +198,80 @@ class Executor:
 
     def _store_files(self) -> list[Path]:
         """The SQLite stores of the run (what a power cut rebuilds and must still open)."""
-        return sorted(self.directory.glob("*.sqlite"))
+        return self.system.store_files(self.directory)
+
+    def _store_digests(self) -> dict[str, str]:
+        return store_digests(self.system, self.directory)
+
+    def _require_recorded(self, step: Step) -> None:
+        """Refuse a power cut of a store whose writes were not recorded (ExecutionError).
+
+        A system's own program (a command-line system) runs its own SQLite: unless it
+        installs faultlab's VFS (:func:`faultlab.record_power_loss`), nothing of what it
+        wrote is recorded, every write would count as durable and the cut would check
+        nothing. That is a run that cannot test what it claims, not a clean one.
+        """
+        recorded = {os.path.realpath(name)
+                    for name in vfs.summary(self._power_log())["files"]}
+        for name, digest in self._store_digests().items():
+            names = {os.path.realpath(self.directory / (name + suffix))
+                     for suffix in ("", "-journal", "-wal")}
+            if digest != self.unrecorded_baseline.get(name) and not names & recorded:
+                raise ExecutionError(
+                    f"power step {step.describe()}: {name} was written without a "
+                    f"recorded write, so a power cut cannot be modelled: the system's "
+                    f"program does not record its SQLite writes (a Python program calls "
+                    f"faultlab.record_power_loss() before it opens a store; see the power "
+                    f"loss guide)")
 
     @classmethod
     def resume(
         cls, system: System, spawner: Spawner, directory: Path, model: Model,
         snapshot: Snapshot, *, deduplication: bool = True, deadline: float = DEFAULT_DEADLINE,
+        power: bool = False, baseline: Mapping[str, str] | None = None,
     ) -> Executor:
         """Continue from stores already in ``directory`` (a branch the caller owns and removes),
-        with a copy of the model that produced them."""
-        executor = cls(system, spawner, deduplication=deduplication, deadline=deadline)
+        with a copy of the model that produced them.
+
+        ``power``: the branch records (its log was copied and relocated with its stores, see
+        :func:`faultlab.stores.vfs.relocate`); run its steps inside :meth:`recording`.
+        ``baseline``: the :attr:`unrecorded_baseline` of the executor it continues.
+        """
+        executor = cls(system, spawner, deduplication=deduplication, deadline=deadline,
+                       power=power)
+        executor.unrecorded_baseline = dict(baseline or {})
         executor._temporary = False
         executor.directory = directory
         executor.model = copy.deepcopy(model)
         executor.snapshot = snapshot
         executor._start_clock(existing=True)  # the clock file was copied with the stores
         return executor
+
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        """While a resumed executor with ``power`` runs steps: this process records into the
+        branch's log too (its reads recover a hot journal, a write a power cut may lose).
+
+        Its readers are open before a worker runs, as through a whole trace of
+        :meth:`__enter__`: otherwise a worker's connection would be a WAL store's last, and
+        closing it checkpoints and syncs what a power cut must be able to lose. On leaving,
+        they close without a checkpoint (the branch goes on from there) and recording stops.
+        """
+        if not self.power:
+            yield
+            return
+        vfs.install(self._power_log())
+        try:
+            self._readers.enter_context(readers_kept_open())
+            self.system.snapshot(self.directory)  # opens the readers
+            yield
+        finally:
+            for connection in kept_connections():
+                vfs.keep_wal_on_close(connection)
+            self._readers.close()
+            self._readers = ExitStack()
+            if vfs.installed_directory() == str(self._power_log()):
+                vfs.uninstall()
 
     def __enter__(self) -> Executor:
         try:
@@ -221,6 +285,7 @@ class Executor:
                     self.directory.mkdir(parents=True)
             self.system.initialise(self.directory)  # durable: nothing records it yet
             if self.power:
+                self.unrecorded_baseline = self._store_digests()
                 # before the readers open: their recovery of a hot journal is recorded too
                 vfs.install(self._power_log())
             self._readers.enter_context(readers_kept_open())
@@ -317,6 +382,7 @@ class Executor:
         self._readers.close()
         self._readers = ExitStack()
         vfs.uninstall()
+        self._require_recorded(step)
         try:
             vfs.power_image(self._power_log(), step.choice or {})
         except vfs.VfsError as error:
@@ -326,6 +392,7 @@ class Executor:
             for path in self._store_files()
             if (problem := vfs.opens_cleanly(path)) is not None
         )
+        self.unrecorded_baseline = self._store_digests()
         vfs.install(self._power_log())  # after the recovery opens_cleanly ran: it is durable
         self._readers.enter_context(readers_kept_open())
         before = self.snapshot
@@ -386,6 +453,21 @@ class Executor:
                 break
         stuck = len(observations) if self.snapshot.pending_outbox() else None
         return observations, check_live(self.snapshot, still_pending_after=stuck)
+
+
+def store_digests(system: System, directory: Path) -> dict[str, str]:
+    """Each store's bytes with its journal and WAL (a WAL-mode writer may leave the main
+    file untouched), as one digest per store file name: what a power step compares to
+    tell a store written without a recorded write (:attr:`Executor.unrecorded_baseline`)."""
+    digests: dict[str, str] = {}
+    for path in system.store_files(directory):
+        digest = hashlib.sha256()
+        for part in (path, *(path.with_name(path.name + s) for s in ("-journal", "-wal"))):
+            digest.update(part.name.encode() + b"\0")
+            if part.is_file():
+                digest.update(part.read_bytes())
+        digests[path.name] = digest.hexdigest()
+    return digests
 
 
 @dataclass

@@ -39,6 +39,14 @@ prefix is executed twice. Two reductions keep three operations practical:
   sequential trace's claim and lease times) replaced by their order
   (:func:`state_key`): otherwise every dispatch made a state of its own.
 
+With ``power`` (``enumerate --power-loss``), every SQLite change is recorded
+(:mod:`faultlab.stores.vfs`) and each node is also extended by a power cut for
+every choice of its unsynced writes that gives a distinct outcome; a cut counts
+against the crash budget. A branch copies the recording with the stores and
+relocates it, and the state includes what a cut could still lose, so two nodes
+with the same rows but different unsynced writes stay two states. One job only:
+the recording VFS is this process's default, for one log at a time.
+
 A violating trace is a leaf: it is not extended. For each invariant the walk
 keeps the violating trace that executes the fewest steps up to the failing
 check (recovery dispatches included), then the one with the fewest trace steps,
@@ -69,12 +77,13 @@ from faultlab.base.canonical import canonical_json
 from faultlab.checks.invariants import Model
 from faultlab.process.records import DEFAULT_DEADLINE
 from faultlab.process.spawn import Spawner
-from faultlab.run.executor import Execution, Executor, execute
+from faultlab.run.executor import POWER_LOG, Execution, Executor, execute, store_digests
 from faultlab.search import defaults
 from faultlab.search.coverage import Coverage
+from faultlab.stores import vfs
 from faultlab.stores.sqlite import Snapshot, scratch_directory, uri
 from faultlab.system.contract import System
-from faultlab.trace import Step, Verdict, changed_payload
+from faultlab.trace import POWER, Step, Verdict, changed_payload
 
 STATEMENT_LIMIT = 500  # a worker that runs more statements than this is not probed further
 JOURNALS = ("-journal", "-wal", "-shm")
@@ -114,6 +123,7 @@ class Enumeration:
     operations: int
     crashes: int
     max_steps: int
+    power: bool = False  # power cuts were tried (each counts against the crash budget)
     traces: int = 0  # distinct traces executed (a step whose armed crash did not fire is a probe)
     skipped: int = 0  # traces that reached an already explored state: not extended
     #: traces not run because they differ from one that ran only by which unused operation
@@ -173,6 +183,9 @@ class _Node:
     key: str
     crashes_left: int
     order: tuple[int, ...]
+    #: With power cuts: each store's digest when recording began or at the last cut
+    #: (:attr:`faultlab.run.executor.Executor.unrecorded_baseline`).
+    baseline: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -288,8 +301,10 @@ class _Walk:
         deadline: float,
         first: bool,
         progress: Callable[[str], None] | None,
+        power: bool = False,
     ) -> None:
         self.system = system
+        self.power = power
         self.first = first
         self.deduplication = deduplication
         self.operations = operations
@@ -297,7 +312,8 @@ class _Walk:
         self.deadline = deadline
         self.progress = progress
         self.statement_points = bool(getattr(system, "supports_statement_points", True))
-        self.result = Enumeration(system.ref, deduplication, operations, crashes, max_steps)
+        self.result = Enumeration(system.ref, deduplication, operations, crashes, max_steps,
+                                  power=power)
         self.spawners: queue.Queue[Spawner] = queue.Queue()
         for spawner in spawners:
             self.spawners.put(spawner)
@@ -323,25 +339,43 @@ class _Walk:
     def _copy(self, source: Path) -> Path:
         target = self._directory()
         shutil.copytree(source, target)
+        if self.power:  # the copied log must name the copies, or a cut rebuilds the source
+            vfs.relocate(target / POWER_LOG, source, target)
         return target
 
-    def _executor(self, node: _Node, directory: Path, spawner: Spawner) -> Executor:
-        """An executor that continues from ``node`` on the stores copied into ``directory``."""
+    def _executor(self, node: _Node, directory: Path, spawner: Spawner, *,
+                  power: bool = True) -> Executor:
+        """An executor that continues from ``node`` on the stores copied into ``directory``
+        (recording, with power cuts, unless ``power`` is False: a recovery no cut follows)."""
         return Executor.resume(
             self.system, spawner, directory, node.model, node.snapshot,
             deduplication=self.deduplication, deadline=self.deadline,
+            power=self.power and power, baseline=node.baseline,
         )
+
+    def _key(self, directory: Path, model: Model) -> str:
+        key = state_key(directory, model, since=self.since)
+        if not self.power:
+            return key
+        # equal content with different unsynced changes is not one state under a power cut
+        lost = vfs.unsynced_digest(directory / POWER_LOG, directory)
+        return hashlib.sha256(f"{key}\0{lost}".encode()).hexdigest()
 
     def root_node(self) -> _Node:
         directory = self._directory()
         directory.mkdir()
-        self.system.initialise(directory)
+        self.system.initialise(directory)  # durable: nothing records it yet
         model = Model()
-        return _Node(
-            (), directory, model, self.system.snapshot(directory),
-            state_key(directory, model, since=self.since),
-            self.result.crashes, (),
-        )
+        if not self.power:
+            return _Node((), directory, model, self.system.snapshot(directory),
+                         self._key(directory, model), self.result.crashes, ())
+        baseline = store_digests(self.system, directory)
+        vfs.install(directory / POWER_LOG)
+        try:
+            return _Node((), directory, model, self.system.snapshot(directory),
+                         self._key(directory, model), self.result.crashes, (), baseline)
+        finally:
+            vfs.uninstall()
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -350,9 +384,19 @@ class _Walk:
             yield point.name
 
     def _candidates(self, node: _Node) -> list[tuple[Step, bool]]:
-        """Steps to try after ``node`` (without crash); the flag says whether to add crashes."""
+        """Steps to try after ``node`` (without crash); the flag says whether to add crashes.
+
+        With power cuts and crash budget left: a cut for every choice of unsynced writes
+        that gives a distinct outcome now (:func:`faultlab.stores.vfs.choices`; drop_all
+        even when nothing is unsynced, so what was acknowledged is checked after a cut).
+        """
         submitted = sorted(node.model.submitted)
         steps: list[Step] = [Step("dispatch")]
+        if self.power and node.crashes_left > 0:
+            power = [Step.power(choice)
+                     for choice in vfs.choices(node.directory / POWER_LOG)]
+        else:
+            power = []
         if len(submitted) < self.operations:
             fresh = operation_id(len(submitted) + 1)
             steps.append(Step("accept", fresh, payload_for(fresh)))
@@ -369,7 +413,7 @@ class _Walk:
                 steps.append(Step("service", operation, payload))
             if node.snapshot.tickets_for(operation) and isinstance(payload, dict):
                 steps.append(Step("service", operation, changed_payload(payload)))
-        return [(step, node.crashes_left > 0) for step in steps]
+        return [(step, node.crashes_left > 0) for step in steps] + [(s, False) for s in power]
 
     # -- one node ---------------------------------------------------------------------------
 
@@ -427,7 +471,7 @@ class _Walk:
         if cached is None:
             directory = self._copy(node.directory)
             try:
-                executor = self._executor(node, directory, spawner)
+                executor = self._executor(node, directory, spawner, power=False)
                 observations, final = executor.settle()
             finally:
                 shutil.rmtree(directory, ignore_errors=True)
@@ -453,24 +497,28 @@ class _Walk:
         keep = False
         try:
             executor = self._executor(node, directory, spawner)
-            observation = executor.run(step)
+            with executor.recording():  # the key's reads may recover a journal: recorded
+                observation = executor.run(step)
+                fired = step.crash is None or observation.crashed
+                if fired and not observation.violations:
+                    key = self._key(directory, executor.model)
             expansion.steps_executed += 1
             expansion.coverage.observe(observation)
-            child = _Child(step, fired=step.crash is None or observation.crashed)
+            child = _Child(step, fired=fired)
             if not child.fired:
                 expansion.probes += 1
                 return child
             if observation.violations:
                 child.invariants = Verdict.of(None, observation.violations).invariants
                 return child
-            child.key = state_key(directory, executor.model, since=self.since)
-            crashes_left = node.crashes_left - (step.crash is not None)
+            child.key = key
+            crashes_left = node.crashes_left - (step.crash is not None or step.action == POWER)
             if self.seen.get(child.key, -1) >= crashes_left:
                 expansion.skipped += 1
                 return child
             child.node = _Node(
                 (*node.steps, step), directory, executor.model, observation.snapshot, child.key,
-                crashes_left, (),
+                crashes_left, (), executor.unrecorded_baseline,
             )
             keep = True
             return child
@@ -614,19 +662,24 @@ def enumerate_system(
     deadline: float = DEFAULT_DEADLINE,
     first: bool = False,
     progress: Callable[[str], None] | None = None,
+    power: bool = False,
 ) -> Enumeration:
     """Walk every trace within the budget, one worker thread per spawner.
 
     ``first``: stop after the depth (number of trace steps) at which the first
-    violation showed; every shorter trace was searched by then.
+    violation showed; every shorter trace was searched by then. ``power``: power cuts
+    too, each counted against the crash budget; one spawner only (this process records
+    its own reads through a VFS that is the whole process's default, one log at a time).
     """
     if not spawners:
         raise ValueError("enumerate needs at least one spawner")
+    if power and len(spawners) > 1:
+        raise ValueError("enumerate with power cuts runs one job")
     if max_steps is None:
         max_steps = defaults.max_steps(operations, crashes)
     walk = _Walk(
         system, spawners, deduplication=deduplication, operations=operations, crashes=crashes,
-        max_steps=max_steps, deadline=deadline, first=first, progress=progress,
+        max_steps=max_steps, deadline=deadline, first=first, progress=progress, power=power,
     )
     return walk.run()
 

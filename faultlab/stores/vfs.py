@@ -93,7 +93,8 @@ round; a process killed between a sync returning and its marker loses the
 credit, but SQLite had not acknowledged that commit yet. The log grows with
 every change (old bytes of every overwrite; appends cost only their header)
 until :func:`power_image` or :func:`settle` clears it. :func:`power_image`
-rebuilds files at their recorded absolute paths: move nothing in between.
+rebuilds files at their recorded absolute paths: move nothing in between, or move the
+log with them and :func:`relocate` it.
 
 Only the standard library is used. The module imports nothing from faultlab so
 that it can be loaded early in a worker process.
@@ -104,6 +105,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import fcntl
+import hashlib
 import os
 import sqlite3
 import struct
@@ -127,9 +129,11 @@ __all__ = [
     "keep_wal_on_close",
     "opens_cleanly",
     "power_image",
+    "relocate",
     "settle",
     "summary",
     "uninstall",
+    "unsynced_digest",
 ]
 
 #: The log file inside a log directory.
@@ -137,6 +141,9 @@ LOG_NAME = "vfs.log"
 #: A file every recording process holds a shared ``flock`` on, so that
 #: :func:`power_image` can refuse to rebuild files a live process still writes.
 LOCK_NAME = "vfs.lock"
+#: Where faultlab tells a worker of a trace with power steps to record: the log directory.
+#: Set in every worker's environment, a system's own programs included.
+LOG_VARIABLE = "FAULTLAB_POWER_LOG"
 #: The name the wrapping VFS is registered under.
 VFS_NAME = b"faultlab-power"
 
@@ -804,6 +811,29 @@ def install(log_directory: str | os.PathLike[str]) -> None:
             os.close(current.lock_fd)
 
 
+def record_power_loss() -> bool:
+    """Record this process's SQLite writes when faultlab runs it for a trace with power steps.
+
+    For a system's own program written in Python (a command-line system): faultlab's own
+    workers record by themselves, a program of yours does not, and without a record a power
+    cut of its stores cannot be modelled (faultlab then ends the run with exit status 3,
+    rather than call it clean). Call it before the program opens a store::
+
+        import faultlab
+        faultlab.record_power_loss()
+
+    Outside such a trace (the variable :data:`LOG_VARIABLE` unset) it does nothing and
+    returns False; otherwise it installs the recording VFS (:func:`install`) and returns
+    True. Child processes the program forks record with it; a program it executes must
+    call this itself. Raises VfsError when this Python's sqlite3 cannot be recorded.
+    """
+    directory = os.environ.get(LOG_VARIABLE)
+    if not directory:
+        return False
+    install(directory)
+    return True
+
+
 def uninstall() -> None:
     """Stop recording and make the real 'unix' VFS the default again.
 
@@ -1065,6 +1095,82 @@ def choices(log_directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
                for changes in unsynced):
             found.append({"kind": "reorder", "drop": i})
     return found
+
+
+def _encode(record: _Record) -> bytes:
+    path = os.fsencode(record.path)
+    fields = _UNCHECKED.pack(_MAGIC, record.kind, record.flag, len(path), record.a, record.b,
+                             record.c, len(record.body))
+    crc = zlib.crc32(record.body, zlib.crc32(path, zlib.crc32(fields)))
+    return fields + struct.pack("<I", crc) + path + record.body
+
+
+def _moved(path: str, roots: Sequence[tuple[str, str]]) -> str | None:
+    for old, new in roots:
+        if path == old:
+            return new
+        if path.startswith(old + os.sep):
+            return new + path[len(old):]
+    return None
+
+
+def relocate(log_directory: str | os.PathLike[str], old_root: str | os.PathLike[str],
+             new_root: str | os.PathLike[str]) -> None:
+    """Rewrite a log copied with its files from ``old_root`` to ``new_root`` so that it
+    names the copies (records hold absolute paths: a copied log would rebuild the originals).
+
+    For a search that branches by copying a run directory, its files and their log
+    together. No process may record into the log meanwhile. Damaged stumps are dropped
+    (their changes never happened). Raises PowerImageError when a record names a path
+    outside ``old_root``: such a log does not belong to the copied directory.
+    """
+    directory = os.path.abspath(os.fspath(log_directory))
+    old = os.path.abspath(os.fspath(old_root))
+    new = os.path.abspath(os.fspath(new_root))
+    roots = [(old, new)]
+    if os.path.realpath(old) != old:
+        roots.append((os.path.realpath(old), os.path.realpath(new)))
+    with _exclusive(directory):
+        log = _read_log(directory)
+        moved: list[bytes] = []
+        for record in log.records:
+            path = _moved(record.path, roots)
+            if path is None:
+                raise PowerImageError(f"{record.path} is recorded in {directory} but lies "
+                                      f"outside {old}: the log cannot be moved with it")
+            moved.append(_encode(_Record(kind=record.kind, path=path, a=record.a, b=record.b,
+                                         c=record.c, body=record.body, flag=record.flag)))
+        if log.size:
+            with open(os.path.join(directory, LOG_NAME), "wb") as handle:
+                handle.write(b"".join(moved))
+
+
+def unsynced_digest(log_directory: str | os.PathLike[str],
+                    root: str | os.PathLike[str]) -> str:
+    """A digest of what a power cut now could lose: every file's unsynced changes, the
+    files named relative to ``root`` (so a copied, relocated log digests alike).
+
+    Two states whose files hold the same content but different unsynced changes behave
+    differently under a power cut: a search that merges equal states must tell them apart.
+    """
+    base = os.path.abspath(os.fspath(root))
+    real = os.path.realpath(base)
+    parts: list[bytes] = []
+    log = _read_log(os.path.abspath(os.fspath(log_directory)))
+    for path, known in sorted(_history(log.records).items()):
+        name = path
+        for prefix in (base, real):
+            if path.startswith(prefix + os.sep):
+                name = path[len(prefix) + 1:]
+                break
+        for record in known.unsynced:
+            parts.append(struct.pack("<BBqqqQ", record.kind, record.flag, record.a, record.b,
+                                     record.c, len(record.body)) + os.fsencode(name)
+                         + b"\0" + record.body)
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(struct.pack("<Q", len(part)) + part)
+    return digest.hexdigest()
 
 
 def summary(log_directory: str | os.PathLike[str]) -> dict[str, Any]:

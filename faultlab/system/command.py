@@ -336,6 +336,10 @@ class CommandSystem(System):
                 connection.close()
         return Snapshot.from_rows(tables)
 
+    def store_files(self, directory: Path) -> list[Path]:
+        """The SQLite stores the system file names (a PostgreSQL store is no file)."""
+        return sorted(directory / name for name in self.config.stores.values() if name)
+
     @property
     def snapshot_deadline(self) -> float:
         """Seconds one snapshot's queries may take together: the command's --deadline."""

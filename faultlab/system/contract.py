@@ -249,6 +249,12 @@ class System(ABC):
     def snapshot(self, directory: Path) -> Snapshot:
         """Read both stores (without writing) into the four-table model."""
 
+    def store_files(self, directory: Path) -> list[Path]:
+        """The SQLite files of the run that hold this system's durable state: what a power
+        cut rebuilds and what must still open after it. faultlab's own systems name their
+        stores ``*.sqlite``."""
+        return sorted(directory.glob("*.sqlite"))
+
     def release(self, directory: Path) -> None:
         """Free what ``initialise`` made outside ``directory`` (PostgreSQL databases).
 

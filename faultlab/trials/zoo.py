@@ -145,8 +145,8 @@ def _judge_on_private_server(name: str, budget: Budget) -> Judgement:
 
 
 def _judge_sequential(name: str, budget: Budget, *, power_loss: bool = False) -> Judgement:
-    """Explore, then enumerate (where the system can be enumerated); ``power_loss``:
-    explore with power cuts and do not enumerate (enumerate draws no power step)."""
+    """Explore, then enumerate (where the system can be enumerated); ``power_loss``: both
+    with power cuts (enumerate with its one job: its recording is per process)."""
     from faultlab.corpus import files as corpus
     from faultlab.process.spawn import spawner
     from faultlab.search.enumeration import enumerate_system
@@ -159,10 +159,10 @@ def _judge_sequential(name: str, budget: Budget, *, power_loss: bool = False) ->
                            seed_value=budget.seed, deadline=budget.deadline,
                            power_loss=power_loss)
         began = time.monotonic()
-        enumerable = bool(getattr(system, "enumerable", True)) and not power_loss
+        enumerable = bool(getattr(system, "enumerable", True))
         enumerated = enumerate_system(system, [runner], operations=budget.operations,
                                       crashes=budget.crashes, deadline=budget.deadline,
-                                      first=True) if enumerable else None
+                                      first=True, power=power_loss) if enumerable else None
         enumerate_seconds = time.monotonic() - began
     trace = explored.trace
     saved = None
