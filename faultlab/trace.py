@@ -384,7 +384,7 @@ TRACE_VERSION_CONCURRENT = 2
 #: faultlab's own server (:func:`faultlab.stores.postgres.drop_worker_connections`).
 DROP_CONNECTION = "drop_connection"
 LANE_ACTIONS = ("run", "start", "release", "finish", "kill", "pause", "resume", "tick",
-                SERVER_CRASH, DROP_CONNECTION)
+                SERVER_CRASH, DROP_CONNECTION, POWER)
 STARTS = ("run", "start")
 WORKER_ROLES = ("accept", "dispatch", "service")
 MAX_TICKS = 1_000_000
@@ -393,7 +393,9 @@ MAX_TICKS = 1_000_000
 @dataclass(frozen=True)
 class LaneStep:
     """One scheduling choice; ``run``/``start`` name the worker's role (and operation), and
-    may arm a crash point (``crash``) as a sequential step does."""
+    may arm a crash point (``crash``) as a sequential step does. ``power`` cuts the
+    machine's power: every live lane dies, and the stores keep what the ``choice`` keeps of
+    their unsynced writes (as a sequential :meth:`Step.power`)."""
 
     action: str
     lane: int | None = None
@@ -402,8 +404,16 @@ class LaneStep:
     payload: Any = None
     ticks: int | None = None
     crash: str | None = None
+    choice: dict[str, Any] | None = None
+
+    @classmethod
+    def power(cls, choice: Any) -> LaneStep:
+        """A power step, its choice checked as :func:`faultlab.stores.vfs.power_image` will."""
+        return cls(POWER, choice=Step.power(choice).choice)
 
     def to_json(self) -> dict[str, Any]:
+        if self.action == POWER:
+            return {"action": POWER, "choice": dict(self.choice or {})}
         data: dict[str, Any] = {"action": self.action}
         if self.lane is not None:
             data["lane"] = self.lane
@@ -425,6 +435,9 @@ class LaneStep:
             raise UsageError(f"not a concurrent trace step: {json.dumps(data)[:80]}")
         if data["action"] == SERVER_CRASH:
             return cls(SERVER_CRASH, **_no_worker_fields(data))
+        if data["action"] == POWER:
+            _no_worker_fields(data, ("choice",))
+            return cls.power(data.get("choice"))
         lane, role, ticks = data.get("lane"), data.get("role"), data.get("ticks")
         operation_id = data.get("operation_id")
         if lane is not None and (not isinstance(lane, int) or isinstance(lane, bool)):
@@ -449,6 +462,8 @@ class LaneStep:
             raise UsageError(f"only run and start arm a crash point, not {self.action}")
         if self.action == SERVER_CRASH:
             return  # names no lane: every live lane's connections die with the server
+        if self.action == POWER:
+            return  # names no lane: every live lane dies with the machine
         if self.action == "tick":
             if self.ticks is None or not 0 < self.ticks <= MAX_TICKS:
                 raise UsageError(f"tick needs 1 to {MAX_TICKS} ticks, not {self.ticks!r}")
@@ -476,6 +491,8 @@ class LaneStep:
             return f"tick({self.ticks})"
         if self.action == SERVER_CRASH:
             return SERVER_CRASH
+        if self.action == POWER:
+            return f"power({canonical_json(self.choice)})"
         if self.action not in STARTS:
             return f"L{self.lane} {self.action}"
         parts = [self.operation_id] if self.operation_id else []

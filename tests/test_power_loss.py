@@ -144,6 +144,3 @@ def test_explore_without_power_loss_never_cuts_power(tmp_path: Path) -> None:
     assert not list((tmp_path / "corpus").glob("*.json"))
 
 
-def test_power_loss_is_for_sequential_traces() -> None:
-    done = run_cli("explore", "--power-loss", "--concurrency", "2", "--examples", "1")
-    assert done.returncode == 2 and "sequential" in done.stderr

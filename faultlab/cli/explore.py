@@ -192,9 +192,10 @@ def register(commands: Commands) -> None:
     parser.add_argument("--power-loss", action="store_true",
                         help="also cut the machine's power between steps: the stores are "
                              "recorded through faultlab's SQLite VFS and rebuilt as a power "
-                             "cut could leave them (sequential traces; a command-line system's "
-                             "program records only if it calls faultlab.record_power_loss(), "
-                             "and a run whose writes were not recorded ends with exit 3)")
+                             "cut could leave them (with --concurrency every live lane dies "
+                             "at the cut; a command-line system's program records only if it "
+                             "calls faultlab.record_power_loss(), and a run whose writes were "
+                             "not recorded ends with exit 3)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_html(parser, "for a finding, write its replay as one self-contained HTML page (a "
                      "timeline with a lane per process, both stores after each step); nothing "
@@ -300,8 +301,6 @@ def cmd_explore(args: argparse.Namespace) -> int:
         raise UsageError("--hypothesis-shrink does not apply with --concurrency above 1")
     if args.scheduler is not None and not concurrent:
         raise UsageError("--scheduler applies with --concurrency above 1")
-    if args.power_loss and concurrent:
-        raise UsageError("--power-loss applies to sequential traces only (--concurrency 1)")
     if args.html is not None:
         check_output_path(args.html, "--html")
     system = load_system(args.system, args.deduplication)
@@ -494,7 +493,10 @@ def _print_coverage(results: list[StreamResult], system: System, plan: Plan,
         checked: Counter[str] = Counter()
         for r in results:
             checked.update(r.checked)
-        print(report.table([[name, checked[name]] for name in COVERED],
+        from faultlab.checks.invariants import INVARIANTS
+
+        power = tuple(i.name for i in INVARIANTS if plan.power_loss and i.fault == "power")
+        print(report.table([[name, checked[name]] for name in (*COVERED, *power)],
                            ["invariant", "examples that checked it non-vacuously"], fmt))
         return
     coverage = Coverage()

@@ -196,33 +196,8 @@ class Executor:
     def _power_log(self) -> Path:
         return self.directory / POWER_LOG
 
-    def _store_files(self) -> list[Path]:
-        """The SQLite stores of the run (what a power cut rebuilds and must still open)."""
-        return self.system.store_files(self.directory)
-
     def _store_digests(self) -> dict[str, str]:
         return store_digests(self.system, self.directory)
-
-    def _require_recorded(self, step: Step) -> None:
-        """Refuse a power cut of a store whose writes were not recorded (ExecutionError).
-
-        A system's own program (a command-line system) runs its own SQLite: unless it
-        installs faultlab's VFS (:func:`faultlab.record_power_loss`), nothing of what it
-        wrote is recorded, every write would count as durable and the cut would check
-        nothing. That is a run that cannot test what it claims, not a clean one.
-        """
-        recorded = {os.path.realpath(name)
-                    for name in vfs.summary(self._power_log())["files"]}
-        for name, digest in self._store_digests().items():
-            names = {os.path.realpath(self.directory / (name + suffix))
-                     for suffix in ("", "-journal", "-wal")}
-            if digest != self.unrecorded_baseline.get(name) and not names & recorded:
-                raise ExecutionError(
-                    f"power step {step.describe()}: {name} was written without a "
-                    f"recorded write, so a power cut cannot be modelled: the system's "
-                    f"program does not record its SQLite writes (a Python program calls "
-                    f"faultlab.record_power_loss() before it opens a store; see the power "
-                    f"loss guide)")
 
     @classmethod
     def resume(
@@ -381,19 +356,9 @@ class Executor:
             vfs.keep_wal_on_close(connection)
         self._readers.close()
         self._readers = ExitStack()
-        vfs.uninstall()
-        self._require_recorded(step)
-        try:
-            vfs.power_image(self._power_log(), step.choice or {})
-        except vfs.VfsError as error:
-            raise ExecutionError(f"power step {step.describe()}: {error}") from None
-        unopenable = tuple(
-            f"{path.name} does not open after the power cut: {problem}"
-            for path in self._store_files()
-            if (problem := vfs.opens_cleanly(path)) is not None
-        )
-        self.unrecorded_baseline = self._store_digests()
-        vfs.install(self._power_log())  # after the recovery opens_cleanly ran: it is durable
+        unopenable, self.unrecorded_baseline = cut_power(
+            self.system, self.directory, self._power_log(), step.choice or {},
+            self.unrecorded_baseline, f"power step {step.describe()}")
         self._readers.enter_context(readers_kept_open())
         before = self.snapshot
         after = before if unopenable else self.system.snapshot(self.directory)
@@ -453,6 +418,45 @@ class Executor:
                 break
         stuck = len(observations) if self.snapshot.pending_outbox() else None
         return observations, check_live(self.snapshot, still_pending_after=stuck)
+
+
+def cut_power(system: System, directory: Path, log: Path, choice: Mapping[str, Any],
+              baseline: Mapping[str, str], what: str) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The machine loses power now: every process that recorded into ``log`` is dead and
+    this process's readers are closed. Rebuild the stores as ``choice`` says; return why
+    each store that no longer opens does not (``OPEN``), and the new baseline. Recording
+    into ``log`` goes on afterwards (the recovery the opening ran is durable).
+
+    Refuses (ExecutionError, exit 3) a cut of a store whose writes were not recorded: a
+    system's own program (a command-line system) runs its own SQLite, and unless it
+    installs faultlab's VFS (:func:`faultlab.record_power_loss`) every write would count as
+    durable and the cut would check nothing: a run that cannot test what it claims, not
+    a clean one. A store is suspect when it changed since ``baseline`` (its digests when
+    recording began or at the last cut) and ``log`` records no write of it.
+    """
+    vfs.uninstall()
+    recorded = {os.path.realpath(name) for name in vfs.summary(log)["files"]}
+    for name, digest in store_digests(system, directory).items():
+        names = {os.path.realpath(directory / (name + suffix))
+                 for suffix in ("", "-journal", "-wal")}
+        if digest != baseline.get(name) and not names & recorded:
+            raise ExecutionError(
+                f"{what}: {name} was written without a recorded write, so a power cut "
+                f"cannot be modelled: the system's program does not record its SQLite "
+                f"writes (a Python program calls faultlab.record_power_loss() before it "
+                f"opens a store; see the power loss guide)")
+    try:
+        vfs.power_image(log, choice)
+    except vfs.VfsError as error:
+        raise ExecutionError(f"{what}: {error}") from None
+    unopenable = tuple(
+        f"{path.name} does not open after the power cut: {problem}"
+        for path in system.store_files(directory)
+        if (problem := vfs.opens_cleanly(path)) is not None
+    )
+    after = store_digests(system, directory)
+    vfs.install(log)
+    return unopenable, after
 
 
 def store_digests(system: System, directory: Path) -> dict[str, str]:

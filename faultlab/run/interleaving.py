@@ -58,6 +58,7 @@ from faultlab.nemesis.announce import ProtocolError, channel_environment, parse_
 from faultlab.nemesis.schedule import CONTINUE, SCHEDULE_ENV, STATEMENTS_ENV
 from faultlab.process.records import (
     DEFAULT_DEADLINE,
+    POWER_LOG_VARIABLE,
     ProcessRecord,
     SpawnMode,
     WorkerSpec,
@@ -73,12 +74,13 @@ from faultlab.process.spawn import (
 
 # Imported here, not in the forked child: a child that imported a module from disk would
 # run whatever the file holds at that moment, not what this run loaded.
-from faultlab.run.executor import check_server_crash
+from faultlab.run.executor import POWER_LOG, check_server_crash, cut_power, store_digests
 from faultlab.run.worker import run_worker
 from faultlab.stores import postgres as pgstores
+from faultlab.stores import vfs
 from faultlab.stores.sqlite import Snapshot, readers_are_kept, scratch_directory
 from faultlab.system.contract import Program, System, check_crash_point
-from faultlab.trace import DROP_CONNECTION, SERVER_CRASH, STARTS, LaneStep, Verdict
+from faultlab.trace import DROP_CONNECTION, POWER, SERVER_CRASH, STARTS, LaneStep, Verdict
 
 #: Seconds a released lane may run without reaching a point or ending before it counts as
 #: blocked on another lane's lock. Generous: a loaded machine must not misjudge a slow lane.
@@ -204,8 +206,15 @@ class LaneExecutor:
         self, system: System, *, concurrency: int, deduplication: bool = True,
         spawn: SpawnMode = "fork", deadline: float = DEFAULT_DEADLINE,
         block_bound: float = BLOCK_BOUND, statement_points: bool = False,
+        power: bool = False,
     ) -> None:
         system.require_deduplication_switch(deduplication)
+        #: Record every SQLite change (the lanes' workers and this process's reads) so that
+        #: power steps can rebuild the stores as a power cut would leave them.
+        self.power = power
+        #: The stores' digests when recording began or at the last cut (see
+        #: :func:`faultlab.run.executor.cut_power`).
+        self.unrecorded_baseline: dict[str, str] = {}
         if statement_points and not system.supports_statement_points:
             raise UsageError(f"{system.name}: statement scheduling points (sql:K, commit:K) "
                              "need faultlab's own worker processes (a Python system)")
@@ -235,6 +244,8 @@ class LaneExecutor:
         self.processes = 0
         self._selector = selectors.DefaultSelector()
         self._exited: list[tuple[int, ProcessRecord]] = []
+        #: Why each store does not open after the power cut of the step being observed.
+        self._unopenable: tuple[str, ...] = ()
 
     # -- lifetime ------------------------------------------------------------------------
 
@@ -248,6 +259,9 @@ class LaneExecutor:
                 self.directory = Path(tempfile.mkdtemp(
                     prefix=f"faultlab-lanes-{os.getpid()}-", dir=scratch_directory()))
             self.system.initialise(self.directory)
+            if self.power:  # before the first snapshot: its recovery of a journal is recorded
+                self.unrecorded_baseline = store_digests(self.system, self.directory)
+                vfs.install(self.directory / POWER_LOG)
             self.clock = VirtualClock(self.directory)
             self._set_server_clock()
             if getattr(self.system, "virtual_wall_clock", False):
@@ -276,6 +290,8 @@ class LaneExecutor:
         Under deferred signals: a SIGINT that lands here (at the end of an example) must
         not leave the run directory behind; it is raised once the directory is gone."""
         with interrupt.deferred():
+            if self.power and vfs.installed_directory() == str(self.directory / POWER_LOG):
+                vfs.uninstall()
             for lane in list(self.lanes.values()):
                 if lane.alive:
                     self._signal(lane, signal.SIGKILL)
@@ -301,7 +317,10 @@ class LaneExecutor:
         # the system decides what runs: a program of its own (argv, environment, whether it
         # announces its points), or faultlab's worker (None), as for a sequential step
         program = self.system.program(spec)
-        forks = program is None and self.spawn == "fork" and self.wall is None  # a preload
+        # exec for a libfaketime preload, and when recording for power cuts: a lane forked
+        # from this (recording) process failed a dispatcher's first write (disk I/O error)
+        forks = program is None and self.spawn == "fork" and self.wall is None \
+            and not self.power
         if forks and readers_are_kept():  # needs an exec; SQLite: no open connection may
             raise ExecutionError("cannot fork a lane while snapshot connections are kept "
                                  "open (a sequential executor is open in this process)")
@@ -588,6 +607,8 @@ class LaneExecutor:
         if step.action == SERVER_CRASH:
             check_server_crash(self.system)
             return
+        if step.action == POWER:
+            return  # names no lane; the choice was checked when the step was made
         if step.action == DROP_CONNECTION:
             check_server_crash(self.system, "a drop_connection step")
         lane = self.lanes.get(step.lane or 0)
@@ -624,6 +645,8 @@ class LaneExecutor:
             # every live lane's connections die with the server; its worker runs on (held,
             # blocked or paused where it was) and meets the failure at its next statement
             pgstores.crash_server()
+        elif step.action == POWER:
+            sigkills = self._power_cut(step)
         elif step.action in STARTS:
             moved = self._start(step)
             self._wait(moved, self.block_bound)
@@ -661,9 +684,31 @@ class LaneExecutor:
                 moved.paused = False
                 if moved.status == "blocked":
                     self._wait(moved, self.block_bound)
-        if step.action not in ("tick", "pause"):  # neither can free a lock
-            self._settle_blocked(moved)
+        if step.action not in ("tick", "pause", POWER):  # none can free a lock (a cut
+            self._settle_blocked(moved)                  # leaves no lane alive)
         return self._observe(step, moved, phase, sigkills)
+
+    def _power_cut(self, step: LaneStep) -> int:
+        """The machine loses power now: every live lane dies with its service (SIGKILL of
+        its group, reaped, so nothing records any more), then the stores are rebuilt as the
+        step's choice says (:func:`faultlab.run.executor.cut_power`). Returns the SIGKILLs."""
+        if not self.power:
+            raise ExecutionError("a power step needs a lane executor that records (power=True)")
+        killed = 0
+        for lane in self.lanes.values():
+            if not lane.alive:
+                continue
+            self._signal(lane, signal.SIGKILL)
+            if lane.paused:
+                self._signal(lane, signal.SIGCONT)
+                lane.paused = False
+            self._wait_exit(lane)
+            reap_group(lane.pid, wait=2.0)
+            killed += 1
+        self._unopenable, self.unrecorded_baseline = cut_power(
+            self.system, self.directory, self.directory / POWER_LOG, step.choice or {},
+            self.unrecorded_baseline, f"power step {step.describe()}")
+        return killed
 
     def _start(self, step: LaneStep) -> Lane:
         number = step.lane or 0
@@ -684,12 +729,13 @@ class LaneExecutor:
         return lane
 
     def _environment(self) -> tuple[tuple[str, str], ...]:
-        """The trace's clock variables (and libfaketime's), in every lane worker's spec as in
-        a sequential step's."""
+        """The trace's clock variables (and libfaketime's), and where to record for power
+        cuts, in every lane worker's spec as in a sequential step's."""
         if self.clock is None:
             raise ExecutionError("the lane executor is not open")
         wall = self.wall.environment() if self.wall is not None else {}
-        return tuple(sorted({**self.clock.environment(), **wall}.items()))
+        power = {POWER_LOG_VARIABLE: str(self.directory / POWER_LOG)} if self.power else {}
+        return tuple(sorted({**self.clock.environment(), **wall, **power}.items()))
 
     def _finish(self, lane: Lane) -> None:
         """Release the lane point after point until it ends (or blocks on a lock)."""
@@ -701,7 +747,8 @@ class LaneExecutor:
     def _observe(self, step: LaneStep, moved: Lane | None, phase: str,
                  sigkills: int) -> LaneObservation:
         before = self.snapshot
-        after = self.system.snapshot(self.directory)
+        unopenable, self._unopenable = self._unopenable, ()
+        after = before if unopenable else self.system.snapshot(self.directory)
         violations: list[Violation] = []
         exited = list(self._exited)
         for worker, record in exited:
@@ -711,7 +758,7 @@ class LaneExecutor:
             (lane.spec, record) for lane in self.lanes.values()
             for worker, record in exited if lane.worker == worker
         ]
-        if not checks or step.action == SERVER_CRASH:  # DURABLE judges the crash itself
+        if not checks or step.action in (SERVER_CRASH, POWER):  # DURABLE judges the fault
             checks.append((None, _dummy_record()))
         for spec, record in checks:
             check = Check(
@@ -720,6 +767,7 @@ class LaneExecutor:
                 operation_id=spec.operation_id if spec is not None else None,
                 payload=spec.payload if spec is not None else None, record=record,
                 deduplication=self.deduplication,
+                unopenable=unopenable if spec is None else (),
             )
             for invariant in STEP_INVARIANTS:
                 if invariant.check is not None and invariant.name not in SEQUENTIAL_ONLY:
@@ -740,9 +788,9 @@ class LaneExecutor:
             now=self.clock.ticks if self.clock is not None else None, solitary=solitary)
         self.snapshot = after
         # an armed point that fired: the worker, or the service a dispatcher started (a kill
-        # step's own SIGKILL is counted by the step)
-        sigkills += sum(int(record.killed and step.action != "kill") + int(record.service_killed)
-                        for _, record in exited)
+        # or power step's own SIGKILLs are counted by the step)
+        sigkills += sum(int(record.killed and step.action not in ("kill", POWER))
+                        + int(record.service_killed) for _, record in exited)
         observation = LaneObservation(
             len(self.observations) + 1, step, self.lane_states(), tuple(exited), before, after,
             tuple(dict.fromkeys(violations)), phase, sigkills,
@@ -839,9 +887,10 @@ def execute_concurrent(
     ``lenient`` (shrinking) it is skipped instead, and the observations show only the
     steps that ran.
     """
+    power = any(lane_step.action == POWER for lane_step in steps)
     with LaneExecutor(system, concurrency=concurrency, deduplication=deduplication,
-                      spawn=spawn, deadline=deadline,
-                      statement_points=statement_points) as executor:
+                      spawn=spawn, deadline=deadline, statement_points=statement_points,
+                      power=power) as executor:
         for lane_step in steps:
             if lenient:
                 try:

@@ -76,7 +76,7 @@ class Plan:
     statement_points: bool = False
     #: How concurrent traces draw the lane that moves (``--scheduler``, SCHEDULERS).
     scheduler: str = DEFAULT_SCHEDULER
-    #: Sequential traces also draw power cuts (``--power-loss``, :mod:`faultlab.stores.vfs`).
+    #: Traces also draw power cuts (``--power-loss``, :mod:`faultlab.stores.vfs`).
     power_loss: bool = False
     #: Jobs may be pinned, one CPU each (see :mod:`faultlab.process.affinity`); ``--no-pin``
     #: clears it.
@@ -255,6 +255,7 @@ def explore_round(
             examples=examples, steps=plan.steps, seed_value=seed, spawn=plan.spawn,
             deadline=plan.deadline, progress=progress, stop=stop, on_failure=on_failure,
             statement_points=plan.statement_points, scheduler=plan.scheduler,
+            power_loss=plan.power_loss,
         )
     return explore(
         system, spawner, deduplication=plan.deduplication, examples=examples,

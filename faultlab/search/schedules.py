@@ -54,6 +54,7 @@ from faultlab.search import defaults
 from faultlab.search.data import TITLES
 from faultlab.search.explore import HYPOTHESIS_VERSION, _no_local_constants, flaky_trace
 from faultlab.search.machine import (
+    POWER_CHOICES,
     InvariantFailure,
     NewOperations,
     StopExploration,
@@ -178,6 +179,8 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
     spawn: ClassVar[SpawnMode] = "fork"
     deadline: ClassVar[float] = DEFAULT_DEADLINE
     statement_points: ClassVar[bool] = False
+    #: ``explore --power-loss``: the stores are recorded and a ``power`` rule cuts power.
+    power_loss: ClassVar[bool] = False
     #: One of SCHEDULERS; ``steps`` is the example's length, where PCT's change points lie.
     scheduler: ClassVar[str] = "uniform"
     steps: ClassVar[int] = 10
@@ -195,7 +198,7 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
         self.executor = LaneExecutor(
             load_system(cls.system_ref), concurrency=cls.concurrency,
             deduplication=cls.deduplication, spawn=cls.spawn, deadline=cls.deadline,
-            statement_points=cls.statement_points,
+            statement_points=cls.statement_points, power=cls.power_loss,
         )
         self.payloads: dict[str, Any] = {}
         self.failure: InvariantFailure | None = None
@@ -549,6 +552,16 @@ def _server_crash_rule() -> Any:
     return precondition(lambda self: bool(self.payloads))(rule()(server_crash))
 
 
+def _power_rule() -> Any:
+    """The ``power`` rule: the machine loses power; every live lane dies with it and the
+    stores keep what the drawn choice keeps of their unsynced writes (as sequentially)."""
+
+    def power(self: ConcurrentMachine, choice: dict[str, Any]) -> None:
+        self.execute(LaneStep.power(choice))
+
+    return rule(choice=st.sampled_from(POWER_CHOICES))(power)
+
+
 def _drop_connection_rule() -> Any:
     """The ``drop_connection`` rule: the server ends a live lane's sessions (a dropped
     connection) while its worker runs on."""
@@ -565,7 +578,7 @@ def concurrent_machine(
     system_ref: str, *, concurrency: int, deduplication: bool = True, spawn: SpawnMode = "fork",
     deadline: float = DEFAULT_DEADLINE, examples: int = 100, steps: int = 10,
     recorder: ConcurrentRecorder | None = None, statement_points: bool = False,
-    scheduler: str = DEFAULT_SCHEDULER,
+    scheduler: str = DEFAULT_SCHEDULER, power_loss: bool = False,
 ) -> type[ConcurrentMachine]:
     check_scheduler(scheduler)
     system = load_system(system_ref)
@@ -591,6 +604,9 @@ def concurrent_machine(
     if server_crashes_possible(system):  # on a private server only, as sequentially
         Machine.server_crash = _server_crash_rule()
         Machine.drop_connection = _drop_connection_rule()
+    if power_loss:  # only then: without it the rules, and so every seed's examples, are as before
+        Machine.power_loss = True
+        Machine.power = _power_rule()
     Machine.TestCase.settings = machine_settings(examples, scheduled_steps(scheduler, steps))
     return Machine
 
@@ -819,17 +835,19 @@ def explore_concurrent(
     progress: Callable[[ConcurrentRecorder], None] | None = None,
     stop: Callable[[], bool] | None = None, on_failure: Callable[[], None] | None = None,
     statement_points: bool = False, scheduler: str = DEFAULT_SCHEDULER,
+    power_loss: bool = False,
 ) -> ConcurrentExploration:
     """Search concurrent traces; minimise the first failure; confirm it by replay.
 
     ``stop`` and ``on_failure`` work as in :func:`faultlab.search.explore.explore` (a time
     budget, ``--jobs``); ``statement_points`` also holds workers at sql:K / commit:K;
-    ``scheduler`` is one of SCHEDULERS (how the lane that moves is drawn)."""
+    ``scheduler`` is one of SCHEDULERS (how the lane that moves is drawn); ``power_loss``
+    adds the ``power`` rule (every live lane dies and the stores lose unsynced writes)."""
     recorder = ConcurrentRecorder(progress=progress, stop=stop)
     machine = concurrent_machine(
         system.ref, concurrency=concurrency, deduplication=deduplication, spawn=spawn,
         deadline=deadline, examples=examples, steps=steps, recorder=recorder,
-        statement_points=statement_points, scheduler=scheduler,
+        statement_points=statement_points, scheduler=scheduler, power_loss=power_loss,
     )
     base = machine_settings(examples, scheduled_steps(scheduler, steps))
     phases = tuple(p for p in base.phases if p not in (Phase.shrink, Phase.explain))

@@ -1,0 +1,112 @@
+"""Power cuts in concurrent traces: every live lane dies at the cut, the stores keep what
+the choice keeps of their unsynced writes, and the findings shrink, save and replay."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from faultlab.base.errors import UsageError
+from faultlab.run.interleaving import LaneExecutor, execute_concurrent
+from faultlab.system import load_system
+from faultlab.trace import ConcurrentTrace, LaneStep, load
+
+P = {"title": "backlog"}
+DROP_ALL = {"kind": "drop_all"}
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "faultlab", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=900, check=False)
+
+
+def test_a_power_step_is_data_in_a_concurrent_trace() -> None:
+    step = LaneStep.power({"kind": "prefix", "keep": 1})
+    assert step.to_json() == {"action": "power", "choice": {"kind": "prefix", "keep": 1}}
+    assert LaneStep.from_json(step.to_json()) == step
+    assert step.describe() == 'power({"keep":1,"kind":"prefix"})'
+    with pytest.raises(UsageError, match="takes no lane"):
+        LaneStep.from_json({"action": "power", "choice": DROP_ALL, "lane": 1})
+    with pytest.raises(UsageError, match="power step"):
+        LaneStep.from_json({"action": "power", "choice": {"kind": "sometimes"}})
+
+
+def test_a_cut_kills_the_held_lane_and_loses_an_unsynced_acceptance() -> None:
+    system = load_system("sync-off-caller")
+    with LaneExecutor(system, concurrency=2, power=True) as ex:
+        accepted = ex.run(LaneStep("run", 1, "accept", "op-1", P))
+        assert accepted.violations == () and len(accepted.snapshot.operations) == 1
+        held = ex.run(LaneStep("start", 2, "dispatch"))
+        (pid,) = [lane.pid for lane in ex.lanes.values() if lane.alive]
+        cut = ex.run(LaneStep.power(DROP_ALL))
+        assert _gone(pid) and not any(lane.alive for lane in ex.lanes.values())
+        assert cut.sigkills == 1 and held.violations == ()
+        assert len(cut.snapshot.operations) == 0  # synchronous=OFF: nothing synced
+        assert {v.invariant for v in cut.violations} >= {"ACK", "DURABLE"}
+
+
+def test_the_reference_keeps_what_it_acknowledged_through_a_cut_under_a_held_lane() -> None:
+    steps = [LaneStep("run", 1, "accept", "op-1", P), LaneStep("start", 2, "dispatch"),
+             LaneStep.power(DROP_ALL), LaneStep("run", 1, "dispatch"),
+             LaneStep("run", 2, "accept", "op-2", P), LaneStep.power({"kind": "prefix",
+                                                                       "keep": 1})]
+    execution = execute_concurrent(load_system("reference"), steps, concurrency=2)
+    assert execution.verdict.clean, [str(v) for v in execution.violations]
+    last = execution.observations[-1].snapshot
+    assert len(last.operations) == 2 and len(last.tickets) == 2
+
+
+def test_a_concurrent_power_finding_replays_from_its_file(tmp_path: Path) -> None:
+    trace = ConcurrentTrace(
+        system="full-sync-caller", deduplication=True, concurrency=2,
+        steps=[LaneStep("run", 1, "accept", "op-1", P), LaneStep.power(DROP_ALL)])
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace.to_json(), indent=2) + "\n", encoding="utf-8")
+    loaded = load(path)
+    assert isinstance(loaded, ConcurrentTrace) and loaded.steps == trace.steps
+    done = run_cli("replay", str(path))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "ACK+DURABLE at step 2" in done.stdout
+
+
+def test_explore_power_loss_runs_with_concurrency(tmp_path: Path) -> None:
+    done = run_cli("explore", "--system", "reference", "--power-loss", "--concurrency", "2",
+                   "--examples", "3", "--steps", "6", "--seed", "0", "--quiet",
+                   "--corpus", str(tmp_path / "corpus"), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {line.split()[0]: line.split()[-1] for line in done.stdout.splitlines()
+            if line.split()[:1] in (["OPEN"], ["DURABLE"], ["step"])}
+    assert "OPEN" in rows and "DURABLE" in rows, done.stdout
+    assert not (tmp_path / "corpus").exists()
+
+
+@pytest.mark.slow
+def test_explore_power_loss_with_concurrency_finds_and_shrinks_a_power_mutant(
+        tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    done = run_cli("explore", "--system", "sync-off-caller", "--power-loss", "--concurrency",
+                   "2", "--examples", "30", "--seed", "0", "--quiet", "--corpus", str(corpus),
+                   cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FOUND: ACK+DURABLE at step 2, shrunk to 2 scheduling steps" in done.stdout
+    (found,) = sorted(corpus.glob("*.json"))
+    trace = load(found)
+    assert isinstance(trace, ConcurrentTrace)
+    assert [step.action for step in trace.steps] == ["run", "power"]
+    assert trace.steps[-1].choice == DROP_ALL
+    replayed = run_cli("replay", str(found), cwd=tmp_path)
+    assert replayed.returncode == 0 and "matches" in replayed.stdout, replayed.stdout
