@@ -168,19 +168,27 @@ def _faultlab(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[s
 
 
 @pytest.mark.slow
-def test_mutants_judges_server_clock_lease_pg_on_a_private_server(tmp_path: Path) -> None:
-    """``mutants --only server-clock-lease-pg`` starts a private server of its own and
-    judges the mutant there with two lanes (explore alone: it is not enumerable)."""
+def test_mutants_catches_the_private_server_concurrency_mutants_at_their_minimal_traces(
+        tmp_path: Path) -> None:
+    """``mutants --only ...`` starts a private server of its own per mutant and judges it
+    there with two lanes (explore alone: neither is enumerable); at the default budget
+    each is caught and shrunk to its minimal trace (the rescue and overtake rules release
+    a reference-pg dispatcher, whose first point is inside its claim transaction, until it
+    holds its claim)."""
     _require()
     output = tmp_path / "zoo.json"
-    done = _faultlab("mutants", "--only", "server-clock-lease-pg", "--examples", "10",
-                     "--corpus", str(tmp_path / "c"), "--output", str(output))
-    assert done.returncode in (0, 1), done.stdout + done.stderr
-    rows: Any = json.loads(output.read_text(encoding="utf-8"))["systems"]
-    (row,) = rows
-    assert row["system"] == "server-clock-lease-pg" and row["unjudged"] is None
-    assert row["enumerable"] is False and row["explore_steps"] > 0
-    assert row["caught_by"] == ["FENCE"] and row["minimal_steps"] == 5
+    done = _faultlab("mutants", "--only", "server-clock-lease-pg", "--only", "advisory-lock-pg",
+                     "--corpus", str(tmp_path / "c"), "--output", str(output), timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows: Any = {row["system"]: row
+                 for row in json.loads(output.read_text(encoding="utf-8"))["systems"]}
+    for name, caught_by, minimal in (("server-clock-lease-pg", ["FENCE"], 5),
+                                     ("advisory-lock-pg", ["EXCL"], 4)):
+        row = rows[name]
+        assert row["unjudged"] is None and row["enumerable"] is False, row
+        assert row["caught_by"] == caught_by and row["minimal_steps"] == minimal, row
+        assert row["ok"] and row["explore_invariants"] == caught_by, row
+        assert row["shrunk_steps"] == minimal, row
 
 
 @pytest.mark.slow

@@ -87,6 +87,10 @@ COVERED: tuple[str, ...] = (*(i.name for i in INVARIANTS if i.fault is None),
 #: The per-step invariants the lane executor judges after every step (QUIET apart).
 PER_STEP: tuple[str, ...] = tuple(i.name for i in STEP_INVARIANTS if i.name not in SEQUENTIAL_ONLY)
 
+#: How many points a rescue's or overtake's holder is released past until it holds its
+#: claim (:meth:`ConcurrentMachine.release_until_claimed`).
+CLAIM_RELEASES = 3
+
 #: Clock advances the machine draws: a little, and a typical lease or more.
 TICKS = (1, 5, 10)
 
@@ -286,6 +290,20 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
                        # a claim held for the session's life (lease inf) cannot be waited out
                        and now < claim.lease_until < math.inf})
 
+    def release_until_claimed(self, lane: int) -> None:
+        """Release a dispatcher just started in ``lane`` point by point (at most
+        :data:`CLAIM_RELEASES` times) until it holds a claim, ends or blocks. A dispatcher
+        whose first point is inside its claim transaction (reference-pg's ``during_claim``)
+        holds nothing yet: a holder to be superseded or overtaken must hold its claim. One
+        whose first point comes after its claim (the SQLite reference) moves no further."""
+        worker = self.executor.lanes[lane].worker
+        for _ in range(CLAIM_RELEASES):
+            holder = self.executor.lanes[lane]
+            if holder.status != "held" or holder.paused or any(
+                    claim.worker == worker for claim in self.executor.history.claims):
+                return
+            self.execute(LaneStep("release", lane))
+
     def accepted(self) -> list[str]:
         return [op.id for op in self.executor.snapshot.operations if op.id in self.payloads]
 
@@ -391,6 +409,7 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
         if not self.leases():
             lane = data.draw(st.sampled_from(self.free_lanes()), label="holder")
             self.execute(LaneStep("start", lane, "dispatch"))
+            self.release_until_claimed(lane)
             if not self.leases() or not self.free_lanes():
                 return  # it held no lease (idle, or no lease to lapse): nothing to rescue
         ticks, holder = self.leases()[0]
@@ -409,6 +428,7 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
         hundreds of examples (four steps in the right lanes, on one key)."""
         lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
         self.execute(LaneStep("start", lane, "dispatch"))
+        self.release_until_claimed(lane)
         holder = self.executor.lanes[lane]
         if holder.status != "held" or not self.free_lanes():
             return  # it ended or blocked without holding: nothing to overtake

@@ -615,6 +615,10 @@ class AdvisoryLockPg(ReferencePg):
     crash_points = tuple(point for point in POINTS if point.name != "during_claim")
     caught_by = ("EXCL",)
     concurrency = 2
+    #: Judged by ``mutants`` with two lanes on a private server of its own (only there
+    #: can faultlab drop a session).
+    private_server = True
+    enumerable = False
     # Lane 1 claims op-1 (the advisory lock) and holds before the downstream call; the
     # server drops its sessions; lane 2's dispatcher gets the lock and claims op-1 too.
     minimal_trace: tuple[LaneStep, ...] = (
