@@ -579,7 +579,9 @@ def _power_rule() -> Any:
     def power(self: ConcurrentMachine, choice: dict[str, Any]) -> None:
         self.execute(LaneStep.power(choice))
 
-    return rule(choice=st.sampled_from(POWER_CHOICES))(power)
+    # before the first accept there is nothing a cut could lose, as sequentially
+    return precondition(lambda self: bool(self.payloads))(
+        rule(choice=st.sampled_from(POWER_CHOICES))(power))
 
 
 def _drop_connection_rule() -> Any:
