@@ -337,3 +337,38 @@ def test_an_interrupted_run_leaves_no_server(tmp_path: Path) -> None:
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130, err
     assert _left_behind(process.pid) == []
+
+
+def test_a_dropped_connection_reaches_a_command_line_lanes_backends(
+        private: PrivateServer, tmp_path: Path) -> None:
+    """A command-line worker's connection strings name its lane's tag, not its pid (they are
+    written before it exists): drop_connection ends its sessions by that tag. Lane 2 holds
+    with its claim's transaction open; once dropped, the claim is rolled back and lane 1's
+    dispatcher takes and completes the entry while lane 2 still lives."""
+    from test_postgres_command_lanes import PAYLOAD as COMMAND_PAYLOAD
+    from test_postgres_command_lanes import _announcing
+
+    from faultlab.run.interleaving import LaneExecutor
+
+    system = load_system(str(_announcing(tmp_path)))
+    with LaneExecutor(system, concurrency=2) as ex:
+        ex.run(LaneStep("run", 1, "accept", "op-1", COMMAND_PAYLOAD))
+        held = ex.run(LaneStep("start", 2, "dispatch"))
+        assert held.lanes == ("exit 0", "dispatch @before_dispatch"), held.lanes
+        application = pgstores.stores_info(ex.directory).application
+        tag = ex.lanes[2].program.backend_tag if ex.lanes[2].program else None
+        assert tag is not None
+        sessions = f"{application}-worker-{tag}"
+
+        def count() -> int:
+            rows = private._on_admin(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                (sessions,))
+            return int(rows[0][0])
+
+        assert count() >= 1  # the held lane's claim transaction
+        dropped = ex.run(LaneStep(DROP_CONNECTION, 2))
+        assert count() == 0 and ex.lanes[2].alive, dropped.lanes
+        rescued = ex.run(LaneStep("run", 1, "dispatch"))
+        assert rescued.snapshot.counts()["operations_complete"] == 1, rescued.lanes
+        assert len(rescued.snapshot.tickets) == 1

@@ -665,7 +665,8 @@ class LaneExecutor:
             elif step.action == DROP_CONNECTION:
                 # the process lives on (held, blocked or paused where it was); a statement
                 # it was blocked in fails now, so it moves on to its next point or its end
-                pgstores.drop_worker_connections(self.directory, moved.pid)
+                tag = moved.program.backend_tag if moved.program is not None else None
+                pgstores.drop_worker_connections(self.directory, moved.pid, tag)
                 if moved.status == "blocked" and not moved.paused:
                     self._wait(moved, self.block_bound)
             elif step.action == "kill":

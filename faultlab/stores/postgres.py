@@ -584,17 +584,21 @@ def _install_sigterm() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
-def drop_worker_connections(directory: Path, pid: int) -> list[int]:
+def drop_worker_connections(directory: Path, pid: int, tag: str | None = None) -> list[int]:
     """Terminate every session the worker process ``pid`` of the trace in ``directory``
     opened (``pg_terminate_backend``, waited for: its locks are free on return) while the
     worker lives on; the backends ended. A worker's sessions are the ones whose
     ``application_name`` :func:`connect` gave it (``<run>-worker-<pid>``): the server
-    tells each worker's own apart, a service child's (another pid) is left alone."""
+    tells each worker's own apart, a service child's (another pid) is left alone.
+
+    ``tag``: a command-line worker's (:func:`command_worker_started`): its connection
+    strings were written before its process existed, so they name the tag, not the pid
+    (``<run>-worker-<tag>``), and a dispatcher's service shares them: both lose theirs."""
     server = _server
     if server is None:
         raise UsageError("dropping a connection needs faultlab's own server: --postgres private")
     info = stores_info(directory)
-    return server.terminate_backends_of(f"{info.application}-worker-{pid}")
+    return server.terminate_backends_of(f"{info.application}-worker-{tag or pid}")
 
 
 # --- the stores of one trace ----------------------------------------------------------------
