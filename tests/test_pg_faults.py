@@ -372,3 +372,22 @@ def test_a_dropped_connection_reaches_a_command_line_lanes_backends(
         rescued = ex.run(LaneStep("run", 1, "dispatch"))
         assert rescued.snapshot.counts()["operations_complete"] == 1, rescued.lanes
         assert len(rescued.snapshot.tickets) == 1
+
+
+@pytest.mark.slow
+def test_each_server_fault_trace_replays_identically_20_times() -> None:
+    """The three replay tests above, with 20 replays each (FAULTLAB_SLOW_TESTS=1): a
+    sequential trace with server crashes, a concurrent one with a server crash under a
+    live lane, one with a dropped connection."""
+    _require()
+    names = ("test_a_server_crash_loses_nothing_of_reference_pg_and_replays_identically",
+             "test_a_server_crash_under_live_lanes_replays_identically",
+             "test_a_dropped_connection_replays_identically_and_reference_pg_survives_it")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+         *(f"{__file__}::{name}" for name in names)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1800, check=False,
+        env={**os.environ, "FAULTLAB_SLOW_TESTS": "1"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 passed" in done.stdout, done.stdout
+    assert "20 replays identical" in done.stdout, done.stdout

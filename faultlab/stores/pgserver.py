@@ -542,9 +542,14 @@ class PrivateServer:
                 return None
             code = keeper.returncode
         tail = [line.strip() for line in self.log_tail(60).splitlines() if line.strip()]
-        # the server's own account: which process died and how, then how it ended
-        cause = [line for line in tail if "terminated by signal" in line
-                 or "exited with exit code" in line or "PANIC:" in line][-1:]
+        # the server's own account: what a dying process printed itself (a PANIC, a C
+        # library's or libfaketime's complaint on its stderr), which process died and how,
+        # then how it ended
+        said = [line for line in tail if "PANIC:" in line or "TRAP:" in line
+                or line.startswith("***") or "faketime" in line.lower()
+                or "corrupt" in line.lower()][-2:]
+        cause = said + [line for line in tail if "terminated by signal" in line
+                        or "exited with exit code" in line][-1:]
         shown = [line[:200] for line in cause + [line for line in tail[-3:]
                                                   if line not in cause]]
         return (f"the private PostgreSQL server stopped by itself (exit status {code}; "

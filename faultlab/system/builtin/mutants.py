@@ -683,7 +683,6 @@ class WalNormalReceiver(Mutant):
     minimal_steps = 3
     minimal_trace = (Step("accept", OP, PAYLOAD), Step("dispatch"),
                      Step.power({"kind": "drop_all"}))
-    enumerable = False
 
     def service(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
         wal = _StorePragmas(context, DOWNSTREAM,
@@ -698,7 +697,6 @@ class SyncOffCaller(Mutant):
     caught_by = ("ACK", "DURABLE")
     minimal_steps = 2
     minimal_trace = (Step("accept", OP, PAYLOAD), Step.power({"kind": "drop_all"}))
-    enumerable = False
 
     def accept(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
         off = _StorePragmas(context, CALLER, ("PRAGMA synchronous=OFF",))
@@ -721,7 +719,6 @@ class FullSyncCaller(Mutant):
     caught_by = ("ACK", "DURABLE")
     minimal_steps = 2
     minimal_trace = (Step("accept", OP, PAYLOAD), Step.power({"kind": "drop_all"}))
-    enumerable = False
 
     def accept(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
         full = _StorePragmas(context, CALLER, ("PRAGMA synchronous=FULL",))
@@ -732,8 +729,9 @@ class FullSyncCaller(Mutant):
         return super().dispatch(full)
 
 
-#: Mutants only a power cut can catch (``explore --power-loss``); loadable by name, kept out
-#: of :data:`MUTANTS` so the zoo's tables (explore and enumerate without power) are as before.
+#: Mutants only a power cut can catch (``--power-loss``, explored and enumerated); loadable by
+#: name, kept out of :data:`MUTANTS` so the zoo's tables (explore and enumerate without
+#: power) are as before.
 POWER_MUTANT_CLASSES: tuple[type[Mutant], ...] = (WalNormalReceiver, SyncOffCaller,
                                                   FullSyncCaller)
 POWER_MUTANTS: dict[str, Callable[[], System]] = {cls.name: cls for cls in POWER_MUTANT_CLASSES}
