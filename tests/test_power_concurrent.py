@@ -4,13 +4,13 @@ the choice keeps of their unsynced writes, and the findings shrink, save and rep
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from test_lanes import _gone
 
 from faultlab.base.errors import UsageError
 from faultlab.run.interleaving import LaneExecutor, execute_concurrent
@@ -19,14 +19,6 @@ from faultlab.trace import ConcurrentTrace, LaneStep, load
 
 P = {"title": "backlog"}
 DROP_ALL = {"kind": "drop_all"}
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
