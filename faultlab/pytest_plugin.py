@@ -16,6 +16,12 @@ Installing faultlab gives every pytest run:
   project maps that name to in ``[tool.faultlab.systems]`` of the nearest
   ``pyproject.toml`` above the trace file; any other trace fails in one line
   saying how to name its system, and nothing runs for it.
+* ``--faultlab-postgres DSN|private``: the PostgreSQL server for traces whose
+  system keeps its stores there (as ``--postgres`` of the commands). ``private``
+  starts faultlab's own server when the first such trace runs (never before, so
+  a corpus without one pays nothing) and stops and removes it at the end of the
+  session; a trace with a server fault, or of a system on the server's clock,
+  needs it. Without the option such traces use libpq's environment.
 * ``--faultlab-examples N`` and ``--faultlab-seed S`` for state-machine tests
   built with :func:`faultlab.state_machine` (its ``TestCase``; also the lower-level
   :func:`faultlab.search.machine.outbox_machine` and the concurrent
@@ -59,6 +65,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
              "it maps that name to, and any other trace fails without running",
     )
     group.addoption(
+        "--faultlab-postgres", default=None, metavar="DSN|private",
+        help="PostgreSQL server for corpus traces of systems with PostgreSQL stores: a libpq "
+             "connection string, or 'private' for faultlab's own server, started when the "
+             "first such trace runs and removed at the end (needed by traces with a "
+             "server_crash or drop_connection step); default: libpq's environment",
+    )
+    group.addoption(
         "--faultlab-spawn", choices=("fork", "exec"), default="fork",
         help="how corpus replays start workers: fork (default) or exec",
     )
@@ -99,6 +112,44 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     stack = config.stash.get(_SPAWNER_KEY, None)
     if stack is not None:
         stack.close()
+    postgres = config.stash.get(_POSTGRES_KEY, None)
+    if postgres is not None:
+        postgres.close()
+
+
+_POSTGRES_KEY = pytest.StashKey[contextlib.ExitStack]()
+_POSTGRES_FAILED_KEY = pytest.StashKey[Exception]()
+
+
+def _use_postgres(config: pytest.Config) -> None:
+    """Point the stores at ``--faultlab-postgres`` once, before the first trace whose system
+    keeps its stores on PostgreSQL; the databases this session created are dropped and a
+    private server is stopped and removed when the session ends."""
+    value = config.getoption("faultlab_postgres")
+    failed = config.stash.get(_POSTGRES_FAILED_KEY, None)
+    if failed is not None:  # every later trace fails the same way, none runs elsewhere
+        raise failed
+    if value is None or config.stash.get(_POSTGRES_KEY, None) is not None:
+        return
+    from faultlab.stores import postgres as pgstores
+
+    stack = contextlib.ExitStack()
+    config.stash[_POSTGRES_KEY] = stack
+    server = None
+    if value == "private":
+        from faultlab.stores.pgserver import PrivateServer
+
+        server = PrivateServer()
+        stack.callback(server.stop)  # last: after the databases on it are dropped
+    stack.callback(pgstores.configure, None)
+    stack.callback(pgstores.close_run)  # first: drop what this session created
+    if server is not None:
+        try:
+            server.start()
+        except Exception as error:
+            config.stash[_POSTGRES_FAILED_KEY] = error
+            raise
+    pgstores.configure(server.conninfo if server is not None else value, server=server)
 
 
 def _in_corpus(config: pytest.Config, path: Path) -> bool:
@@ -165,7 +216,10 @@ class TraceItem(pytest.Item):
         trace = load(self.path)
         if trace.expect == EXPECT_FLAKY:  # kept for inspection: never a regression test
             pytest.skip("a flaky trace (it did not fail again when re-run): not a test")
-        planned = plan(self.path, trace, _system_for(self.config, trace, self.path))
+        system = _system_for(self.config, trace, self.path)
+        if getattr(system, "store_kind", None) == "postgres":
+            _use_postgres(self.config)
+        planned = plan(self.path, trace, system)
         outcome = replay(planned, _spawner(self.config),
                          deadline=self.config.getoption("faultlab_deadline"))
         if not outcome.matches:
@@ -174,7 +228,10 @@ class TraceItem(pytest.Item):
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
                      style: Any = None) -> str | Any:
         if isinstance(excinfo.value, (TraceMismatch, UsageError, ExecutionError)):
-            return str(excinfo.value)
+            text = str(excinfo.value)
+            if "--postgres private" in text and self.config.getoption("faultlab_postgres") is None:
+                text += " (under pytest: --faultlab-postgres private)"
+            return text
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:

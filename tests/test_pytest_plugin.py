@@ -46,13 +46,58 @@ def test_pyproject_registers_the_plugin() -> None:
     assert '[project.entry-points.pytest11]\nfaultlab = "faultlab.pytest_plugin"' in text
 
 
-def test_every_corpus_file_is_one_passing_item_named_after_it(pytester: pytest.Pytester) -> None:
+def _on_postgres(path: Path) -> bool:
+    """A corpus trace of a system whose stores are on PostgreSQL."""
+    from faultlab.system import load_system
+
+    return getattr(load_system(json.loads(path.read_text())["system"]), "store_kind",
+                   None) == "postgres"
+
+
+def _corpus_options(tmp_path: Path) -> tuple[list[str], list[Path]]:
+    """The plugin's options for the whole corpus and the traces they replay: with faultlab's
+    own PostgreSQL server where one can start (failing instead where the environment demands
+    postgres); elsewhere a copy of the corpus without the PostgreSQL traces."""
+    from conftest import required_services
+
+    from faultlab.stores import pgserver
+
+    reason = pgserver.unavailable()
+    if reason is None:
+        return ["--faultlab-corpus", str(CORPUS), "--faultlab-postgres", "private"], TRACES
+    if "postgres" in required_services():
+        pytest.fail(f"{reason}, and FAULTLAB_REQUIRE_SERVICES names postgres")
+    kept = [path for path in TRACES if not _on_postgres(path)]
+    copy = tmp_path / "corpus-without-postgres"
+    copy.mkdir()
+    for path in kept:
+        (copy / path.name).write_bytes(path.read_bytes())
+    return ["--faultlab-corpus", str(copy)], kept
+
+
+def test_every_corpus_file_is_one_passing_item_named_after_it(pytester: pytest.Pytester,
+                                                               tmp_path: Path) -> None:
     assert len(TRACES) >= 15
-    result = pytester.runpytest_subprocess(*PLUGIN, "--faultlab-corpus", str(CORPUS), "-v")
-    result.assert_outcomes(passed=len(TRACES))
+    options, traces = _corpus_options(tmp_path)
+    result = pytester.runpytest_subprocess(*PLUGIN, *options, "-v")
+    result.assert_outcomes(passed=len(traces))
     passed = [line for line in result.outlines if line.endswith("PASSED") or " PASSED " in line]
     names = sorted(line.split("::")[1].split()[0] for line in passed)
-    assert names == [path.name for path in TRACES]
+    assert names == [path.name for path in traces]
+
+
+def test_a_postgres_trace_without_faultlabs_own_server_fails_saying_how(
+        pytester: pytest.Pytester) -> None:
+    """A server fault runs only on faultlab's own server: without --faultlab-postgres the
+    item fails in one line naming the option, and nothing runs."""
+    corpus = pytester.mkdir("mine")
+    source = next(CORPUS.glob("async-commit-pg-ACK-*.json"))
+    (corpus / source.name).write_bytes(source.read_bytes())
+    result = pytester.runpytest_subprocess(*PLUGIN, "--faultlab-corpus", str(corpus))
+    result.assert_outcomes(failed=1)
+    assert ("a server_crash step needs faultlab's own PostgreSQL server (--postgres private)"
+            in result.stdout.str())
+    assert "(under pytest: --faultlab-postgres private)" in result.stdout.str()
 
 
 def test_a_differing_replay_fails_and_prints_its_table(pytester: pytest.Pytester) -> None:
@@ -137,15 +182,17 @@ def test_examples_and_seed_options_and_the_marker(pytester: pytest.Pytester) -> 
 
 def test_installed_plugin_from_any_directory(tmp_path: Path) -> None:
     """As a user runs it: a subprocess in a directory unrelated to faultlab."""
+    options, traces = _corpus_options(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", *PLUGIN, "--faultlab-corpus", str(CORPUS), "-q",
-         "-p", "no:cacheprovider"],
-        capture_output=True, text=True, env=child_environment(), cwd=tmp_path, timeout=300,
+        [sys.executable, "-m", "pytest", *PLUGIN, *options, "-q", "-p", "no:cacheprovider"],
+        capture_output=True, text=True, env=child_environment(), cwd=elsewhere, timeout=300,
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"{len(TRACES)} passed" in result.stdout
-    assert list(tmp_path.iterdir()) == []
+    assert f"{len(traces)} passed" in result.stdout
+    assert list(elsewhere.iterdir()) == []
 
 
 CONCURRENT_MACHINE_TESTS = """

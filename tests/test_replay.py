@@ -6,10 +6,11 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, require_private_postgres
 
 from faultlab.corpus.replay import plan, replay
 from faultlab.process.spawn import Spawner
@@ -28,11 +29,34 @@ def test_the_corpus_is_not_empty() -> None:
     assert CORPUS, "corpus/ holds no findings"
 
 
+@pytest.fixture(scope="module")
+def private_postgres() -> Iterator[None]:
+    """faultlab's own PostgreSQL server for the corpus traces of PostgreSQL systems (their
+    server_crash steps and server clock run nowhere else), removed after the module."""
+    from faultlab.stores import postgres as pgstores
+    from faultlab.stores.pgserver import PrivateServer
+
+    require_private_postgres()
+    server = PrivateServer()
+    try:
+        server.start()
+        pgstores.configure(server.conninfo, server=server)
+        yield
+    finally:
+        pgstores.close_run()
+        pgstores.configure(None)
+        server.stop()
+
+
 @pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.name)
-def test_corpus_trace_matches_its_recorded_verdict(path: Path, fork_spawner: Spawner) -> None:
+def test_corpus_trace_matches_its_recorded_verdict(path: Path, fork_spawner: Spawner,
+                                                   request: pytest.FixtureRequest) -> None:
     trace = load(path)  # version 1 or 2 (a concurrency mutant's finding)
     assert trace.expected is not None and not trace.expected.clean
-    outcome = replay(plan(path, trace, load_system(trace.system)), fork_spawner, deadline=15)
+    system = load_system(trace.system)
+    if getattr(system, "store_kind", None) == "postgres":
+        request.getfixturevalue("private_postgres")
+    outcome = replay(plan(path, trace, system), fork_spawner, deadline=15)
     assert outcome.verdict == trace.expected, "\n".join(outcome.lines())
 
 
