@@ -64,6 +64,30 @@ def test_a_failure_that_does_not_fail_again_is_flaky_not_clean(
     assert "flaky" in replayed.stdout and "every outcome matches" not in replayed.stdout
 
 
+
+def test_a_flaky_job_under_jobs_is_flaky_not_clean(tmp_path: Path) -> None:
+    """With --jobs 2 exactly one job takes the flag (one file, deleted once): its failure
+    stops the other job as a finding would, and the run is flaky (exit 5), its trace kept,
+    counted once in the summary, never clean and never a finding."""
+    flag = tmp_path / "forget-once"
+    flag.touch()
+    corpus = tmp_path / "corpus"
+    done = run(tmp_path, flag, "explore", "--system", SYSTEM, "--jobs", "2",
+               "--examples", "200", "--seed", "0", "--quiet", "--corpus", str(corpus))
+    output = done.stdout + done.stderr
+    assert not flag.exists(), output
+    assert done.returncode == EXIT_FLAKY, output
+    assert "clean:" not in done.stdout and "FOUND" not in done.stdout, output
+    flaky_lines = [line for line in done.stdout.splitlines() if line.startswith("flaky: ")]
+    assert len(flaky_lines) == 1 and "another job" not in done.stdout, output
+    kept = Path(flaky_lines[0].rsplit("trace kept at ", 1)[1])
+    kept = kept if kept.is_absolute() else tmp_path / kept
+    assert kept.is_file() and json.loads(kept.read_text())["expect"] == "flaky"
+    assert not corpus.exists() or not list(corpus.rglob("*.json"))
+    rows = {row.rsplit(None, 1)[0].strip(): row.rsplit(None, 1)[1]
+            for row in done.stdout.splitlines() if len(row.rsplit(None, 1)) == 2}
+    assert rows.get("flaky") == "1" and rows.get("jobs") == "2", done.stdout
+
 def test_the_api_outcome_says_flaky(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import faultlab
 
