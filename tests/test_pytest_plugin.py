@@ -203,23 +203,37 @@ import pytest
 
 from faultlab.search.schedules import ConcurrentRecorder, concurrent_machine
 
+from hypothesis.stateful import invariant
+
 PLAIN = ConcurrentRecorder()
 MARKED = ConcurrentRecorder()
+RULES = []  # per example of the marked machine: its invariant checks (1 + its rules)
 TestPlain = concurrent_machine("reference", concurrency=2, examples=40, steps=3,
                                recorder=PLAIN).TestCase
 
 
+class Counted(concurrent_machine("reference", concurrency=2, examples=40, steps=3,
+                                 recorder=MARKED)):
+    def __init__(self):
+        super().__init__()
+        RULES.append(0)
+
+    @invariant()
+    def count(self):  # Hypothesis checks invariants once at the start and after every rule
+        RULES[-1] += 1
+
+
 @pytest.mark.faultlab(examples=2, seed=11, steps=2)
-class TestMarked(concurrent_machine("reference", concurrency=2, examples=40, steps=3,
-                                    recorder=MARKED).TestCase):
+class TestMarked(Counted.TestCase):
     pass
 
 
 def test_zz_write_what_ran():
     Path("ran.json").write_text(json.dumps({
-        name: {"examples": r.examples, "steps": r.steps,
-               "last": [s.describe() for s in r.last_steps]}
-        for name, r in (("plain", PLAIN), ("marked", MARKED))
+        **{name: {"examples": r.examples, "steps": r.steps,
+                  "last": [s.describe() for s in r.last_steps]}
+           for name, r in (("plain", PLAIN), ("marked", MARKED))},
+        "marked_rules": max(RULES) - 1,
     }))
 """
 
@@ -238,8 +252,7 @@ def test_the_options_and_the_marker_reach_concurrent_machines(pytester: pytest.P
     first = _concurrent_machines(pytester, "--faultlab-examples", "3", "--faultlab-seed", "3")
     assert 3 <= int(first["plain"]["examples"]) < 10  # type: ignore[call-overload]
     assert 2 <= int(first["marked"]["examples"]) < 5  # type: ignore[call-overload]
-    marked_last = first["marked"]["last"]
-    assert isinstance(marked_last, list) and len(marked_last) <= 2  # the marker's steps
+    assert first["marked_rules"] == 2  # the marker's steps: at most 2 rules an example
     again = _concurrent_machines(pytester, "--faultlab-examples", "3", "--faultlab-seed", "3")
     assert again == first  # the same seed, the same examples, step for step
     other = _concurrent_machines(pytester, "--faultlab-examples", "3", "--faultlab-seed", "4")
