@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,6 +68,32 @@ def test_record_power_loss_installs_the_vfs_from_the_environment(tmp_path: Path)
     assert done.returncode == 0, done.stderr
     files = vfs.summary(log)["files"]
     assert str(tmp_path / "x.db") in files and files[str(tmp_path / "x.db")]["changes"] > 0
+
+
+def test_a_connection_left_open_at_exit_is_recorded_as_if_closed(tmp_path: Path) -> None:
+    """Python 3.12+ tears the module down before it closes a connection left open: the close's
+    checkpoint went unrecorded through failing callbacks (and, in CI, crashed with SIGSEGV)."""
+    def records(close: bool) -> tuple[str, dict[str, Any]]:
+        directory = tmp_path / ("closed" if close else "open")
+        directory.mkdir()
+        program = ("import sqlite3, faultlab\n"
+                   "faultlab.record_power_loss()\n"
+                   f"c = sqlite3.connect({str(directory / 'x.db')!r}, isolation_level=None)\n"
+                   "c.execute('PRAGMA journal_mode=WAL')\n"
+                   "c.execute('CREATE TABLE t(x)'); c.execute('INSERT INTO t VALUES (1)')\n"
+                   + ("c.close()\n" if close else ""))
+        done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                              env={**os.environ, POWER_LOG_VARIABLE: str(directory / "log")},
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        files = vfs.summary(directory / "log")["files"]
+        return done.stderr, {Path(path).name: counts for path, counts in files.items()}
+
+    closed_stderr, closed = records(close=True)
+    open_stderr, left_open = records(close=False)
+    assert closed_stderr == "" and open_stderr == ""
+    assert closed["x.db"]["changes"] > 0 and "x.db-wal" in closed
+    assert left_open == closed
 
 
 def test_a_program_that_does_not_record_ends_the_run_with_exit_3(tmp_path: Path) -> None:

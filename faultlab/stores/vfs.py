@@ -102,9 +102,11 @@ that it can be loaded early in a worker process.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import ctypes.util
 import fcntl
+import gc
 import hashlib
 import os
 import sqlite3
@@ -682,6 +684,31 @@ _IO_CALLBACKS: dict[str, Any] = {
 _VFS_CALLBACKS: dict[str, Any] = {"xOpen": _X_OPEN(_x_open), "xDelete": _X_DELETE(_x_delete)}
 _KEEP.extend(_IO_CALLBACKS.values())
 _KEEP.extend(_VFS_CALLBACKS.values())
+# At interpreter exit (Python 3.12 and later in particular) the module's globals are cleared
+# and unreferenced objects freed while a connection of the program may still be open: one
+# more reference, never dropped, keeps the callbacks and structs SQLite points to alive until
+# the process is gone, so a late call fails cleanly instead of jumping into freed memory.
+for _pinned in (_KEEP, _HANDLES, _REAL_METHODS, _WRAPPER_METHODS, _state):
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(_pinned))
+del _pinned
+
+
+def _close_connections_at_exit() -> None:
+    """Close the program's open connections while this module still works.
+
+    A connection left open is otherwise closed while the interpreter tears its modules down,
+    after this module's globals are gone: the writes SQLite makes at close (the WAL's
+    checkpoint, the journal's deletion) would then go unrecorded, and the callbacks would
+    fail. Closing at exit is what the teardown would do anyway (an open transaction rolls
+    back), only earlier, while everything it writes is still recorded. Runs as an
+    :mod:`atexit` handler, so after every handler registered later than :func:`install`.
+    """
+    for candidate in gc.get_objects():
+        if isinstance(candidate, sqlite3.Connection):
+            try:
+                candidate.close()
+            except Exception:  # noqa: BLE001 - a connection of another thread, or closed
+                pass
 
 
 def _wrapper_methods(version: int) -> _IoMethods:
@@ -752,6 +779,7 @@ def _register() -> None:
         _state["real_delete"] = _X_DELETE(real.xDelete)
         _state["vfs"] = vfs
         _KEEP.extend([vfs, _state["real_open"], _state["real_delete"]])
+        atexit.register(_close_connections_at_exit)
     rc = library.sqlite3_vfs_register(ctypes.addressof(vfs), 1)
     if rc != _SQLITE_OK:
         raise VfsError(f"sqlite3_vfs_register failed: SQLite code {rc}")
