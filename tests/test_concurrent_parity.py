@@ -82,8 +82,8 @@ def test_response_fields_make_ack_checked_sequentially_and_in_lanes(tmp_path: Pa
                        "--seed", "0", "--quiet", "--corpus", corpus)
     assert code == 0, out
     assert checked(out, "ACK") > 0
-    code, out, _ = cli("explore", "--system", path, "--concurrency", "2", "--examples", "20",
-                       "--seed", "0", "--quiet", "--corpus", corpus)
+    code, out, _ = cli("explore", "--system", path, "--concurrency", "2", "--examples", "6",
+                       "--steps", "6", "--seed", "0", "--quiet", "--corpus", corpus)
     assert code in NOTHING_FOUND, out
     assert checked(out, "ACK") > 0
 
@@ -173,7 +173,8 @@ def test_an_undeclared_crash_point_is_refused_before_anything_runs(tmp_path: Pat
 
 def test_argument_mode_crash_points_fire_under_concurrency(tmp_path: Path) -> None:
     code, out, _ = cli("explore", "--system", ARGUMENT, "--concurrency", "2", "--examples",
-                       "20", "--seed", "0", "--quiet", "--corpus", str(tmp_path / "corpus"))
+                       "6", "--steps", "6", "--seed", "0", "--quiet",
+                       "--corpus", str(tmp_path / "corpus"))
     assert code in NOTHING_FOUND, out
     sigkills = re.search(r"^SIGKILLs\s+(\d+)\s*$", out, re.MULTILINE)
     assert sigkills is not None and int(sigkills.group(1)) > 0, out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -274,21 +275,29 @@ def test_explore_catches_async_commit_pg_and_shrinks_it_leaving_nothing(
     assert shared is None or _shared_start_time() == shared
 
 
-def test_explore_of_reference_pg_with_server_crashes_is_clean(tmp_path: Path) -> None:
+#: Examples of the clean runs below: a few by default, more as slow tests.
+CLEAN_EXAMPLES = [8, pytest.param(40, marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("examples", CLEAN_EXAMPLES)
+def test_explore_of_reference_pg_with_server_crashes_is_clean(tmp_path: Path,
+                                                              examples: int) -> None:
     _require()
     done = _faultlab("explore", "--system", "reference-pg", "--postgres", "private",
-                     "--examples", "20", "--corpus", str(tmp_path / "corpus"), "--quiet",
-                     cwd=tmp_path)
+                     "--examples", str(examples), "--corpus", str(tmp_path / "corpus"),
+                     "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("examples", CLEAN_EXAMPLES)
 def test_concurrent_explore_of_reference_pg_with_server_crashes_is_clean(
-        tmp_path: Path) -> None:
+        tmp_path: Path, examples: int) -> None:
     _require()
     done = _faultlab("explore", "--system", "reference-pg", "--postgres", "private",
-                     "--concurrency", "2", "--examples", "20", "--corpus",
+                     "--concurrency", "2", "--examples", str(examples), "--corpus",
                      str(tmp_path / "corpus"), "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"^step server_crash\s+[1-9]", done.stdout, re.MULTILINE), done.stdout
 
 
 def test_the_zoo_judges_async_commit_pg_on_a_private_server_of_its_own(
