@@ -322,9 +322,10 @@ def test_the_zoo_says_why_async_commit_pg_is_not_judged_without_a_private_server
 
 
 def test_concurrent_explore_catches_advisory_lock_pg_and_shrinks_it(tmp_path: Path) -> None:
+    """Seed 3 finds it in its third example (seed 0 in its 26th, as the zoo's table shows)."""
     _require()
     done = _faultlab("explore", "--system", "advisory-lock-pg", "--postgres", "private",
-                     "--concurrency", "2", "--examples", "100", "--corpus",
+                     "--concurrency", "2", "--seed", "3", "--examples", "100", "--corpus",
                      str(tmp_path / "corpus"), "--quiet", cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FOUND: EXCL at step 4, shrunk to 4 scheduling steps" in done.stdout, done.stdout
