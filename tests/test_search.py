@@ -106,19 +106,22 @@ def _stopping_after(calls: int) -> Callable[[], bool]:
     return lambda: next(asked) >= calls
 
 
+@pytest.mark.parametrize("calls", [
+    calls if index % 2 == 0 else pytest.param(calls, marks=pytest.mark.slow)
+    for index, calls in enumerate(range(130, 200, 7))])
 def test_a_stop_mid_example_is_a_stop_never_a_finding(
-    fork_spawner: Spawner, reference: System,
+    fork_spawner: Spawner, reference: System, calls: int,
 ) -> None:
-    """Stopped at step 130, 137, ... of a clean exploration: a stop each time, no note, no
-    trace. Before the fix, 5 of these 10 ended with Hypothesis's FlakyStrategyDefinition
-    (the cut example drew less than an earlier one with the same start) and the clean
-    last example was reported as a finding (``explore --duration``: FOUND: clean, exit 1)."""
-    for calls in range(130, 200, 7):
-        result = explore(reference, fork_spawner, examples=50, seed_value=0,
-                         stop=_stopping_after(calls))
-        assert result.stopped and result.trace is None, (calls, result.notes)
-        assert result.notes == [], (calls, result.notes)
-        assert 0 < result.recorder.examples < 50, calls  # stopped before the end
+    """Stopped at step 130, 137, ... of a clean exploration (every other one a slow test):
+    a stop each time, no note, no trace. Before the fix, 5 of these 10 ended with
+    Hypothesis's FlakyStrategyDefinition (the cut example drew less than an earlier one
+    with the same start) and the clean last example was reported as a finding
+    (``explore --duration``: FOUND: clean, exit 1)."""
+    result = explore(reference, fork_spawner, examples=50, seed_value=0,
+                     stop=_stopping_after(calls))
+    assert result.stopped and result.trace is None, (calls, result.notes)
+    assert result.notes == [], (calls, result.notes)
+    assert 0 < result.recorder.examples < 50, calls  # stopped before the end
 
 
 def test_a_stop_after_a_failure_does_not_lose_the_finding(
