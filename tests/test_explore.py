@@ -116,6 +116,11 @@ def test_explore_command_clean_creates_no_corpus(tmp_path: Path) -> None:
     assert "SIGKILLs" in done.stdout and "steps/s" in done.stdout
     assert hypothesis.__version__ in done.stdout  # what the seed reproduces a run with
     assert not corpus.exists()
+    rows = dict(line.rsplit(None, 1) for line in done.stdout.splitlines()
+                if line.startswith("step"))
+    by_action = {name: int(count) for name, count in rows.items() if name.startswith("step ")}
+    assert {"step accept", "step dispatch"} <= set(by_action), done.stdout
+    assert sum(by_action.values()) == int(rows["steps"]), done.stdout  # each step counted once
 
 
 def test_an_exploration_and_its_finding_record_the_hypothesis_version(

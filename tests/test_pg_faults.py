@@ -287,6 +287,7 @@ def test_explore_of_reference_pg_with_server_crashes_is_clean(tmp_path: Path,
                      "--examples", str(examples), "--corpus", str(tmp_path / "corpus"),
                      "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"^step server_crash\s+[1-9]", done.stdout, re.MULTILINE), done.stdout
 
 
 @pytest.mark.parametrize("examples", CLEAN_EXAMPLES)

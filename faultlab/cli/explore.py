@@ -573,11 +573,11 @@ def _summary_rows(system: System, args: argparse.Namespace, plan: Plan, totals: 
             ["examples with a direct delivery (%)", share_at_least(totals.deliveries, 1)],
         ]
     if plan.concurrency > 1:
-        actions: Counter[str] = Counter()
-        for r in results:
-            actions.update(r.actions)
         rows.append(["lane-steps blocked on a lock", totals.blocked])
-        rows += [[f"step {name}", count] for name, count in sorted(actions.items())]
+    actions: Counter[str] = Counter()
+    for r in results:
+        actions.update(r.actions)
+    rows += [[f"step {name}", count] for name, count in sorted(actions.items())]
     rows += [
         ["wall time (s)", round(seconds, 3)],
         ["steps/s", round(totals.steps / seconds, 1) if seconds else 0.0],

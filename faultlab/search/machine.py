@@ -160,6 +160,9 @@ class Recorder:
     #: steps): how deep the generated traces go
     operations_per_example: Counter[int] = field(default_factory=Counter)
     deliveries_per_example: Counter[int] = field(default_factory=Counter)
+    #: steps by action (accept, dispatch, ..., server_crash), as the concurrent recorder
+    #: counts them: the summary shows that a run's faults were really drawn
+    actions: Counter[str] = field(default_factory=Counter)
     last_steps: list[Step] = field(default_factory=list)
     last_verdict: Verdict = field(default_factory=Verdict)
     last_violations: list[Violation] = field(default_factory=list)
@@ -184,6 +187,7 @@ class Recorder:
 
     def observe(self, observation: Observation) -> None:
         self.steps += 1
+        self.actions[observation.step.action] += 1
         record = observation.record
         self.processes += 1 + (1 if record.service else 0)
         self.sigkills += int(record.killed) + int(record.service_killed)

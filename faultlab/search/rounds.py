@@ -147,7 +147,8 @@ class StreamResult:
     armed: dict[str, int] = field(default_factory=dict)
     fired: dict[str, int] = field(default_factory=dict)
     checked: dict[str, int] = field(default_factory=dict)
-    #: Concurrent traces: scheduling choices by action (run, start, release, ...).
+    #: Steps by action (accept, dispatch, server_crash, ...; concurrent traces: run, start,
+    #: release, ...).
     actions: dict[str, int] = field(default_factory=dict)
     trace: dict[str, Any] | None = None
     #: An example failed but did not fail again when re-run: its trace (JSON, marked
@@ -211,7 +212,7 @@ def run_stream(
             counters = (("checked", recorder.checked), ("actions", recorder.actions))
         else:
             counters = (("armed", recorder.coverage.armed), ("fired", recorder.coverage.fired),
-                        ("checked", recorder.coverage.checked))
+                        ("checked", recorder.coverage.checked), ("actions", recorder.actions))
         for name, counter in counters:
             merged: dict[str, int] = getattr(result, name)
             for key, count in counter.items():
