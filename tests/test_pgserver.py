@@ -377,15 +377,62 @@ def test_the_virtual_clock_moves_only_when_set(faketime: None, server: PrivateSe
         assert _now(connection, "statement_timestamp()") == EPOCH + timedelta(seconds=60)
     with server.connect() as connection:  # one transaction: now() is its start
         begun = _now(connection, "now()")
-        server.set_clock(90.25)
+        server.set_clock(90.0)  # a float that is a whole number of seconds
         assert _now(connection, "now()") == begun
-        assert _now(connection, "statement_timestamp()") == EPOCH + timedelta(seconds=90.25)
-        assert _now(connection, "clock_timestamp()") == EPOCH + timedelta(seconds=90.25)
+        assert _now(connection, "statement_timestamp()") == EPOCH + timedelta(seconds=90)
+        assert _now(connection, "clock_timestamp()") == EPOCH + timedelta(seconds=90)
         connection.rollback()
-        assert _now(connection, "now()") == EPOCH + timedelta(seconds=90.25)
+        assert _now(connection, "now()") == EPOCH + timedelta(seconds=90)
+    with pytest.raises(ValueError, match="whole seconds"):
+        server.set_clock(90.25)
+    assert server.clock == 90
     server.restart()  # the clock survives a crash and restart
     with server.connect(autocommit=True) as connection:
-        assert _now(connection, "now()") == EPOCH + timedelta(seconds=90.25)
+        assert _now(connection, "now()") == EPOCH + timedelta(seconds=90)
+
+
+#: How long the clock is read under a storm of timeout signals: the old timestamp-file
+#: clock hung a backend within a second or two here, every time.
+SIGNAL_STORM_SECONDS = 4.0
+
+
+def test_clock_reads_inside_timeout_signals_neither_hang_nor_corrupt_a_backend(
+        faketime: None, server: PrivateServer) -> None:
+    """PostgreSQL reads the wall clock in its SIGALRM handler (every timeout). With the
+    connection check every millisecond the alarm fires about a thousand times a second
+    while the statement reads the clock in a loop: a clock read that is not
+    async-signal-safe (libfaketime's timestamp file, an fopen per read) deadlocks the
+    backend inside malloc or aborts it with a corrupted heap."""
+    rounds = 0
+    failure: list[BaseException] = []
+
+    def hammer() -> None:
+        nonlocal rounds
+        try:
+            with server.connect(autocommit=True) as connection:
+                connection.execute("SET client_connection_check_interval = 1")
+                began = time.monotonic()
+                while time.monotonic() - began < SIGNAL_STORM_SECONDS:
+                    row = connection.execute(
+                        "SELECT count(clock_timestamp()) FROM generate_series(1, 20000)"
+                    ).fetchone()
+                    assert row == (20000,)
+                    rounds += 1
+        except BaseException as error:  # reported by the test's thread below
+            failure.append(error)
+
+    worker = threading.Thread(target=hammer, daemon=True)
+    worker.start()
+    worker.join(SIGNAL_STORM_SECONDS + 20)
+    hung = worker.is_alive()
+    if hung:
+        server.crash()  # drops the hung session, so the thread ends
+        worker.join(10)
+    log = server.log_path.read_text(errors="replace")
+    assert not hung, f"a backend hung reading the clock in a signal handler ({rounds} rounds)"
+    assert not failure, f"{failure[0]!r}\n{log[-2000:]}"
+    assert "terminated by signal" not in log and "corrupted" not in log, log[-2000:]
+    assert rounds >= 5
 
 
 def test_without_the_virtual_clock_the_server_keeps_real_time() -> None:

@@ -218,3 +218,28 @@ def test_a_virtual_wall_clock_system_explores_in_fork_mode(
               f"{rate:.1f} steps/s")
     assert mode == "fork" and result.totals.steps > 0
     assert rate > 4.0  # an exec'd worker alone takes 250 ms
+
+
+def test_the_clock_file_holds_whole_seconds_exactly(tmp_path: Path) -> None:
+    """libfaketime follows the file's modification time: setting it is one utime."""
+    path = tmp_path / wall_clock.CLOCK_FILE
+    wall_clock.set_file(path, 61)
+    assert path.stat().st_mtime_ns == (wall_clock.EPOCH + 61) * 1_000_000_000
+    wall_clock.set_file(path, 7.0)
+    assert path.stat().st_mtime_ns == (wall_clock.EPOCH + 7) * 1_000_000_000
+    with pytest.raises(ValueError, match="whole seconds"):
+        wall_clock.set_file(path, 7.5)
+    assert path.stat().st_mtime_ns == (wall_clock.EPOCH + 7) * 1_000_000_000
+
+
+def test_a_fork_server_under_libfaketime_follows_its_library_until_a_child_names_a_file(
+) -> None:
+    load = {"LD_PRELOAD": "/lib/libfaketime.so.1 /lib/other.so", **wall_clock.SETTINGS}
+    assert wall_clock.server_variables(load) == {
+        wall_clock.FOLLOW_VARIABLE: "/lib/libfaketime.so.1"}
+    assert wall_clock.server_variables({"LD_PRELOAD": "/lib/other.so"}) == {}
+    environment = (("LD_PRELOAD", "/lib/libfaketime.so.1"), *wall_clock.SETTINGS.items(),
+                   (wall_clock.FOLLOW_VARIABLE, "/trace/faultlab-faketime"))
+    fixed = dict(spawn.server_environment(environment) or ())
+    assert fixed[wall_clock.FOLLOW_VARIABLE] == "/lib/libfaketime.so.1"
+    assert fixed["FAKETIME"] == "%x0"

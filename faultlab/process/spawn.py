@@ -31,7 +31,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 from faultlab.base import interrupt
 from faultlab.base.clock import CLOCK_ENV
 from faultlab.base.errors import ExecutionError
-from faultlab.base.wall_clock import LOAD_VARIABLES, TIMESTAMP_VARIABLE
+from faultlab.base.wall_clock import FOLLOW_VARIABLE, LOAD_VARIABLES, server_variables
 from faultlab.process.records import (
     DEFAULT_DEADLINE,
     POWER_LOG_VARIABLE,
@@ -55,9 +55,9 @@ _KILL_GRACE = 2.0
 #: How a worker runs inside a process: the role's code, returning the exit status.
 WorkerMain = Callable[[WorkerSpec], int]
 #: Environment variables a forked worker sets itself, before it runs: each is read where it
-#: is used, not as the process starts (faultlab's clock file, libfaketime's timestamp file,
+#: is used, not as the process starts (faultlab's clock file, the file libfaketime follows,
 #: the power-loss recording's log directory).
-_CHILD_VARIABLES = frozenset({CLOCK_ENV, TIMESTAMP_VARIABLE, POWER_LOG_VARIABLE})
+_CHILD_VARIABLES = frozenset({CLOCK_ENV, FOLLOW_VARIABLE, POWER_LOG_VARIABLE})
 #: Environment variables only a process's start can give (a preloaded library and the
 #: settings it reads as it loads): a fork server started with them passes them on.
 _SERVER_VARIABLES = frozenset(LOAD_VARIABLES)
@@ -792,7 +792,9 @@ def server_environment(
     The variables read as a process starts (a preload: libfaketime's library and
     settings) are the server's, inherited by every child; those read where they are used
     (the clock files, the power-loss recording's log directory) each child sets itself
-    (:func:`_read_spec`). Any other variable is given by exec.
+    (:func:`_read_spec`), and what libfaketime needs until it does is the server's too
+    (:func:`faultlab.base.wall_clock.server_variables`). Any other variable is given by
+    exec.
     """
     fixed = []
     for name, value in environment:
@@ -800,6 +802,7 @@ def server_environment(
             fixed.append((name, value))
         elif name not in _CHILD_VARIABLES:
             return None
+    fixed.extend(server_variables(dict(fixed)).items())
     return tuple(sorted(fixed))
 
 

@@ -27,8 +27,14 @@ as that user. Clients connect as the superuser :data:`SUPERUSER` with ``trust``
 authentication, which is safe only because the socket directory is private.
 
 **Time.** With libfaketime installed (found as :mod:`faultlab.base.wall_clock` finds
-it) ``initdb`` and the server run under it, frozen at :data:`EPOCH` + the virtual
-seconds last given to :meth:`PrivateServer.set_clock`. Every wall-clock read in the
+it) ``initdb`` and the server run under it, frozen at :data:`EPOCH` + the whole
+virtual seconds last given to :meth:`PrivateServer.set_clock`. The clock is a file's
+modification time, read with one ``stat`` (async-signal-safe): PostgreSQL reads the clock
+in its SIGALRM handler whenever a timeout fires, which libfaketime's timestamp-file mode
+(an ``fopen`` on every read) turns into a deadlocked or heap-corrupted backend. One
+hazard remains: libfaketime reads the real clock while it is inside that ``stat``, so an
+alarm that lands in it sees real time, which is later than every virtual deadline, and
+fires the timeouts then armed early. Every wall-clock read in the
 server follows it: ``now()`` / ``transaction_timestamp()`` (the transaction's start, as
 always), ``statement_timestamp()``, ``clock_timestamp()``, ``timeofday()``,
 ``pg_postmaster_start_time()``, ``backend_start`` / ``xact_start`` in
@@ -62,7 +68,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import math
 import os
 import pwd
 import random
@@ -96,7 +101,7 @@ SUPERUSER = "faultlab"
 DIRECTORY_PREFIX = "faultlab-pg-"
 #: The virtual clock's tick 0 on the wall clock (shared with faultlab.base.wall_clock).
 EPOCH = wall_clock.EPOCH
-TIMESTAMP_FILE = "faketime"
+CLOCK_FILE = "faketime"
 #: How long initdb, a start and a fast shutdown may take before faultlab gives up.
 START_DEADLINE = 60.0
 STOP_DEADLINE = 10.0
@@ -257,14 +262,6 @@ def _quote(value: str) -> str:
     if value and not any(c in value for c in " '\\\t\n"):
         return value
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def stamp(seconds: float) -> str:
-    """libfaketime's absolute, frozen timestamp for virtual time ``seconds`` (the server
-    runs with TZ=UTC, so libfaketime's mktime reads it as UTC)."""
-    whole = math.floor(seconds)
-    micros = min(int(round((seconds - whole) * 1_000_000)), 999_999)
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(EPOCH + whole)) + f".{micros:06d}"
 
 
 def processes_using(directory: Path) -> list[int]:
@@ -478,7 +475,7 @@ class PrivateServer:
         self._keeper: subprocess.Popen[bytes] | None = None
         self._admin: psycopg.Connection[Any] | None = None
         self._lock = threading.RLock()
-        self._clock = 0.0
+        self._clock = 0
         self._owner = os.getpid()
         #: wall seconds of the last initdb, first start and restart (crash recovery)
         self.timings: dict[str, float] = {}
@@ -639,7 +636,7 @@ class PrivateServer:
             shutil.copyfile(library, copy)
             copy.chmod(0o755)
             self._library = copy
-            self.set_clock(0.0)
+            self.set_clock(0)
         if account is not None:
             uid, gid, _ = account
             for path in (top, self.socket_directory, self.log_path):
@@ -653,12 +650,11 @@ class PrivateServer:
         if self._library is not None:
             env.update({
                 "LD_PRELOAD": str(self._library),
-                "FAKETIME_TIMESTAMP_FILE": str(self._path(TIMESTAMP_FILE)),
-                # every read sees the file as it is now: set_clock() takes effect at once
-                "FAKETIME_NO_CACHE": "1",
-                # monotonic clocks stay real: latch waits, wal_writer_delay, pg_ctl-like
-                # polling and the postmaster's own sleeps keep working
-                "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+                # frozen at the clock file's modification time, read again on every
+                # read (set_clock() takes effect at once); monotonic clocks stay real:
+                # latch waits, wal_writer_delay and the postmaster's own sleeps work
+                **wall_clock.SETTINGS,
+                wall_clock.FOLLOW_VARIABLE: str(self._path(CLOCK_FILE)),
                 # file times stay real (nothing in the server should see them move)
                 "NO_FAKE_STAT": "1",
             })
@@ -802,25 +798,22 @@ class PrivateServer:
     # -- virtual clock --------------------------------------------------------------------
 
     @property
-    def clock(self) -> float:
+    def clock(self) -> int:
         """The virtual time in seconds since :data:`EPOCH` (last :meth:`set_clock`)."""
         return self._clock
 
     def set_clock(self, seconds: float) -> None:
         """Set the server's wall clock to :data:`EPOCH` + ``seconds``, frozen there.
 
-        Written beside the file and renamed, so no backend reads half a timestamp.
-        The next call that reads the clock (the next statement) sees it."""
+        Whole seconds (a float that is one is accepted). One ``utime`` of the clock file,
+        so no backend reads a half-set clock; the next call that reads the clock (the
+        next statement) sees it."""
         if self._library is None:
             raise PrivateServerUnavailable(
                 "this private PostgreSQL server runs on the real clock (libfaketime is not "
                 "installed, or virtual_clock=False)")
-        path = self._path(TIMESTAMP_FILE)
-        temporary = path.with_name(f".{path.name}.tmp")
-        temporary.write_text(stamp(seconds) + "\n", encoding="ascii")
-        temporary.chmod(0o644)
-        os.replace(temporary, path)
-        self._clock = float(seconds)
+        wall_clock.set_file(self._path(CLOCK_FILE), seconds)
+        self._clock = int(seconds)
 
     # -- sessions -------------------------------------------------------------------------
 

@@ -130,7 +130,7 @@ def set_server_clock(ticks: int) -> bool:
     server = _server
     if server is None or not server.virtual_clock:
         return False
-    server.set_clock(float(ticks))
+    server.set_clock(ticks)
     return True
 
 
