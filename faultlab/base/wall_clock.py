@@ -97,7 +97,7 @@ def set_file(path: Path, seconds: float) -> None:
     the old time or the new one, never a mixture."""
     if seconds != int(seconds):
         raise ValueError(f"the virtual wall clock moves in whole seconds, not {seconds}")
-    if not path.exists():
+    if not path.exists():  # never touch an existing file: its time would be real for a moment
         path.touch(mode=0o644)
     moment = (EPOCH + int(seconds)) * 1_000_000_000
     os.utime(path, ns=(moment, moment))
