@@ -70,6 +70,32 @@ def test_accept_dispatch_and_crash_through_the_cli(stores: Path) -> None:
     assert json.loads(conflict.stdout) == {"error": "payload_conflict", "operation_id": "op-1"}
 
 
+_WORKER_IMPORTS_PROBE = """
+import json, sys
+from faultlab.cli import main
+code = main(sys.argv[1:])
+heavy = ("hypothesis", "tabulate", "faultlab.search", "faultlab.report", "faultlab.cli.explore")
+loaded = sorted(name for name in sys.modules if name.startswith(heavy))
+print(json.dumps({"code": code, "loaded": loaded}), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("role", ["accept", "dispatch"])
+def test_an_exec_mode_worker_loads_no_search_machinery(stores: Path, role: str) -> None:
+    """``python -m faultlab worker`` starts once per step in exec mode: it builds only its
+    own command and never imports Hypothesis, tabulate or the search (which once made an
+    exec'd worker take 0.33 s instead of 0.15 s)."""
+    arguments = ["--operation-id", "op-1", "--payload", PAYLOAD] if role == "accept" else []
+    completed = subprocess.run(
+        [sys.executable, "-c", _WORKER_IMPORTS_PROBE, "worker", role, "--directory",
+         str(stores), *arguments], capture_output=True, text=True, env=child_environment(),
+        timeout=60, check=False)
+    assert completed.returncode == 0, completed.stderr
+    outcome = json.loads(completed.stderr.splitlines()[-1])
+    assert outcome == {"code": 0, "loaded": []}
+    assert isinstance(json.loads(completed.stdout), dict)  # the role ran and answered
+
+
 def test_missing_directory_is_refused_and_not_created(tmp_path: Path) -> None:
     missing = tmp_path / "missing"
     result = faultlab("worker", "dispatch", "--directory", str(missing))

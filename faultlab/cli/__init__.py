@@ -10,6 +10,7 @@ so an exec-mode worker (``python -m faultlab worker ...``) starts quickly.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -19,24 +20,25 @@ from faultlab.base import interrupt
 from faultlab.base.errors import EXIT_RUN_FAILED, EXIT_USAGE, ExecutionError, UsageError
 from faultlab.base.messages import printable
 from faultlab.base.version import __version__
-from faultlab.cli import corpus, enumeration, explore, init, mutants, replay, suite, systems, worker
 from faultlab.cli.common import PRIVATE_POSTGRES, Parser
 from faultlab.stores.sqlite import StoreError
 
 if TYPE_CHECKING:
     from faultlab.stores.pgserver import PrivateServer
 
-#: Every command, in the order ``--help`` lists them.
+#: Every command and the module of this package that holds it, in the order ``--help``
+#: lists them. A module is imported only when its command is built: an exec-mode worker
+#: (started once per step) imports the worker command alone, not the search machinery.
 COMMANDS = {
-    "suite": suite,
-    "explore": explore,
-    "replay": replay,
-    "enumerate": enumeration,
-    "mutants": mutants,
-    "corpus": corpus,
-    "systems": systems,
-    "init": init,
-    "worker": worker,
+    "suite": "suite",
+    "explore": "explore",
+    "replay": "replay",
+    "enumerate": "enumeration",
+    "mutants": "mutants",
+    "corpus": "corpus",
+    "systems": "systems",
+    "init": "init",
+    "worker": "worker",
 }
 
 
@@ -49,9 +51,9 @@ def build_parser(*, only: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"faultlab {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for name, command in COMMANDS.items():
+    for name, module in COMMANDS.items():
         if only is None or name == only:
-            command.register(commands)
+            importlib.import_module(f"{__name__}.{module}").register(commands)
     return parser
 
 

@@ -193,15 +193,19 @@ def check_new_directory(path: Path, option: str = "--directory") -> None:
     output.check_new_directory(path, option)
 
 
-def load_system(ref: str, deduplication: bool = True) -> System:
+def load_system(ref: str, deduplication: bool = True, *, drawn: bool = True) -> System:
     """Load the system named on the command line; refuse an impossible --no-deduplication,
-    and a declared payload schema or id pattern nothing can be drawn from (before any
-    store, corpus or job exists)."""
-    from faultlab.search.data import check_declared
+    and (``drawn``: a command that draws payloads and ids) a declared payload schema or id
+    pattern nothing can be drawn from (before any store, corpus or job exists).
 
+    The worker command is given its payload: it passes ``drawn=False`` and so never
+    imports Hypothesis, which would cost an exec-mode worker tens of milliseconds a step."""
     system = registry.load_system(ref)
     system.require_deduplication_switch(deduplication)
-    check_declared(system)
+    if drawn:
+        from faultlab.search.data import check_declared
+
+        check_declared(system)
     return system
 
 

@@ -43,7 +43,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from faultlab.run.worker import run_worker
     from faultlab.system.contract import check_crash_point
 
-    system = load_system(args.system, args.deduplication)
+    system = load_system(args.system, args.deduplication, drawn=False)
     directory = Path(args.directory)
     if not directory.is_dir():
         raise UsageError(f"--directory {directory}: no such directory")
