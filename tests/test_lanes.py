@@ -483,3 +483,79 @@ def test_a_dispatcher_killed_while_its_service_waits_leaves_no_zombie(
         ex.run(LaneStep("run", 1, "dispatch"))  # lane 1 starts its next worker
         time.sleep(0.2)  # a zombie would have been reparented by now
         assert set(_zombie_children()) - before == set()
+
+
+_BUSY_WAITER = """
+import os, sqlite3, sys
+from faultlab.nemesis import schedule
+if sys.argv[2] == "scheduled":  # as a lane worker: the control pipe, and with it the handler
+    read_end, write_end = os.pipe()
+    os.environ[schedule.SCHEDULE_ENV] = f"{read_end},{write_end}"
+    schedule.arm_from_environment()
+connection = sqlite3.connect(sys.argv[1], timeout=schedule.SCHEDULED_BUSY_TIMEOUT,
+                             isolation_level=None)
+connection.execute("BEGIN IMMEDIATE")  # waits in SQLite's busy handler for the test's lock
+connection.execute("COMMIT")
+print("acquired", flush=True)
+"""
+
+
+def _woken_retries(pid: int, wakes: int, window: float) -> int:
+    """How many of ``wakes`` wakes were followed, within ``window`` seconds, by the process
+    sleeping again in nanosleep after running (a retry of its lock that failed)."""
+    from faultlab.run.interleaving import _lock_waiting, _sleeps, _wake
+
+    retried = 0
+    for _ in range(wakes):
+        before = _sleeps(pid)
+        _wake(pid)
+        end = time.monotonic() + window
+        while time.monotonic() < end:
+            if _sleeps(pid) > before and _lock_waiting(pid):
+                retried += 1
+                break
+            time.sleep(0.0005)
+        time.sleep(window)  # the next wake starts from a settled sleep
+    return retried
+
+
+@pytest.mark.parametrize("mode", ["scheduled", "unscheduled"])
+def test_a_lane_worker_woken_in_the_busy_handler_retries_its_lock_at_once(
+        tmp_path: Path, mode: str) -> None:
+    """The executor judges a lane blocked on a lock in milliseconds because a scheduled
+    worker, woken from SQLite's busy-handler sleep (which lasts up to 100 ms), retries its
+    lock at once and sleeps again. A process without the handler (here: not a scheduled
+    worker) ignores the signal and is not harmed: it retries only when its own sleep
+    ends, so few wakes are followed by a retry in the window (the negative control)."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    from faultlab.process.spawn import child_environment
+    from faultlab.run.interleaving import _lock_waiting
+
+    database = tmp_path / "lock.sqlite"
+    holder = sqlite3.connect(database, isolation_level=None)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN IMMEDIATE")
+    waiter = subprocess.Popen([sys.executable, "-c", _BUSY_WAITER, str(database), mode],
+                              stdout=subprocess.PIPE, text=True, env=child_environment())
+    try:
+        end = time.monotonic() + 20
+        while not _lock_waiting(waiter.pid) and time.monotonic() < end:
+            time.sleep(0.01)
+        time.sleep(0.5)  # past the busy handler's short first sleeps: 100 ms each now
+        retried = _woken_retries(waiter.pid, wakes=20, window=0.02)
+        assert waiter.poll() is None  # alive, still waiting for the lock
+        if mode == "scheduled":
+            assert retried >= 15, retried
+        else:
+            assert retried <= 10, retried
+        holder.execute("COMMIT")
+        assert waiter.communicate(timeout=20)[0] == "acquired\n"
+        assert waiter.returncode == 0
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+        holder.close()

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+from types import FrameType
 
 SCHEDULE_ENV = "FAULTLAB_SCHEDULE"
 #: Set (to 1) by faultlab when a scheduled Python worker also holds at ``sql:K`` (before
@@ -32,7 +34,19 @@ CONTINUE = b"c"
 #: different outcome, so the executor, not a timer, decides (it kills every lane at the end).
 SCHEDULED_BUSY_TIMEOUT = 3600.0
 
+#: What the executor sends a scheduled worker it sees asleep in SQLite's busy handler: the
+#: sleep ends at once (a handled signal interrupts nanosleep) and SQLite retries the lock
+#: now, not up to 100 ms later. Asleep again after that retry, the worker waits for a lock
+#: another lane holds: the executor knows in milliseconds, and knows it from what the
+#: worker did, not from how long it slept. A signal whose default is to be ignored, so a
+#: process without the handler is never harmed by it.
+RETRY_SIGNAL = signal.SIGURG
+
 _channel: tuple[int, int] | None = None
+
+
+def _retry_now(signum: int, frame: FrameType | None) -> None:
+    """Nothing to do: the signal's arrival already ended the busy handler's sleep."""
 
 
 def disarm() -> None:
@@ -49,6 +63,7 @@ def arm_from_environment() -> None:
         return
     read_text, _, write_text = value.partition(",")
     _channel = (int(read_text), int(write_text))
+    signal.signal(RETRY_SIGNAL, _retry_now)  # a forked service child inherits it
 
 
 def active() -> bool:

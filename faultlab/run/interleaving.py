@@ -55,7 +55,7 @@ from faultlab.checks.invariants import (
 )
 from faultlab.nemesis.announce import CONTINUE as ANNOUNCE_CONTINUE
 from faultlab.nemesis.announce import ProtocolError, channel_environment, parse_announcement
-from faultlab.nemesis.schedule import CONTINUE, SCHEDULE_ENV, STATEMENTS_ENV
+from faultlab.nemesis.schedule import CONTINUE, RETRY_SIGNAL, SCHEDULE_ENV, STATEMENTS_ENV
 from faultlab.process.records import (
     DEFAULT_DEADLINE,
     POWER_LOG_VARIABLE,
@@ -91,12 +91,16 @@ WORK_SLICE = 0.25
 #: CPU ticks (1/100 s) in one slice above which a lane counts as working: a worker in
 #: SQLite's busy wait sleeps and uses next to none.
 WORKING_TICKS = 2
-#: A faultlab worker seen asleep at every poll for this long, while another lane is
-#: alive, waits for a lock that lane holds (SQLite's busy handler retries by sleeping, at
-#: most 100 ms at a time): blocked without waiting for :data:`BLOCK_BOUND`, once it is also
-#: seen not working. Polled every :data:`LOCK_POLL`.
+#: A faultlab worker seen asleep in SQLite's busy handler, while another lane is alive,
+#: is woken to retry at once (:data:`RETRY_SIGNAL`); seen asleep
+#: again after that (it retried and failed), and not working, it waits for a lock another
+#: lane holds: blocked without waiting for :data:`BLOCK_BOUND`. A worker that never shows
+#: the retry (no handler: the signal is ignored) is blocked once it was seen asleep at
+#: every poll for :data:`LOCK_WAIT` (the busy handler sleeps at most 100 ms at a time).
+#: Polled every :data:`LOCK_POLL`, every :data:`RETRY_POLL` after a wake.
 LOCK_WAIT = 0.05
-LOCK_POLL = 0.01
+LOCK_POLL = 0.004
+RETRY_POLL = 0.002
 #: What /proc/PID/wchan shows for a process in nanosleep() (SQLite's busy handler).
 SLEEPING = ("hrtimer_nanosleep", "do_nanosleep")
 #: Per-step checks that judge one worker's whole run against the snapshot before it
@@ -112,6 +116,28 @@ def _lock_waiting(pid: int) -> bool:
         return Path(f"/proc/{pid}/wchan").read_text() in SLEEPING
     except OSError:
         return False
+
+
+def _sleeps(pid: int) -> int:
+    """How many times the process went to sleep by itself so far (its voluntary context
+    switches; -1 where /proc does not say): a count that grew since a wake shows that the
+    process ran again, and slept again, after it."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return -1
+    for line in status.splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    return -1
+
+
+def _wake(pid: int) -> None:
+    """Wake a lane's worker from the busy handler's sleep so it retries its lock now."""
+    try:
+        os.kill(pid, RETRY_SIGNAL)
+    except ProcessLookupError:
+        pass
 
 
 @dataclass
@@ -524,7 +550,8 @@ class LaneExecutor:
         began = now = time.monotonic()
         end = began + bound
         cpu = tree_activity(lane.pid)[1]
-        sleeping: tuple[float, int] | None = None  # since when, and the CPU used then
+        # since when, the CPU used then, and its sleeps once woken to retry its lock
+        sleeping: tuple[float, int, int] | None = None
         watch = self.fast_blocking and self._others_alive(lane)
         while lane.status in ("running", "blocked"):
             alone = not self._others_alive(lane)
@@ -546,15 +573,17 @@ class LaneExecutor:
                     continue
                 lane.status = "blocked"
                 return
-            self._pump(min(remaining, LOCK_POLL) if watch else remaining)
+            poll = LOCK_POLL if sleeping is None else RETRY_POLL
+            self._pump(min(remaining, poll) if watch else remaining)
             now = time.monotonic()
             if not watch or lane.status not in ("running", "blocked") or lane.paused:
                 continue
             if not _lock_waiting(lane.pid):
                 sleeping = None
             elif sleeping is None:
-                sleeping = (now, tree_activity(lane.pid)[1])
-            elif now - sleeping[0] >= LOCK_WAIT:
+                sleeping = (now, tree_activity(lane.pid)[1], _sleeps(lane.pid))
+                _wake(lane.pid)
+            elif _sleeps(lane.pid) > sleeping[2] >= 0 or now - sleeping[0] >= LOCK_WAIT:
                 working, _ = _still_working(lane.pid, sleeping[1])
                 if not working:
                     lane.status = "blocked"
