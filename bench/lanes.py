@@ -5,7 +5,8 @@
 Runs ``explore`` on the reference twice with the same seed and budget: once
 sequentially (``--concurrency 1``, one worker per step, through the fork
 server) and once with two lanes (``--concurrency 2``, workers forked by the
-lane executor and held at their points). Prints examples, steps, processes,
+starter's helper process, :mod:`faultlab.process.starter`, and held at their
+points). Prints examples, steps, processes,
 seconds and steps/s for each, and the ratio. Both must come out clean: exit 1
 otherwise, 2 on bad options. A concurrent step is one scheduling choice (start,
 release, finish, kill, pause, resume, tick); some start no process at all, and

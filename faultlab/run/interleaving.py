@@ -56,6 +56,7 @@ from faultlab.checks.invariants import (
 from faultlab.nemesis.announce import CONTINUE as ANNOUNCE_CONTINUE
 from faultlab.nemesis.announce import ProtocolError, channel_environment, parse_announcement
 from faultlab.nemesis.schedule import CONTINUE, RETRY_SIGNAL, SCHEDULE_ENV, STATEMENTS_ENV
+from faultlab.process import starter
 from faultlab.process.records import (
     DEFAULT_DEADLINE,
     POWER_LOG_VARIABLE,
@@ -165,6 +166,8 @@ class Lane:
     solitary: bool = True
     #: The system's own program running the worker (None: faultlab's worker).
     program: Program | None = None
+    #: What forked the worker and reaps it (None: this process is its parent).
+    starter: starter.Starter | None = None
     #: It broke its protocol: killed, and whatever else it wrote is not read as an
     #: announcement (close() drains its pipes; the run has already failed).
     broken: bool = False
@@ -218,10 +221,13 @@ def _dummy_record() -> ProcessRecord:
     return ProcessRecord(pid=0, exit_code=0, response=None, stdout="", stderr="", elapsed=0.0)
 
 
-def _run_lane_worker(spec: WorkerSpec, environment: dict[str, str]) -> int:
+def _run_lane_worker(spec: WorkerSpec, environment: dict[str, str],
+                     channel: tuple[int, int]) -> int:
     """The body of a forked lane worker, after :func:`faultlab.process.spawn.child_main` gave it
-    its own group and pipes: the schedule's and the clock's variables, then the worker."""
+    its own group and pipes: the schedule's channel (its two descriptors as numbered in this
+    process) and the clock's variables, then the worker."""
     os.environ.update(environment)
+    os.environ[SCHEDULE_ENV] = f"{channel[0]},{channel[1]}"
     return run_worker(spec)
 
 
@@ -269,6 +275,8 @@ class LaneExecutor:
         self.workers = 0
         self.processes = 0
         self._selector = selectors.DefaultSelector()
+        #: Forks this trace's faultlab workers (made at the first one; closed with the trace).
+        self._starter: starter.Starter | None = None
         self._exited: list[tuple[int, ProcessRecord]] = []
         #: Why each store does not open after the power cut of the step being observed.
         self._unopenable: tuple[str, ...] = ()
@@ -328,6 +336,9 @@ class LaneExecutor:
                 # while to die on a loaded machine (returns as soon as it is gone)
                 reap_group(lane.pid, wait=2.0)
             self._selector.close()
+            if self._starter is not None:
+                self._starter.close()
+                self._starter = None
             if self.directory != Path():
                 # PostgreSQL databases (and their snapshot connection) never outlive a trace: a
                 # long concurrent run would otherwise exhaust the server's connections
@@ -350,6 +361,13 @@ class LaneExecutor:
         if forks and readers_are_kept():  # needs an exec; SQLite: no open connection may
             raise ExecutionError("cannot fork a lane while snapshot connections are kept "
                                  "open (a sequential executor is open in this process)")
+        if forks and self._starter is None and starter.available():
+            # faultlab's workers are forked by the starter's helper, not by this process
+            # (see faultlab.process.starter); made before this lane's pipes, closed with
+            # the trace
+            with interrupt.deferred():  # started and known, or neither
+                self._starter = starter.Starter(_run_lane_worker)
+                self._selector.register(self._starter.fileno(), selectors.EVENT_READ, None)
         decide_r, decide_w = os.pipe()
         announce_r, announce_w = os.pipe()
         out_r, out_w = os.pipe()
@@ -359,19 +377,26 @@ class LaneExecutor:
             environment[STATEMENTS_ENV] = "1"
         started = time.monotonic()
         go = CONTINUE
+        started_by: starter.Starter | None = None
         try:
             if program is not None:
                 pid = self._spawn_program(program, (decide_r, announce_w), out_w, err_w)
                 go = ANNOUNCE_CONTINUE
                 if program.backend_tag is not None:  # its backends are a live worker's
                     pgstores.command_worker_started(program.backend_tag, pid)
+            elif forks and self._starter is not None:  # forked by its helper, not here
+                with interrupt.deferred():  # a started worker is always known by its pid
+                    pid = self._starter.start(spec, environment,
+                                              (decide_r, announce_w, out_w, err_w))
+                    started_by = self._starter
             elif forks:
                 pid = os.fork()
                 if pid == 0:  # child: never returns
                     for fd in (decide_w, announce_r, out_r, err_r):
                         os.close(fd)
                     child_main(out_w, err_w, new_group=True, read_spec=lambda: spec,
-                               run=lambda spec: _run_lane_worker(spec, environment),
+                               run=lambda spec: _run_lane_worker(
+                                   spec, environment, (decide_r, announce_w)),
                                keep=(decide_r, announce_w))
                 lead_own_group(pid)  # a kill right after the fork must reach it
             else:
@@ -397,7 +422,7 @@ class LaneExecutor:
             other.solitary = False
         lane = Lane(number, self.workers, spec, pid, decide_w, fds, started, go=go,
                     chunks={"stdout": [], "stderr": []}, start_snapshot=self.snapshot,
-                    solitary=not others, program=program)
+                    solitary=not others, program=program, starter=started_by)
         for fd in fds:
             os.set_blocking(fd, False)
             self._selector.register(fd, selectors.EVENT_READ, lane)
@@ -430,6 +455,10 @@ class LaneExecutor:
             time.sleep(min(timeout, 0.01))
             return
         for key, _ in self._selector.select(timeout=max(timeout, 0.0)):
+            if key.data is None:  # the starter's notices of ended workers
+                if self._starter is not None:
+                    self._starter.collect()
+                continue
             lane: Lane = key.data
             fd = int(key.fd)
             data = os.read(fd, 65536)
@@ -507,7 +536,15 @@ class LaneExecutor:
     def _reap(self, lane: Lane) -> None:
         """The lane's pipes are closed: its process is ending; wait for it (bounded)."""
         end = time.monotonic() + self.deadline
-        while True:
+        if lane.starter is not None:  # the starter's helper reaps it and says so
+            ended = lane.starter.ended(lane.pid, self.deadline)
+            if ended is None:
+                self._signal(lane, signal.SIGKILL)
+                ended = lane.starter.ended(lane.pid, self.deadline)
+            if ended is None:
+                raise ExecutionError(f"lane {lane.number} pid {lane.pid} did not end")
+            status = ended
+        while lane.starter is None:
             waited, status = os.waitpid(lane.pid, os.WNOHANG)
             if waited:
                 break

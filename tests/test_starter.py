@@ -1,0 +1,108 @@
+"""The starter: workers of a concurrent trace forked by a quiet helper, not by the caller.
+
+Forked by the explorer, every worker made the explorer's heap copy-on-write; the helper
+forks them instead, reports their pids and wait statuses and reaps them. These tests run
+real processes: who is whose parent, which pipe ends the helper holds, what it reports,
+and that nothing outlives :meth:`Starter.close`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from faultlab.process import starter
+from faultlab.process.records import WorkerSpec
+from faultlab.run.interleaving import LaneExecutor
+from faultlab.system import System
+from faultlab.trace import LaneStep
+
+pytestmark = pytest.mark.skipif(not starter.available(), reason="no pidfd_open here")
+
+SPEC = WorkerSpec(system="reference", role="accept", directory="/nonexistent",
+                  operation_id="op-1", payload="{}", crash=None)
+
+
+def _body(spec: WorkerSpec, environment: dict[str, str], channel: tuple[int, int]) -> int:
+    """A worker that reports what it was given, then waits for a word on its channel."""
+    decide, announce = channel
+    os.write(announce, f"{spec.role} {environment['WHO']} {os.getppid()}\n".encode())
+    word = os.read(decide, 16)
+    return 3 if word == b"three" else 0
+
+
+def _parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _start(chosen: starter.Starter) -> tuple[int, int, int, int]:
+    """Start one worker; (pid, decide write end, announce read end, stdout read end)."""
+    decide_r, decide_w = os.pipe()
+    announce_r, announce_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = chosen.start(SPEC, {"WHO": "lane"}, (decide_r, announce_w, out_w, err_w))
+    for fd in (decide_r, announce_w, out_w, err_w):
+        os.close(fd)
+    os.close(err_r)
+    return pid, decide_w, announce_r, out_r
+
+
+def test_a_started_worker_is_the_helpers_child_in_its_own_group_and_reported() -> None:
+    chosen = starter.Starter(_body)
+    try:
+        pid, decide, announce, out = _start(chosen)
+        said = os.read(announce, 100).decode().split()
+        assert said[:2] == ["accept", "lane"] and int(said[2]) == chosen.pid
+        assert _parent_of(pid) == chosen.pid != os.getpid()
+        assert os.getpgid(pid) == pid  # leads its own group: the caller signals the group
+        assert chosen.ended(pid, 0.2) is None  # alive, waiting for its word
+        os.write(decide, b"three")
+        status = chosen.ended(pid, 10)
+        assert status is not None and os.waitstatus_to_exitcode(status) == 3
+        # the helper holds no end of the worker's pipes: the caller sees them close
+        assert os.read(announce, 100) == b"" and os.read(out, 100) == b""
+        for fd in (decide, announce, out):
+            os.close(fd)
+    finally:
+        chosen.close()
+    assert not Path(f"/proc/{chosen.pid}").exists()  # the helper is reaped
+
+
+def test_a_killed_worker_is_reported_killed_and_close_ends_the_rest() -> None:
+    chosen = starter.Starter(_body)
+    try:
+        killed, decide_1, announce_1, out_1 = _start(chosen)
+        alive, decide_2, announce_2, out_2 = _start(chosen)
+        for announce in (announce_1, announce_2):
+            assert os.read(announce, 100)
+        os.killpg(killed, signal.SIGKILL)
+        status = chosen.ended(killed, 10)
+        assert status is not None and os.waitstatus_to_exitcode(status) == -signal.SIGKILL
+    finally:
+        chosen.close()  # the helper kills the worker still waiting and reaps it
+    assert not Path(f"/proc/{alive}").exists() and not Path(f"/proc/{chosen.pid}").exists()
+    for fd in (decide_1, announce_1, out_1, decide_2, announce_2, out_2):
+        os.close(fd)
+
+
+def test_lane_workers_are_not_forked_by_the_executors_process(reference: System) -> None:
+    """The explorer forks the helper once per trace; every lane worker is the helper's."""
+    payload = '{"title":"starter"}'
+    with LaneExecutor(reference, concurrency=2) as ex:
+        ex.run(LaneStep("start", 1, "accept", "op-1", payload))
+        ex.run(LaneStep("start", 2, "dispatch"))
+        pids = [lane.pid for lane in ex.lanes.values()]
+        helper = ex._starter
+        assert helper is not None and len(pids) == 2
+        assert [_parent_of(pid) for pid in pids] == [helper.pid, helper.pid]
+        ex.run(LaneStep("finish", 1))
+        done = ex.run(LaneStep("finish", 2))
+        assert done.lanes == ("exit 0", "exit 0")
+        assert len(done.snapshot.tickets) == 1
+    time.sleep(0.05)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in [*pids, helper.pid])
