@@ -162,6 +162,15 @@ def rate(run: dict[str, Any]) -> float:
     return float(run["steps"] / run["window"]) if run["window"] else 0.0
 
 
+def paired(label: str, runs: dict[str, list[Any]], digits: str) -> tuple[float, list[str]]:
+    """The median of the ratios of measurements taken in the same repetition, and the
+    table row of both trees' median steps/s with it."""
+    this, previous = runs["this"], runs["previous"]
+    ratio = statistics.median(rate(a) / rate(b) for a, b in zip(this, previous, strict=True))
+    return ratio, [f"{label}: steps/s exploring", f"{statistics.median(map(rate, this)):.1f}",
+                   f"{statistics.median(map(rate, previous)):.1f}", f"{ratio:{digits}}x"]
+
+
 def table(rows: list[list[str]], headers: list[str]) -> str:
     widths = [max(len(str(row[i])) for row in [headers, *rows]) for i in range(len(headers))]
     line = "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"
@@ -249,11 +258,9 @@ def main() -> int:
     ]
     concurrent_ratio = None
     if args.concurrent_repeat:
-        concurrent_ratio = median(rate(a) / rate(b) for a, b in
-                                  zip(lanes["this"], lanes["previous"], strict=True))
+        concurrent_ratio, rated = paired("--concurrency 2", lanes, ".2f")
         rows += [
-            ["--concurrency 2: steps/s exploring", f"{median(map(rate, lanes['this'])):.1f}",
-             f"{median(map(rate, lanes['previous'])):.1f}", f"{concurrent_ratio:.2f}x"],
+            rated,
             ["--concurrency 2: each repetition's steps/s",
              " ".join(f"{rate(r):.0f}" for r in lanes["this"]),
              " ".join(f"{rate(r):.0f}" for r in lanes["previous"]),
@@ -266,11 +273,8 @@ def main() -> int:
              " ".join(str(r["blocked"]) for r in lanes["previous"]), ""],
         ]
     if args.wall_repeat:
-        wall_ratio = median(rate(a) / rate(b) for a, b in
-                            zip(walls["this"], walls["previous"], strict=True))
         rows += [
-            ["virtual wall clock: steps/s exploring", f"{median(map(rate, walls['this'])):.1f}",
-             f"{median(map(rate, walls['previous'])):.1f}", f"{wall_ratio:.1f}x"],
+            paired("virtual wall clock", walls, ".1f")[1],
             ["virtual wall clock: spawn mode",
              "/".join(walls["this"][0]["modes"]), "/".join(walls["previous"][0]["modes"]), ""],
         ]
