@@ -55,6 +55,9 @@ def _shm_key(server: PrivateServer) -> int:
 
 
 def _zombies() -> set[int]:
+    """Server processes this process must reap and has not: postgres zombies whose parent is
+    this process (the server it started, or a server process handed to it as a child
+    subreaper). A zombie of another test process's server (xdist runs several) is not ours."""
     found = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -63,7 +66,8 @@ def _zombies() -> set[int]:
             except OSError:
                 continue
             name, rest = text.split("(", 1)[1].rsplit(")", 1)
-            if rest.split()[0] == "Z" and name.startswith("postgres"):
+            fields = rest.split()
+            if fields[0] == "Z" and int(fields[1]) == os.getpid() and name.startswith("postgres"):
                 found.add(int(entry))
     return found
 

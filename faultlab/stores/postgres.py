@@ -276,7 +276,16 @@ class PostgresRun:
                 if not connection.closed:
                     raise  # an error of the statement, on a live session
             self._reopen_admin()
-            return (again or work)(self._admin)
+            try:
+                return (again or work)(self._admin)
+            except pg.OperationalError:
+                if not self._admin.closed:
+                    raise
+                # lost again at once: a private server going down by itself (a server
+                # process killed while it restarted) fails the run in one line, never a
+                # traceback
+                check_server_alive(wait=True)
+                raise
 
     def _create_with_admin(self, name: str, template: str | None) -> None:
         self.with_admin(lambda c: self._create(c, name, template),
