@@ -106,7 +106,7 @@ def explore(
     True
     """
     from faultlab.process.spawn import spawner
-    from faultlab.search.coverage import concurrent_vacuity, vacuity
+    from faultlab.search.coverage import vacuity
 
     chosen = _explorable(system)
     if concurrency < 1:
@@ -142,8 +142,9 @@ def explore(
         checked = concurrent.recorder.steps
         violations = tuple(concurrent.replay.violations) if concurrent.replay else ()
         recorder = concurrent.recorder
-        vacuous = concurrent_vacuity(recorder.checked, recorder.examples, recorder.held,
-                                     concurrency, can_hold=chosen.holds_in_lanes())
+        vacuous = vacuity(recorder.coverage, chosen, recorder.examples,
+                          concurrency=concurrency, held=recorder.held,
+                          can_hold=chosen.holds_in_lanes())
     if found is None and flaky is not None:  # not clean, not a finding, never saved
         return Outcome(clean=False, trace=flaky, notes=(*notes, f"flaky: {flaky_reason}"),
                        stats=stats, flaky=True)

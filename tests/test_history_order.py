@@ -36,9 +36,8 @@ def _orders(history: History, steps: Steps) -> list[str]:
     for begins, acknowledged, after in steps:
         if begins is not None:
             history.accept_begins(begins)
-        found += [v.message for v in history.check(before, after, alone=None, exited=[],
-                                                   acknowledged=acknowledged)
-                  if v.invariant == "ORDER"]
+        found += history.check(before, after, alone=None, exited=[],
+                               acknowledged=acknowledged).found["ORDER"]
         before = after
     return found
 

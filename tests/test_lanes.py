@@ -369,9 +369,18 @@ def test_concurrent_explore_prints_invariant_coverage(tmp_path: Path) -> None:
 
     result = explore_concurrent(load_system("reference"), concurrency=2, examples=10,
                                 seed_value=0)
-    checked = result.stats()["checked"]
-    assert list(checked)[-5:] == ["TERM", "EXCL", "ORDER", "FENCE", "SKIP"]
-    assert checked["LIVE"] == result.recorder.examples and checked["ONE"] > 0
+    stats = result.stats()
+    checked = stats["checked"]
+    assert list(checked)[-6:] == ["TERM", "EXCL", "ORDER", "FENCE", "SKIP", "LIVE"]
+    assert "OPEN" not in checked  # no power cut drawn: its invariants are not listed
+    assert checked["LIVE"] == result.recorder.examples
+    # counted in steps, as sequentially: more than one a trace, never more than the steps
+    assert result.recorder.examples < checked["ATOM"] <= result.recorder.steps
+    assert 0 < checked["TERM"] <= result.recorder.steps
+    # crash points armed by the crash rule, and the ones that fired, as sequentially
+    assert stats["crash_points_fired"] and all(
+        0 < count <= stats["crash_points_armed"][point]
+        for point, count in stats["crash_points_fired"].items())
 
 
 def _points_until_exit(ex: LaneExecutor, lane: int) -> list[str]:

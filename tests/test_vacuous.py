@@ -19,7 +19,7 @@ import pytest
 from conftest import ROOT
 
 from faultlab.base.errors import EXIT_FOUND, EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, EXIT_VACUOUS
-from faultlab.search.coverage import Coverage, concurrent_vacuity, vacuity
+from faultlab.search.coverage import Coverage, vacuity
 from faultlab.system import load_system
 
 STANDALONE = ROOT / "examples" / "standalone_outbox" / "system.json"
@@ -108,11 +108,18 @@ def test_the_rules() -> None:
     found = vacuity(Coverage(Counter(fired), Counter(fired), no_tickets), reference, 3)
     assert found == "no ticket was ever made downstream; no operation was ever complete"
     assert vacuity(Coverage(), reference, 0) == "no example completed"
-    assert concurrent_vacuity(everything, 3, held=2, concurrency=2) is None
-    assert "never overlapped" in (concurrent_vacuity(everything, 3, 0, 2, can_hold=False)
-                                  or "")
+    covered = Coverage(Counter(fired), Counter(fired), everything)
+    assert vacuity(covered, reference, 3, concurrency=2, held=2) is None
+    assert "never overlapped" in (vacuity(covered, reference, 3, concurrency=2,
+                                          can_hold=False) or "")
+    # sequentially, workers never overlap by design: not blamed for it
+    assert vacuity(covered, reference, 3, can_hold=False) is None
     # a system that can hold lanes and, in a short run, happened to hold none: not blamed
-    assert concurrent_vacuity(everything, 3, 0, 2, can_hold=True) is None
+    assert vacuity(covered, reference, 3, concurrency=2, can_hold=True) is None
+    # with lanes too, declared points armed and never fired are blamed
+    lanes_armed_only = vacuity(Coverage(armed=Counter(fired), checked=everything), reference,
+                               3, concurrency=2, held=2)
+    assert lanes_armed_only == "no declared crash point ever fired (armed 1 times)"
     assert load_system("reference").holds_in_lanes()
 
 

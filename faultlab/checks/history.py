@@ -26,34 +26,40 @@ who changed them. These checks keep a little state across steps:
   the relay that passed the row over, counts rows whose acceptor never replied,
   and is judged at every idle relay, recovery's included.
 
-Each has a vacuity rule (:meth:`History.vacuous`): ``TERM`` has nothing to check
-until some operation is complete; ``EXCL`` until a claim is taken while another
-live worker holds a claim on the same operation; ``ORDER`` until one key has two
-relayed operations and a ticket among them; ``FENCE`` until some claim was
-superseded; ``SKIP`` until a relay alone reports idle with a committed outbox row
-pending.
+Each has a vacuity rule, judged per step (:attr:`HistoryStep.active`) and per
+trace (:meth:`History.vacuous`): ``TERM`` has nothing to check until some
+operation is complete; ``EXCL`` at a step in which a claim is taken while another
+live worker holds a claim on the same operation; ``ORDER`` at a step after which
+one key has two relayed operations and a ticket among them; ``FENCE`` once some
+claim was superseded; ``SKIP`` at a step in which a relay alone reports idle with
+a committed outbox row pending.
+
+This module keeps the state and finds the messages; the invariants themselves (names,
+meanings, vacuity) are entries of the one table, :data:`faultlab.checks.invariants.INVARIANTS`,
+which read a step's :class:`HistoryStep`.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from faultlab.checks.invariants import Violation
 from faultlab.process.records import ProcessRecord
 from faultlab.stores.sqlite import Snapshot
 
-HISTORY_INVARIANTS: dict[str, str] = {
-    "TERM": "a complete operation (and its outbox row) stays complete with the same result",
-    "EXCL": "no worker claims an operation while another live worker holds an unexpired "
-            "lease on it",
-    "ORDER": "the operations of one ordering key get their tickets in acceptance order",
-    "FENCE": "a dispatcher whose claim was superseded never changes the caller store "
-             "afterwards, nor reports completing the operation",
-    "SKIP": "no committed outbox row is skipped for good: a relay alone never reports idle "
-            "while a committed row is pending that no unexpired lease holds",
-}
+#: The history invariants, in the order a step reports their violations.
+HISTORY_NAMES: tuple[str, ...] = ("TERM", "EXCL", "ORDER", "FENCE", "SKIP")
+
+
+@dataclass(frozen=True)
+class HistoryStep:
+    """What the history found at one step: each invariant's messages (one per violation),
+    and the invariants that had something to check at that step."""
+
+    found: Mapping[str, tuple[str, ...]]
+    active: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,7 @@ class History:
     began: dict[str, int] = field(default_factory=dict)
     acknowledged_at: dict[str, int] = field(default_factory=dict)
     _exclusion: list[str] = field(default_factory=list)
+    _contested_seen: int = 0  # contested, as of the last step checked
 
     def accept_begins(self, operation_id: str) -> None:
         """An accept of ``operation_id`` starts in the step being run now."""
@@ -133,7 +140,7 @@ class History:
         self, before: Snapshot, after: Snapshot, *, alone: int | None,
         exited: list[tuple[int, ProcessRecord]], acknowledged: dict[str, str] | None = None,
         now: float | None = None, solitary: bool = False,
-    ) -> list[Violation]:
+    ) -> HistoryStep:
         """Check one step. ``alone`` is the worker that was the only one running during the
         step (so a change of the stores is its doing), ``exited`` the workers that ended;
         ``solitary`` says no other worker was alive at all (not even held or paused), so
@@ -141,10 +148,20 @@ class History:
         self.steps += 1
         for operation_id in acknowledged or {}:
             self.acknowledged_at.setdefault(operation_id, self.steps)
-        found = [Violation("TERM", m) for m in self._terminal(after)]
-        found += [Violation("EXCL", m) for m in self._exclusion]
+        active: set[str] = set()
+        if self.terminal:
+            active.add("TERM")
+        found: dict[str, tuple[str, ...]] = {"TERM": tuple(self._terminal(after))}
+        if self.contested > self._contested_seen:
+            active.add("EXCL")
+        self._contested_seen = self.contested
+        found["EXCL"] = tuple(self._exclusion)
         self._exclusion = []
-        found += [Violation("ORDER", m) for m in self._order(after, acknowledged or {})]
+        order, ordered = self._order(after, acknowledged or {})
+        found["ORDER"] = tuple(order)
+        if ordered:
+            self.ordered = True
+            active.add("ORDER")
         fence: list[str] = []
         caller_changed = (before.operations, before.outbox) != (after.operations, after.outbox)
         if alone is not None and caller_changed:
@@ -165,12 +182,16 @@ class History:
                         f"{mine.operation_id} after its claim (token {mine.token}) was "
                         f"superseded by token {theirs.token}"
                     )
-        found += [Violation("FENCE", m) for m in dict.fromkeys(fence)]
-        if solitary and now is not None:
-            found += [Violation("SKIP", m) for m in self._skipped(before, after, alone,
-                                                                  exited, now)]
+        found["FENCE"] = tuple(dict.fromkeys(fence))
+        if not self.vacuous("FENCE"):
+            active.add("FENCE")
+        idle_before = self.idle_with_pending
+        found["SKIP"] = tuple(self._skipped(before, after, alone, exited, now)
+                              if solitary and now is not None else ())
+        if self.idle_with_pending > idle_before:
+            active.add("SKIP")
         self._remember(after)
-        return found
+        return HistoryStep(found, frozenset(active))
 
     def _skipped(self, before: Snapshot, after: Snapshot, alone: int | None,
                  exited: list[tuple[int, ProcessRecord]], now: float) -> list[str]:
@@ -218,12 +239,15 @@ class History:
         acknowledged = self.acknowledged_at.get(earlier)
         return began is None or acknowledged is None or acknowledged < began
 
-    def _order(self, after: Snapshot, acknowledged: dict[str, str]) -> list[str]:
+    def _order(self, after: Snapshot,
+               acknowledged: dict[str, str]) -> tuple[list[str], bool]:
         """Within each key, in acceptance (acknowledgement) order, no relayed operation has a
         ticket while an earlier one has none or a later-numbered one. Only acceptances in
-        real-time order count: ``earlier`` acknowledged before ``later`` began."""
+        real-time order count: ``earlier`` acknowledged before ``later`` began. Also
+        whether there was anything to order (a key with two relayed operations, one of
+        them ticketed)."""
         if self.ordering_key is None:
-            return []
+            return [], False
         first: dict[str, int] = {}
         for ticket in after.tickets:
             first[ticket.operation_id] = min(first.get(ticket.operation_id, ticket.id), ticket.id)
@@ -233,9 +257,10 @@ class History:
             if key is not None and operation_id not in self.direct:
                 keyed.setdefault(canonical_key(key), []).append(operation_id)
         found = []
+        ordered = False
         for key, operations in keyed.items():
             if len(operations) > 1 and any(op in first for op in operations):
-                self.ordered = True
+                ordered = True
             for index, later in enumerate(operations):
                 if later not in first:
                     continue
@@ -248,7 +273,7 @@ class History:
                             f"{later} (key {key}) got ticket {first[later]} while {earlier}, "
                             f"accepted before it with the same key, has {shown}"
                         )
-        return found
+        return found, ordered
 
     def _terminal(self, after: Snapshot) -> list[str]:
         found = []

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from faultlab.checks.history import HISTORY_NAMES, HistoryStep
 from faultlab.process.records import ProcessRecord
 from faultlab.stores.sqlite import Snapshot
 
@@ -80,6 +81,9 @@ class Check:
     deduplication: bool
     #: After a power step: why each store that no longer opens does not (``OPEN``).
     unopenable: tuple[str, ...] = ()
+    #: In a concurrent trace, what its history found at this step (the history
+    #: invariants' input); None for a sequential step, to which they do not apply.
+    history: HistoryStep | None = None
 
 
 def _result(text: str | None) -> Any:
@@ -289,6 +293,18 @@ def _never(c: Check) -> bool:
     return False
 
 
+def _history_check(name: str) -> Callable[[Check], list[str]]:
+    def check(c: Check) -> list[str]:
+        return [] if c.history is None else list(c.history.found.get(name, ()))
+    return check
+
+
+def _history_vacuous(name: str) -> Callable[[Check], bool]:
+    def vacuous(c: Check) -> bool:
+        return c.history is None or name not in c.history.active
+    return vacuous
+
+
 @dataclass(frozen=True)
 class Invariant:
     """One invariant: its stable name, what it means, how it is checked, when it is vacuous.
@@ -298,7 +314,10 @@ class Invariant:
     ``vacuous`` says the step gave it nothing to check (for coverage reports).
     ``fault`` names the fault a run must draw for the invariant to apply at all (``power``:
     only traces with power steps can lose unsynced writes); coverage reports leave it out of
-    runs without that fault rather than call it vacuous there.
+    runs without that fault rather than call it vacuous there. ``history``: judged over a
+    concurrent trace's history (:mod:`faultlab.checks.history`, the step's
+    :attr:`Check.history`), once a step, not once per worker that ended; a sequential
+    trace has no history, and coverage reports leave these out of it.
     Adding an invariant is adding one entry to :data:`INVARIANTS`.
     """
 
@@ -307,6 +326,7 @@ class Invariant:
     check: Callable[[Check], list[str]] | None
     vacuous: Callable[[Check], bool] = _never
     fault: str | None = None
+    history: bool = False
 
     @property
     def final(self) -> bool:
@@ -355,11 +375,29 @@ INVARIANTS: tuple[Invariant, ...] = (
         "completion and every ticket a dispatcher got a receipt for is still recorded",
         check_durable, _not_durability_fault, fault="power",
     ),
+    *(Invariant(name, meaning, _history_check(name), _history_vacuous(name), history=True)
+      for name, meaning in (
+        ("TERM", "a complete operation (and its outbox row) stays complete with the same "
+                 "result"),
+        ("EXCL", "no worker claims an operation while another live worker holds an unexpired "
+                 "lease on it"),
+        ("ORDER", "the operations of one ordering key get their tickets in acceptance order"),
+        ("FENCE", "a dispatcher whose claim was superseded never changes the caller store "
+                  "afterwards, nor reports completing the operation"),
+        ("SKIP", "no committed outbox row is skipped for good: a relay alone never reports "
+                 "idle while a committed row is pending that no unexpired lease holds"),
+    )),
     Invariant("LIVE", "after recovery every accepted operation is complete with exactly one "
               "ticket", None),
 )
 BY_NAME: dict[str, Invariant] = {invariant.name: invariant for invariant in INVARIANTS}
-STEP_INVARIANTS: tuple[Invariant, ...] = tuple(i for i in INVARIANTS if not i.final)
+#: Judged per worker that ended at a step (and after each fault).
+STEP_INVARIANTS: tuple[Invariant, ...] = tuple(i for i in INVARIANTS
+                                               if not i.final and not i.history)
+#: Judged once a step over a concurrent trace's history.
+HISTORY_INVARIANTS: tuple[Invariant, ...] = tuple(i for i in INVARIANTS if i.history)
+if tuple(i.name for i in HISTORY_INVARIANTS) != HISTORY_NAMES:  # one list, in one order
+    raise ImportError("faultlab.checks: the history invariants' table and names disagree")
 
 
 def check_step(c: Check) -> list[Violation]:
@@ -369,6 +407,21 @@ def check_step(c: Check) -> list[Violation]:
         for invariant in STEP_INVARIANTS if invariant.check is not None
         for message in invariant.check(c)
     ]
+
+
+def check_history(c: Check) -> list[Violation]:
+    """Every history invariant, in a stable order (nothing for a sequential step)."""
+    return [
+        Violation(invariant.name, message)
+        for invariant in HISTORY_INVARIANTS if invariant.check is not None
+        for message in invariant.check(c)
+    ]
+
+
+def covered(c: Check) -> frozenset[str]:
+    """The invariants (per-step and history) that had something to check at ``c``'s step."""
+    return frozenset(invariant.name for invariant in (*STEP_INVARIANTS, *HISTORY_INVARIANTS)
+                     if not invariant.vacuous(c))
 
 
 def check_live(snapshot: Snapshot, *, still_pending_after: int | None = None) -> list[Violation]:

@@ -50,7 +50,7 @@ from faultlab.corpus.files import (
 from faultlab.corpus.redis_store import RedisCorpus, is_redis_url
 from faultlab.report.progress import Progress
 from faultlab.search import defaults
-from faultlab.search.coverage import Coverage, concurrent_vacuity, vacuity
+from faultlab.search.coverage import Coverage, vacuity
 from faultlab.search.streams import Shard, parse_shard
 from faultlab.system import is_builtin
 from faultlab.system.contract import System
@@ -481,44 +481,31 @@ def _executed(replay: Execution | ConcurrentExecution) -> int:
     return len(replay.executed_prefix())
 
 
-def _print_coverage(results: list[StreamResult], system: System, plan: Plan,
-                    fmt: str) -> None:
-    """Sequential: crash points armed and fired, invariants checked non-vacuously (steps).
-    Concurrent: per invariant, the examples that checked it non-vacuously."""
-    from faultlab.report import tables as report
-
-    if plan.concurrency > 1:
-        from faultlab.search.schedules import COVERED
-
-        checked: Counter[str] = Counter()
-        for r in results:
-            checked.update(r.checked)
-        from faultlab.checks.invariants import INVARIANTS
-
-        power = tuple(i.name for i in INVARIANTS if plan.power_loss and i.fault == "power")
-        print(report.table([[name, checked[name]] for name in (*COVERED, *power)],
-                           ["invariant", "examples that checked it non-vacuously"], fmt))
-        return
+def _coverage(results: list[StreamResult]) -> Coverage:
+    """Every job's coverage, summed."""
     coverage = Coverage()
     for r in results:
         coverage.merge(Coverage(Counter(r.armed), Counter(r.fired), Counter(r.checked)))
-    report.print_coverage(coverage, system, fmt, faults=("power",) if plan.power_loss else ())
+    return coverage
+
+
+def _print_coverage(results: list[StreamResult], system: System, plan: Plan,
+                    fmt: str) -> None:
+    """Crash points armed and fired, invariants checked non-vacuously, in steps (the
+    history invariants too when the run had lanes)."""
+    from faultlab.report import tables as report
+
+    report.print_coverage(_coverage(results), system, fmt,
+                          faults=("power",) if plan.power_loss else (),
+                          history=plan.concurrency > 1)
 
 
 def _vacuity(results: list[StreamResult], system: System, plan: Plan,
              totals: Totals) -> str | None:
     """Why a run that found nothing tested nothing either (see
     :mod:`faultlab.search.coverage`), over every job's coverage; None when it tested."""
-    if plan.concurrency > 1:
-        checked: Counter[str] = Counter()
-        for r in results:
-            checked.update(r.checked)
-        return concurrent_vacuity(checked, totals.examples, totals.held, plan.concurrency,
-                                  can_hold=system.holds_in_lanes())
-    coverage = Coverage()
-    for r in results:
-        coverage.merge(Coverage(Counter(r.armed), Counter(r.fired), Counter(r.checked)))
-    return vacuity(coverage, system, totals.examples)
+    return vacuity(_coverage(results), system, totals.examples, concurrency=plan.concurrency,
+                   held=totals.held, can_hold=system.holds_in_lanes())
 
 
 def _cpus(results: list[StreamResult]) -> str:

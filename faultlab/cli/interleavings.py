@@ -21,7 +21,7 @@ def cmd_enumerate_concurrent(args: argparse.Namespace) -> int:
     from faultlab.report import tables as report
     from faultlab.report.columns import concurrent_table, concurrent_violation_lines
     from faultlab.run.interleaving import execute_concurrent
-    from faultlab.search.coverage import concurrent_vacuity
+    from faultlab.search.coverage import Coverage, vacuity
     from faultlab.search.explore import flaky_trace
     from faultlab.search.schedule_enumeration import ACCEPTORS, enumerate_concurrent
 
@@ -47,8 +47,8 @@ def cmd_enumerate_concurrent(args: argparse.Namespace) -> int:
     ]
     print(report.table(rows, ["enumerate", "value"], args.format))
     if result.finding is None or result.execution is None:
-        vacuous = concurrent_vacuity(result.checked, result.sequences, 0, args.concurrency,
-                                     can_hold=system.holds_in_lanes())
+        vacuous = vacuity(Coverage(checked=result.checked), system, result.sequences,
+                          concurrency=args.concurrency, can_hold=system.holds_in_lanes())
         if vacuous is not None:
             print(f"\nvacuous: nothing failed in {result.sequences} sequences, but nothing "
                   f"was tested: {vacuous}")

@@ -34,7 +34,7 @@ from faultlab.base.clock import SETTLE_HORIZON, VirtualClock
 from faultlab.base.errors import EXIT_USAGE, ExecutionError, UsageError
 from faultlab.base.messages import worker_message
 from faultlab.base.wall_clock import WallClock
-from faultlab.checks.invariants import Check, Model, Violation, check_live, check_step
+from faultlab.checks.invariants import Check, Model, Violation, check_live, check_step, covered
 from faultlab.process.records import (
     DEFAULT_DEADLINE,
     POWER_LOG_VARIABLE,
@@ -77,6 +77,22 @@ class Observation:
         if self.step.crash is None:
             return False
         return self.record.killed or self.record.service_killed
+
+    # What coverage counts (:class:`faultlab.search.coverage.Coverage`), as a lane step's
+    # :class:`~faultlab.run.interleaving.LaneObservation` holds it.
+
+    @property
+    def covered(self) -> frozenset[str]:
+        """The invariants that had something to check at this step."""
+        return frozenset() if self.check is None else covered(self.check)
+
+    @property
+    def armed(self) -> str | None:
+        return self.step.crash
+
+    @property
+    def fired(self) -> tuple[str, ...]:
+        return (self.step.crash,) if self.step.crash is not None and self.crashed else ()
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -46,10 +46,12 @@ from faultlab.base.wall_clock import WallClock
 from faultlab.checks.history import Claim, History
 from faultlab.checks.invariants import (
     BY_NAME,
+    HISTORY_INVARIANTS,
     STEP_INVARIANTS,
     Check,
     Model,
     Violation,
+    check_history,
     check_live,
     check_quiet,
 )
@@ -197,6 +199,13 @@ class LaneObservation:
     violations: tuple[Violation, ...]
     phase: str = "step"
     sigkills: int = 0
+    #: The invariants that had something to check at this step (coverage's unit, as a
+    #: sequential step's :attr:`faultlab.run.executor.Observation.covered`).
+    covered: frozenset[str] = frozenset()
+    #: The crash point this step armed (a worker started with one), and the armed points
+    #: that fired at it (a worker or its service SIGKILLed there, not by a kill step).
+    armed: str | None = None
+    fired: tuple[str, ...] = ()
 
     @property
     def pids(self) -> tuple[int, ...]:
@@ -817,6 +826,7 @@ class LaneExecutor:
         unopenable, self._unopenable = self._unopenable, ()
         after = before if unopenable else self.system.snapshot(self.directory)
         violations: list[Violation] = []
+        covered: set[str] = set()
         exited = list(self._exited)
         for worker, record in exited:
             lane = next(lane for lane in self.lanes.values() if lane.worker == worker)
@@ -839,10 +849,10 @@ class LaneExecutor:
             for invariant in STEP_INVARIANTS:
                 if invariant.check is not None and invariant.name not in SEQUENTIAL_ONLY:
                     if not invariant.vacuous(check):
-                        self.checked.add(invariant.name)
+                        covered.add(invariant.name)
                     violations += [Violation(invariant.name, message)
                                    for message in invariant.check(check)]
-        violations += self._quiet(exited, after)
+        violations += self._quiet(exited, after, covered)
         others_moving = any(
             lane is not moved and lane.alive and not lane.paused and lane.status != "held"
             for lane in self.lanes.values()
@@ -850,24 +860,40 @@ class LaneExecutor:
         alone = moved.worker if moved is not None and not others_moving else None
         solitary = moved is not None and not any(
             lane is not moved and lane.alive for lane in self.lanes.values())
-        violations += self.history.check(
+        found = self.history.check(
             before, after, alone=alone, exited=exited, acknowledged=self.model.acknowledged,
             now=self.clock.ticks if self.clock is not None else None, solitary=solitary)
+        judged = Check(model=self.model, before=before, after=after, action=step.action,
+                       operation_id=None, payload=None, record=_dummy_record(),
+                       deduplication=self.deduplication, history=found)
+        covered.update(i.name for i in HISTORY_INVARIANTS if not i.vacuous(judged))
+        violations += check_history(judged)
+        self.checked |= covered
         self.snapshot = after
         # an armed point that fired: the worker, or the service a dispatcher started (a kill
         # or power step's own SIGKILLs are counted by the step)
-        sigkills += sum(int(record.killed and step.action not in ("kill", POWER))
-                        + int(record.service_killed) for _, record in exited)
+        fired: list[str] = []
+        for worker, record in exited:
+            here = int(record.killed and step.action not in ("kill", POWER)) \
+                + int(record.service_killed)
+            sigkills += here
+            point = next(lane.spec.crash for lane in self.lanes.values()
+                         if lane.worker == worker)
+            if here and point is not None:
+                fired.append(point)
         observation = LaneObservation(
             len(self.observations) + 1, step, self.lane_states(), tuple(exited), before, after,
-            tuple(dict.fromkeys(violations)), phase, sigkills,
+            tuple(dict.fromkeys(violations)), phase, sigkills, frozenset(covered),
+            step.crash if step.action in STARTS else None, tuple(fired),
         )
         self.observations.append(observation)
         return observation
 
-    def _quiet(self, exited: list[tuple[int, ProcessRecord]], after: Snapshot) -> list[Violation]:
+    def _quiet(self, exited: list[tuple[int, ProcessRecord]], after: Snapshot,
+               covered: set[str]) -> list[Violation]:
         """QUIET for a dispatcher that was the only worker alive from its start to its exit:
-        judged against the stores as it found them, as a sequential trace judges it."""
+        judged against the stores as it found them, as a sequential trace judges it (added
+        to ``covered`` when it had something to check)."""
         found: list[Violation] = []
         for worker, record in exited:
             lane = next(lane for lane in self.lanes.values() if lane.worker == worker)
@@ -879,7 +905,7 @@ class LaneExecutor:
                 deduplication=self.deduplication,
             )
             if not QUIET.vacuous(check):
-                self.checked.add(QUIET.name)
+                covered.add(QUIET.name)
             found += [Violation(QUIET.name, message) for message in check_quiet(check)]
         return found
 

@@ -1,11 +1,11 @@
 """What a search exercised: crash points armed and fired, invariants checked non-vacuously.
 
 A clean result means little if the crash points never fired or an invariant never
-had anything to check; explore and enumerate both print this table, and
-:func:`vacuity` turns it into explore's "vacuous" outcome (exit status 4): a run in
-which no operation was ever accepted, no ticket made, no operation completed, or the
-system's declared crash points were armed and never fired tested nothing, and must
-not be reported as clean.
+had anything to check; explore and enumerate both print this table (one unit, the
+step, with lanes or without), and :func:`vacuity` turns it into explore's "vacuous"
+outcome (exit status 4): a run in which no operation was ever accepted, no ticket
+made, no operation completed, or the system's declared crash points were armed and
+never fired tested nothing, and must not be reported as clean.
 """
 
 from __future__ import annotations
@@ -13,12 +13,24 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from faultlab.checks.invariants import INVARIANTS, STEP_INVARIANTS
+from faultlab.checks.invariants import INVARIANTS
 from faultlab.nemesis.crash import statement_point
-from faultlab.run.executor import Observation
 from faultlab.system.contract import System
+
+
+class Observed(Protocol):
+    """What coverage reads of one executed step, sequential
+    (:class:`faultlab.run.executor.Observation`) or in lanes
+    (:class:`faultlab.run.interleaving.LaneObservation`)."""
+
+    @property
+    def covered(self) -> frozenset[str]: ...
+    @property
+    def armed(self) -> str | None: ...
+    @property
+    def fired(self) -> tuple[str, ...]: ...
 
 
 def _point_order(name: str) -> tuple[str, int]:
@@ -28,21 +40,20 @@ def _point_order(name: str) -> tuple[str, int]:
 
 @dataclass
 class Coverage:
+    """Per crash point the steps that armed it and that it fired at; per invariant the
+    steps at which it had something to check (``LIVE``: the recoveries that judged it).
+    One unit, the step, for sequential and concurrent traces alike."""
+
     armed: Counter[str] = field(default_factory=Counter)
     fired: Counter[str] = field(default_factory=Counter)
     checked: Counter[str] = field(default_factory=Counter)
 
-    def observe(self, observation: Observation) -> None:
-        """Count one executed step, reusing the check context the executor built for it."""
-        step = observation.step
-        if observation.check is not None:
-            for invariant in STEP_INVARIANTS:
-                if not invariant.vacuous(observation.check):
-                    self.checked[invariant.name] += 1
-        if step.crash is not None:
-            self.armed[step.crash] += 1
-            if observation.crashed:
-                self.fired[step.crash] += 1
+    def observe(self, observation: Observed) -> None:
+        """Count one executed step."""
+        self.checked.update(observation.covered)
+        if observation.armed is not None:
+            self.armed[observation.armed] += 1
+        self.fired.update(observation.fired)
 
     def live_checked(self) -> None:
         self.checked["LIVE"] += 1
@@ -58,11 +69,14 @@ class Coverage:
         names += sorted(set(self.armed) - set(names), key=_point_order)
         return [[name, self.armed[name], self.fired[name]] for name in names]
 
-    def invariant_rows(self, faults: Collection[str] = ()) -> list[list[Any]]:
+    def invariant_rows(self, faults: Collection[str] = (), *,
+                       history: bool = False) -> list[list[Any]]:
         """Rows: invariant, times it had something to check; an invariant that applies only
-        under a fault the run did not draw (``Invariant.fault``) is left out."""
+        under a fault the run did not draw (``Invariant.fault``) is left out, and so are the
+        history invariants unless the run had lanes (``history``)."""
         return [[invariant.name, self.checked[invariant.name]] for invariant in INVARIANTS
-                if invariant.fault is None or invariant.fault in faults]
+                if (invariant.fault is None or invariant.fault in faults)
+                and (history or not invariant.history)]
 
 
 #: Invariants grouped by what the run must have done for any of them to check something
@@ -85,11 +99,16 @@ def vacuous_families(checked: Mapping[str, int]) -> list[str]:
     return causes[:1] if causes and causes[0] == FAMILIES[0][1] else causes
 
 
-def vacuity(coverage: Coverage, system: System, examples: int) -> str | None:
-    """Why a clean sequential run tested nothing, as one line, or None when it tested
-    something: no example ran, an invariant family was vacuous for the whole run, or the
-    system declares crash points, some were armed, and none ever fired (its arming does
-    not work). A run too short to arm any point is not blamed for it."""
+def vacuity(coverage: Coverage, system: System, examples: int, *, concurrency: int = 1,
+            held: int = 0, can_hold: bool = True) -> str | None:
+    """Why a clean run tested nothing, as one line, or None when it tested something: no
+    example ran; an invariant family was vacuous for the whole run; the system declares
+    crash points, some were armed, and none ever fired (its arming does not work); or,
+    with lanes (``concurrency`` above 1), workers that can never overlap (``can_hold``
+    False: the system announces no point a lane could hold it at, so every worker ran
+    to its end before the next one could start; ``held`` counts the steps after which a
+    lane was held). A run too short to arm any point, or that held no lane by chance, is
+    not blamed for it."""
     if examples == 0:
         return "no example completed"
     causes = vacuous_families(coverage.checked)
@@ -97,20 +116,7 @@ def vacuity(coverage: Coverage, system: System, examples: int) -> str | None:
     armed = sum(coverage.armed[name] for name in declared)
     if declared and armed and not any(coverage.fired[name] for name in declared):
         causes.append(f"no declared crash point ever fired (armed {armed} times)")
-    return "; ".join(causes) or None
-
-
-def concurrent_vacuity(checked: Mapping[str, int], examples: int, held: int,
-                       concurrency: int, *, can_hold: bool = True) -> str | None:
-    """Why a clean concurrent run tested nothing, as one line, or None: as
-    :func:`vacuity` (``checked`` counts examples per invariant), and workers that can
-    never overlap (``can_hold`` False: the system announces no point a lane could hold it
-    at, so every worker runs to its end before the next one can start). A run that held
-    no lane by chance (a short budget) is not blamed for it."""
-    if examples == 0:
-        return "no example completed"
-    causes = vacuous_families(checked)
-    if not held and not can_hold:
+    if concurrency > 1 and not held and not can_hold:
         causes.append(f"workers never overlapped: no lane was ever held at a point (the "
                       f"system announces none), so --concurrency {concurrency} ran one "
                       "worker at a time")

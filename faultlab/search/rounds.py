@@ -207,12 +207,9 @@ def run_stream(
             result.seconds_until_found = round(time.monotonic() - started, 3)
         totals.add(recorder)
         totals.rounds += 1
-        counters: tuple[tuple[str, Mapping[str, int]], ...]
-        if isinstance(recorder, ConcurrentRecorder):
-            counters = (("checked", recorder.checked), ("actions", recorder.actions))
-        else:
-            counters = (("armed", recorder.coverage.armed), ("fired", recorder.coverage.fired),
-                        ("checked", recorder.coverage.checked), ("actions", recorder.actions))
+        counters: tuple[tuple[str, Mapping[str, int]], ...] = (
+            ("armed", recorder.coverage.armed), ("fired", recorder.coverage.fired),
+            ("checked", recorder.coverage.checked), ("actions", recorder.actions))
         for name, counter in counters:
             merged: dict[str, int] = getattr(result, name)
             for key, count in counter.items():

@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -39,8 +38,7 @@ from hypothesis.stateful import (
 from faultlab.base import interrupt
 from faultlab.base.errors import UsageError
 from faultlab.base.version import __version__
-from faultlab.checks.history import HISTORY_INVARIANTS
-from faultlab.checks.invariants import INVARIANTS, STEP_INVARIANTS, Violation
+from faultlab.checks.invariants import HISTORY_INVARIANTS, STEP_INVARIANTS, Violation
 from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
 from faultlab.run.interleaving import (
     SEQUENTIAL_ONLY,
@@ -51,6 +49,7 @@ from faultlab.run.interleaving import (
 )
 from faultlab.search import data as generated
 from faultlab.search import defaults
+from faultlab.search.coverage import Coverage
 from faultlab.search.data import TITLES
 from faultlab.search.explore import HYPOTHESIS_VERSION, _no_local_constants, flaky_trace
 from faultlab.search.machine import (
@@ -79,10 +78,6 @@ from faultlab.trace import (
     LaneStep,
     Verdict,
 )
-
-#: The invariants a concurrent trace judges, in the order the coverage table shows them.
-COVERED: tuple[str, ...] = (*(i.name for i in INVARIANTS if i.fault is None),
-                            *HISTORY_INVARIANTS)
 
 #: The per-step invariants the lane executor judges after every step (QUIET apart).
 PER_STEP: tuple[str, ...] = tuple(i.name for i in STEP_INVARIANTS if i.name not in SEQUENTIAL_ONLY)
@@ -134,8 +129,12 @@ class ConcurrentRecorder:
     #: read): a run failure, never a finding, whatever Hypothesis makes of it (as
     #: :attr:`faultlab.search.machine.Recorder.run_error`).
     run_error: Exception | None = None
-    #: Per invariant, the examples in which it had something to check (non-vacuous).
-    checked: Counter[str] = field(default_factory=Counter)
+    #: Crash points armed and fired, and the steps at which each invariant had something
+    #: to check, as a sequential exploration counts them.
+    coverage: Coverage = field(default_factory=Coverage)
+    #: The faults the machine draws (``power`` under ``--power-loss``): the invariants of
+    #: a fault are reported only for runs that draw it.
+    faults: tuple[str, ...] = ()
     #: Asked before every step; True stops the exploration (as :class:`machine.Recorder`).
     stop: Callable[[], bool] | None = None
     #: Invariant checks run: each per-step invariant per worker that ended at the step (at
@@ -154,6 +153,7 @@ class ConcurrentRecorder:
         self.steps += 1
         self.held += any(" @" in state for state in observation.lanes)  # LaneState.shown
         self.sigkills += observation.sigkills
+        self.coverage.observe(observation)
         self.checks += len(PER_STEP) * max(1, len(observation.exited)) + len(HISTORY_INVARIANTS)
         self.blocked += sum(state.endswith("blocked") for state in observation.lanes)
         self.actions[observation.step.action] = self.actions.get(observation.step.action, 0) + 1
@@ -163,9 +163,11 @@ class ConcurrentRecorder:
             self.progress(self)
 
     def finish(self, steps: list[LaneStep], verdict: Verdict, violations: list[Violation],
-               processes: int, checked: set[str] | None = None) -> None:
+               processes: int, *, live: bool = False) -> None:
+        """One example done; ``live``: its recovery judged LIVE."""
         self.examples += 1
-        self.checked.update(checked or ())
+        if live:
+            self.coverage.live_checked()
         self.processes += processes
         if not verdict.clean and self.first_failure_examples is None:
             self.first_failure_examples = self.examples
@@ -539,14 +541,14 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
                 raise
             steps = [o.step for o in self.executor.observations if o.phase == "step"]
             processes = self.executor.processes
-            checked = self.executor.checked | {
-                name for name in HISTORY_INVARIANTS if not self.executor.history.vacuous(name)}
+            live = "LIVE" in self.executor.checked
             verdict, violations = Verdict(), []
             if self.failure is not None:
                 violations = self.failure.violations
                 verdict = Verdict.of(self.failure.step, violations)
             if not self.stopped and not self.errored:  # an unfinished example is neither
-                self.recorder.finish(steps, verdict, violations, processes, checked)  # counted
+                self.recorder.finish(steps, verdict, violations, processes,  # counted
+                                     live=live)
                 # nor reported, and a failed run is not a finding
         if found is not None:
             raise found
@@ -692,7 +694,10 @@ class ConcurrentExploration:
             "examples_until_found": r.first_failure_examples,
             "seconds": round(self.seconds, 3),
             "steps_per_second": round(r.steps / self.seconds, 1) if self.seconds else 0.0,
-            "checked": {name: r.checked[name] for name in COVERED},
+            "checked": {name: count for name, count in r.coverage.invariant_rows(
+                r.faults, history=True)},
+            "crash_points_armed": dict(sorted(r.coverage.armed.items())),
+            "crash_points_fired": dict(sorted(r.coverage.fired.items())),
             "held_steps": r.held,
         }
 
@@ -899,7 +904,8 @@ def explore_concurrent(
     budget, ``--jobs``); ``statement_points`` also holds workers at sql:K / commit:K;
     ``scheduler`` is one of SCHEDULERS (how the lane that moves is drawn); ``power_loss``
     adds the ``power`` rule (every live lane dies and the stores lose unsynced writes)."""
-    recorder = ConcurrentRecorder(progress=progress, stop=stop)
+    recorder = ConcurrentRecorder(progress=progress, stop=stop,
+                                  faults=("power",) if power_loss else ())
     machine = concurrent_machine(
         system.ref, concurrency=concurrency, deduplication=deduplication, spawn=spawn,
         deadline=deadline, examples=examples, steps=steps, recorder=recorder,
