@@ -3,8 +3,8 @@
     python bench/scheduler.py [--examples N] [--seeds 0,1,2] [--schedulers uniform,pct]
                               [--mutants a,b]
 
-For each concurrency mutant (:data:`faultlab.system.builtin.race_mutants.
-CONCURRENCY_MUTANT_CLASSES`) and each seed, runs ``explore --concurrency 2`` once per
+For each SQLite concurrency mutant (the registry's two-lane mutants,
+:mod:`faultlab.system.builtin.registry`) and each seed, runs ``explore --concurrency 2`` once per
 scheduler with a budget of ``--examples`` examples (a run stops at its first failure, so
 a small budget keeps the CPU modest) and prints a table: per mutant, the examples until
 found for each seed and their median (a miss counts as the budget plus one, shown
@@ -35,7 +35,7 @@ from faultlab import __version__  # noqa: E402
 from faultlab.search.explore import HYPOTHESIS_VERSION  # noqa: E402
 from faultlab.search.schedules import SCHEDULERS, explore_concurrent  # noqa: E402
 from faultlab.system import load_system  # noqa: E402
-from faultlab.system.builtin.race_mutants import CONCURRENCY_MUTANT_CLASSES  # noqa: E402
+from faultlab.system.builtin import registry  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
 
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mutants", type=_names, default=None, metavar="A,B",
                         help="only these mutants (default every concurrency mutant)")
     args = parser.parse_args(argv)
-    names = [cls.name for cls in CONCURRENCY_MUTANT_CLASSES]
+    names = registry.names(lanes=2, postgres=False)
     unknown = [n for n in (args.mutants or []) if n not in names] + [
         s for s in args.schedulers if s not in SCHEDULERS]
     if unknown or not args.seeds:

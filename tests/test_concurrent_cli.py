@@ -12,7 +12,8 @@ import pytest
 
 from faultlab.cli import main
 from faultlab.system import load_system
-from faultlab.system.builtin.race_mutants import CONCURRENCY_MUTANT_CLASSES, ConcurrencyMutant
+from faultlab.system.builtin import registry
+from faultlab.system.builtin.race_mutants import ConcurrencyMutant
 from faultlab.trace import ConcurrentTrace, load
 
 
@@ -77,7 +78,7 @@ def test_bad_concurrency_is_refused_and_creates_nothing(tmp_path: Path, args: li
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [cls.name for cls in CONCURRENCY_MUTANT_CLASSES if cls.judged])
+@pytest.mark.parametrize("name", registry.names(lanes=2, postgres=False, only_judged=True))
 def test_explore_concurrency_catches_each_mutant_at_its_minimum(tmp_path: Path, name: str) -> None:
     from faultlab.search.schedules import explore_concurrent
 
@@ -147,7 +148,7 @@ def test_enumerate_concurrency_reference_clean_within_two_choices(tmp_path: Path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [cls.name for cls in CONCURRENCY_MUTANT_CLASSES if cls.judged])
+@pytest.mark.parametrize("name", registry.names(lanes=2, postgres=False, only_judged=True))
 def test_enumerate_concurrency_catches_each_mutant(name: str) -> None:
     from faultlab.search.schedule_enumeration import enumerate_concurrent
 

@@ -16,7 +16,8 @@ from faultlab.run.executor import execute
 from faultlab.search.enumeration import enumerate_system
 from faultlab.stores.sqlite import scratch_directory
 from faultlab.system import System, load_system
-from faultlab.system.builtin.mutants import MUTANT_CLASSES, Mutant
+from faultlab.system.builtin import registry
+from faultlab.system.builtin.mutants import Mutant
 from faultlab.trace import Trace
 
 
@@ -183,7 +184,8 @@ def test_reference_is_clean_with_the_default_budget(
 
 
 #: The data and depth mutants need explore's generated data: enumerate is n/a for them.
-ENUMERABLE = [cls.name for cls in MUTANT_CLASSES if cls.enumerable]
+ENUMERABLE = [name for name in registry.names(lanes=1, fault_drawn="", postgres=False)
+              if getattr(registry.BY_NAME[name], "enumerable", True)]
 
 
 @pytest.mark.slow

@@ -15,11 +15,8 @@ from faultlab.run.interleaving import LaneExecutor, execute_concurrent
 from faultlab.search.schedules import executed
 from faultlab.stores.sqlite import BUSY_TIMEOUT
 from faultlab.system import System, concurrency_mutant_all_names, load_system
-from faultlab.system.builtin.race_mutants import (
-    CONCURRENCY_MUTANT_CLASSES,
-    OP,
-    ConcurrencyMutant,
-)
+from faultlab.system.builtin import registry
+from faultlab.system.builtin.race_mutants import OP, ConcurrencyMutant, NoFencing
 from faultlab.system.builtin.reference import LEASE_TICKS
 from faultlab.trace import ConcurrentTrace, LaneStep, Trace, Verdict, load
 
@@ -165,14 +162,14 @@ def test_the_clock_file_is_what_workers_read(reference: System) -> None:
 
 
 def test_exec_mode_lanes(reference: System) -> None:
-    trace = list(CONCURRENCY_MUTANT_CLASSES[0].minimal_trace)
+    trace = list(NoFencing.minimal_trace)
     clean = execute_concurrent(reference, trace, concurrency=2, spawn="exec")
     assert clean.verdict.clean
     caught = execute_concurrent(load_system("no-fencing"), trace, concurrency=2, spawn="exec")
     assert caught.verdict.invariants == ("FENCE",)
 
 
-@pytest.mark.parametrize("name", [cls.name for cls in CONCURRENCY_MUTANT_CLASSES])
+@pytest.mark.parametrize("name", registry.names(lanes=2, postgres=False))
 def test_concurrency_mutant_minimal_trace(name: str, reference: System) -> None:
     """Each concurrency mutant fails its minimal trace at exactly minimal_steps on an
     invariant it names; the same trace is clean on the reference (the control)."""
@@ -227,8 +224,7 @@ def test_concurrent_finding_replays_identically_20_times() -> None:
 
 
 def test_trace_version_2_round_trip_and_version_1_still_reads(tmp_path: Path) -> None:
-    trace = ConcurrentTrace("no-fencing", True, 2, list(CONCURRENCY_MUTANT_CLASSES[0]
-                                                      .minimal_trace),
+    trace = ConcurrentTrace("no-fencing", True, 2, list(NoFencing.minimal_trace),
                             expected=Verdict(5, ("FENCE",)))
     path = tmp_path / "t.json"
     path.write_text(json.dumps(trace.to_json()))

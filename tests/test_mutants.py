@@ -20,11 +20,12 @@ from faultlab.cli import main
 from faultlab.process.spawn import Spawner
 from faultlab.run.executor import execute, validate_step
 from faultlab.system import System, builtin_names, load_system
-from faultlab.system.builtin.mutants import CHANGED, MUTANTS, OP, PAYLOAD, Mutant
+from faultlab.system.builtin import registry
+from faultlab.system.builtin.mutants import CHANGED, OP, PAYLOAD, Mutant
 from faultlab.system.builtin.reference import REFERENCE_POINTS
 from faultlab.trace import Step
 
-NAMES = list(MUTANTS)
+NAMES = registry.names(lanes=1, fault_drawn="", postgres=False)
 
 ISSUE_TABLE = {
     "no-dedup", "split-accept", "split-accept-outbox-first", "split-complete",

@@ -20,8 +20,11 @@ from faultlab.base.errors import UsageError
 from faultlab.process.spawn import Spawner, spawner
 from faultlab.run.executor import execute
 from faultlab.system import is_builtin, load_system
-from faultlab.system.builtin.mutants import MUTANTS, POWER_MUTANTS
+from faultlab.system.builtin import registry
 from faultlab.trace import Step, Trace, load
+
+POWER_MUTANTS = registry.names(fault_drawn="power")
+SEQUENTIAL = registry.names(lanes=1, fault_drawn="")
 
 P = {"title": "backlog"}
 DROP_ALL = {"kind": "drop_all"}
@@ -99,7 +102,7 @@ def test_each_power_mutant_is_caught_by_its_minimal_trace(name: str,
 
 def test_power_mutants_are_builtin_but_stay_out_of_the_zoo() -> None:
     for name in POWER_MUTANTS:
-        assert is_builtin(name) and name not in MUTANTS
+        assert is_builtin(name) and name not in SEQUENTIAL
 
 
 def test_a_trace_with_power_steps_replays_identically(tmp_path: Path) -> None:

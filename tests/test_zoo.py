@@ -14,7 +14,9 @@ from faultlab.process.spawn import Spawner
 from faultlab.run.executor import execute
 from faultlab.search.explore import explore
 from faultlab.system import load_system
-from faultlab.system.builtin.mutants import MUTANTS
+from faultlab.system.builtin import registry
+
+MUTANTS = registry.names(lanes=1, fault_drawn="", postgres=False)
 
 QUICK = [
     "split-accept", "caller-overwrite", "no-payload-check", "idle-resend", "non-canonical-retry",

@@ -70,12 +70,16 @@ def register(commands: Commands) -> None:
 
 def cmd_mutants(args: argparse.Namespace) -> int:
     from faultlab.report import tables as report
-    from faultlab.system import builtin_names, concurrency_mutant_names, power_mutant_names
+    from faultlab.system import (
+        builtin_names,
+        concurrency_mutant_names,
+        power_mutant_names,
+        server_crash_mutant_names,
+    )
     from faultlab.trace import write_json_atomically
     from faultlab.trials.race_zoo import REFERENCE_CONCURRENT
     from faultlab.trials.zoo import (
         REFERENCE_POWER,
-        SERVER_CRASH_MUTANTS,
         Budget,
         Judgement,
         judge_all,
@@ -87,7 +91,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     if args.output is not None:
         check_output_path(args.output)
     names = [*builtin_names(), REFERENCE_CONCURRENT, *concurrency_mutant_names(),
-             *SERVER_CRASH_MUTANTS, REFERENCE_POWER, *power_mutant_names()]
+             *server_crash_mutant_names(), REFERENCE_POWER, *power_mutant_names()]
     if args.only:
         unknown = [name for name in args.only if name not in names]
         if unknown:

@@ -29,7 +29,7 @@ def register(commands: Commands) -> None:
 
 def cmd_systems(args: argparse.Namespace) -> int:
     from faultlab.report import tables as report
-    from faultlab.system import builtin_names, load_system
+    from faultlab.system import load_system
 
     check_format(args.format)
     if args.system is not None:
@@ -38,13 +38,10 @@ def cmd_systems(args: argparse.Namespace) -> int:
         print(f"{system.name}: {system.description}")
         print(report.table(rows, ["crash point", "role", "expected outcome"], args.format))
         return EXIT_OK
-    rows = []
-    for name in builtin_names():
-        system = load_system(name)
-        rows.append([name, str(len(system.crash_points)), system.description])
-    from faultlab.system.builtin.reference_pg import POSTGRES_SYSTEMS  # listed without psycopg
+    from faultlab.system.builtin import registry  # every built-in, listed without psycopg
 
-    for name, cls in POSTGRES_SYSTEMS.items():
-        rows.append([name, str(len(cls.crash_points)), f"{cls.description} (PostgreSQL)"])
-    print(report.table(rows, ["system", "crash points", "description"], args.format))
+    rows = [[cls.name, str(len(cls.crash_points)), registry.needs(cls),
+             cls.description + (" (PostgreSQL)" if registry.on_postgres(cls) else "")]
+            for cls in registry.BUILTINS]
+    print(report.table(rows, ["system", "crash points", "needs", "description"], args.format))
     return EXIT_OK

@@ -38,66 +38,69 @@ def _reference() -> System:
 
 
 def _builtins() -> dict[str, Callable[[], System]]:
-    """Every built-in system by name: the reference, then the mutants of the zoo.
+    """Every built-in system by name (:mod:`faultlab.system.builtin.registry`).
 
     Only a name other than the reference imports the zoo (and the trace machinery
     its mutants declare their minimal traces with): a fork server that runs the
     reference stays that much smaller, so each worker forks and exits faster.
     """
-    from faultlab.system.builtin.mutants import MUTANTS
+    from faultlab.system.builtin.registry import BY_NAME
 
-    return {REFERENCE: _reference, **MUTANTS}
-
-
-def _concurrency_builtins() -> dict[str, Callable[[], System]]:
-    from faultlab.system.builtin.race_mutants import CONCURRENCY_MUTANTS
-
-    return dict(CONCURRENCY_MUTANTS)
+    return dict(BY_NAME)
 
 
 def power_mutant_names() -> list[str]:
     """The mutants only a power cut can catch (``explore --power-loss``), loadable by name."""
-    from faultlab.system.builtin.mutants import POWER_MUTANTS
+    from faultlab.system.builtin import registry
 
-    return list(POWER_MUTANTS)
+    return registry.names(fault_drawn="power")
 
 
-def _private_concurrency_names() -> list[str]:
-    """PostgreSQL mutants only a concurrent trace on faultlab's own server shows."""
-    from faultlab.system.builtin.reference_pg import PRIVATE_CONCURRENCY_MUTANTS
+def server_crash_mutant_names() -> list[str]:
+    """The mutants only a crash of faultlab's own PostgreSQL server shows."""
+    from faultlab.system.builtin import registry
 
-    return list(PRIVATE_CONCURRENCY_MUTANTS)
+    return registry.names(fault_drawn="server_crash")
 
 
 def concurrency_mutant_names() -> list[str]:
     """The mutants only a concurrent trace can catch (``explore --concurrency 2``) that
     ``mutants`` judges, the PostgreSQL ones that need a private server last;
     :func:`concurrency_mutant_all_names` adds the ones it cannot judge yet."""
-    return [*(name for name, make in _concurrency_builtins().items()
-              if getattr(make, "judged", True)), *_private_concurrency_names()]
+    from faultlab.system.builtin import registry
+
+    return [name for name in concurrency_mutant_all_names()
+            if registry.judged(registry.BY_NAME[name])]
 
 
 def concurrency_mutant_all_names() -> list[str]:
-    """Every concurrency mutant, judged by ``mutants`` or not (each loadable by name)."""
-    return [*_concurrency_builtins(), *_private_concurrency_names()]
+    """Every concurrency mutant, judged by ``mutants`` or not (each loadable by name), but
+    a PostgreSQL twin of a SQLite one."""
+    from faultlab.system.builtin import registry
+
+    return [name for name in registry.names(lanes=2)
+            if getattr(registry.BY_NAME[name], "twin", None) is None]
 
 
 def builtin_names() -> list[str]:
-    return list(_builtins())
+    """The SQLite reference and its sequential mutants (what ``mutants`` explores and
+    enumerates without lanes or faults)."""
+    from faultlab.system.builtin import registry
+
+    return [REFERENCE, *registry.names(lanes=1, fault_drawn="", postgres=False)]
 
 
 def postgres_names() -> list[str]:
     """Built-in systems on PostgreSQL (``reference-pg`` and its zoo); they need psycopg."""
-    from faultlab.system.builtin.reference_pg import POSTGRES_SYSTEMS
+    from faultlab.system.builtin import registry
 
-    return list(POSTGRES_SYSTEMS)
+    return registry.names(postgres=True)
 
 
 def is_builtin(ref: str) -> bool:
     """True for a system faultlab ships (the references and every mutant): the only systems
     a trace file may choose by itself, since loading one runs none of the user's code."""
-    return ref in {*builtin_names(), *concurrency_mutant_all_names(), *postgres_names(),
-                   *power_mutant_names()}
+    return ref == REFERENCE or ref in _builtins()
 
 
 def is_reference(ref: str) -> bool:
@@ -106,27 +109,13 @@ def is_reference(ref: str) -> bool:
     return ref in (REFERENCE, f"{REFERENCE}-pg")
 
 
-def _postgres(name: str) -> System:
-    from faultlab.system.builtin.reference_pg import POSTGRES_SYSTEMS
-
-    return POSTGRES_SYSTEMS[name]()
-
-
 def load_system(ref: str) -> System:
     """Resolve a system reference, or raise UsageError naming what is wrong."""
     if ref in _cache:
         return _cache[ref]
     builtins = {REFERENCE: _reference} if ref == REFERENCE else _builtins()
-    if ref not in builtins and ref in _concurrency_builtins():
-        builtins = _concurrency_builtins()  # named apart: sequential traces cannot catch them
-    if ref not in builtins and ref in power_mutant_names():
-        from faultlab.system.builtin.mutants import POWER_MUTANTS
-
-        builtins = dict(POWER_MUTANTS)  # named apart: only power steps catch them
     if ref in builtins:
         system = builtins[ref]()
-    elif ref.endswith("-pg") and ref in postgres_names():
-        system = _postgres(ref)
     elif ref.endswith(".json"):
         from faultlab.system.command import load_command_system
 
@@ -134,7 +123,7 @@ def load_system(ref: str) -> System:
     elif ":" in ref:
         system = _load_python_system(ref)
     else:
-        known = ", ".join([*builtins, *postgres_names()])
+        known = ", ".join(builtins)
         raise UsageError(
             f"unknown system {ref!r} (built-in: {known}; or package.module:attribute, "
             "or path/to/system.json)"

@@ -27,15 +27,12 @@ def judge_concurrent(
     """The fields of :class:`faultlab.trials.zoo.Judgement` for one system judged with two
     lanes; a PostgreSQL mutant that needs faultlab's own server (its clock moved by the
     ticks) on a private server started for it, or a row saying why it cannot start here."""
-    from faultlab.system import postgres_names
+    from faultlab.system.builtin.registry import BY_NAME
 
-    if name in postgres_names():
-        from faultlab.system.builtin.reference_pg import POSTGRES_SYSTEMS
-
-        if getattr(POSTGRES_SYSTEMS[name], "private_server", False):
-            return _on_private_server(name, examples=examples, steps=steps, seed=seed,
-                                      spawn=spawn, deadline=deadline,
-                                      corpus_directory=corpus_directory)
+    if name in BY_NAME and getattr(BY_NAME[name], "private_server", False):
+        return _on_private_server(name, examples=examples, steps=steps, seed=seed,
+                                  spawn=spawn, deadline=deadline,
+                                  corpus_directory=corpus_directory)
     return _judge(name, examples=examples, steps=steps, seed=seed, spawn=spawn,
                   deadline=deadline, corpus_directory=corpus_directory)
 
@@ -45,7 +42,7 @@ def _on_private_server(name: str, **budget: Any) -> dict[str, Any]:
     whatever happens (a judge runs in a process of its own: one server each)."""
     from faultlab.stores import pgserver
     from faultlab.stores import postgres as pgstores
-    from faultlab.system.builtin.reference_pg import POSTGRES_SYSTEMS
+    from faultlab.system.builtin.registry import BY_NAME
 
     reason = pgserver.unavailable()
     if reason is None:
@@ -60,7 +57,7 @@ def _on_private_server(name: str, **budget: Any) -> dict[str, Any]:
                     pgstores.configure(None)
         except pgserver.PrivateServerUnavailable as error:
             reason = str(error)
-    cls = POSTGRES_SYSTEMS[name]
+    cls = BY_NAME[name]
     return dict(
         system=name, defect=cls.description, reference=False,
         caught_by=list(getattr(cls, "caught_by", ())),

@@ -80,7 +80,11 @@ class Budget:
 
 def judge(name: str, budget: Budget) -> Judgement:
     """Explore and enumerate one system (runs in a worker process of the pool)."""
-    from faultlab.system import concurrency_mutant_names, power_mutant_names
+    from faultlab.system import (
+        concurrency_mutant_names,
+        power_mutant_names,
+        server_crash_mutant_names,
+    )
     from faultlab.trials.race_zoo import REFERENCE_CONCURRENT, judge_concurrent
 
     if name == REFERENCE_CONCURRENT or name in concurrency_mutant_names():
@@ -89,7 +93,7 @@ def judge(name: str, budget: Budget) -> Judgement:
             name, examples=budget.examples, steps=budget.steps, seed=budget.seed,
             spawn=budget.spawn, deadline=budget.deadline, corpus_directory=budget.corpus,
         ))
-    if name in SERVER_CRASH_MUTANTS:
+    if name in server_crash_mutant_names():
         return _judge_on_private_server(name, budget)
     if name == REFERENCE_POWER or name in power_mutant_names():
         return _judge_sequential(name, budget, power_loss=True)
@@ -100,15 +104,12 @@ def judge(name: str, budget: Budget) -> Judgement:
 REFERENCE_POWER = "reference-power"
 
 
-#: Mutants only a crash of the whole PostgreSQL server shows: judged on a private server
-#: of their own (``--postgres private``), where explore draws server_crash steps.
-SERVER_CRASH_MUTANTS: tuple[str, ...] = ("async-commit-pg",)
-
-
 def _judge_on_private_server(name: str, budget: Budget) -> Judgement:
-    """Judge ``name`` with its stores on a private server started for it (a judge runs in
-    its own process: one server per judge, stopped and removed whatever happens); on a
-    machine that cannot start one, a row that says why instead of a verdict."""
+    """Judge ``name`` (a mutant only a crash of the whole PostgreSQL server shows) with its
+    stores on a private server started for it, where explore draws server_crash steps (a
+    judge runs in its own process: one server per judge, stopped and removed whatever
+    happens); on a machine that cannot start one, a row that says why instead of a
+    verdict."""
     from faultlab.stores import pgserver
     from faultlab.stores import postgres as pgstores
 

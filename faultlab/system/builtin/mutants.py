@@ -12,8 +12,8 @@ executed step. Mutants that split a transaction declare the crash point between
 the two transactions, after the reference's points.
 
 Add a mutant: subclass, override the one method that carries the defect, fill in
-the five class attributes, add it to :data:`MUTANTS`, and give ``tests/test_mutants.py``
-nothing new: it is parametrised over :data:`MUTANTS`.
+the five class attributes, add one line to :data:`faultlab.system.builtin.registry.BUILTINS`,
+and give ``tests/test_mutants.py`` nothing new: it is parametrised over the registry.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from faultlab.system.builtin.reference import (
     REFERENCE_POINTS,
     ReferenceOutbox,
 )
-from faultlab.system.contract import CrashPoint, System, WorkerContext
+from faultlab.system.contract import CrashPoint, WorkerContext
 from faultlab.trace import Step
 
 OP = "op-1"
@@ -48,6 +48,10 @@ class Mutant(ReferenceOutbox):
     caught_by: tuple[str, ...] = ()
     minimal_steps: int = 0
     minimal_trace: tuple[Step, ...] = ()
+    #: What a trace needs to show the defect (see :mod:`faultlab.system.builtin.registry`):
+    #: one lane; ``fault = "power"`` for a mutant only a power cut shows.
+    concurrency: int = 1
+    fault: str | None = None
     #: False when ``enumerate`` cannot express the trigger with its defaults (its payloads
     #: are fixed and its ids are op-N; two operations): data and depth mutants are for
     #: ``explore`` to catch, and the zoo judges enumerate on them as "n/a".
@@ -674,6 +678,7 @@ class _StorePragmas:
 
 class WalNormalReceiver(Mutant):
     name = "wal-normal-receiver"
+    fault = "power"
     description = ("the receiver's store runs in WAL mode with synchronous=NORMAL behind a pool "
                    "of open connections: a commit is not synced until a checkpoint, so a power "
                    "cut loses acknowledged tickets")
@@ -692,6 +697,7 @@ class WalNormalReceiver(Mutant):
 
 class SyncOffCaller(Mutant):
     name = "sync-off-caller"
+    fault = "power"
     description = ("the caller's store runs with synchronous=OFF: nothing is synced, so a "
                    "power cut loses an acknowledged acceptance")
     caught_by = ("ACK", "DURABLE")
@@ -709,6 +715,7 @@ class SyncOffCaller(Mutant):
 
 class FullSyncCaller(Mutant):
     name = "full-sync-caller"
+    fault = "power"
     description = ("the caller's store keeps SQLite's default synchronous=FULL with a rollback "
                    "journal: the unlink that commits an acceptance is not followed by a "
                    "directory sync, so a power cut brings the journal back and rolls the "
@@ -727,37 +734,3 @@ class FullSyncCaller(Mutant):
     def dispatch(self, context: WorkerContext) -> dict[str, Any]:
         full = _StorePragmas(context, CALLER, ("PRAGMA synchronous=FULL",))
         return super().dispatch(full)
-
-
-#: Mutants only a power cut can catch (``--power-loss``, explored and enumerated); loadable by
-#: name, kept out of :data:`MUTANTS` so the zoo's tables (explore and enumerate without
-#: power) are as before.
-POWER_MUTANT_CLASSES: tuple[type[Mutant], ...] = (WalNormalReceiver, SyncOffCaller,
-                                                  FullSyncCaller)
-POWER_MUTANTS: dict[str, Callable[[], System]] = {cls.name: cls for cls in POWER_MUTANT_CLASSES}
-
-MUTANT_CLASSES: tuple[type[Mutant], ...] = (
-    NoDedup,
-    SplitAccept,
-    SplitAcceptOutboxFirst,
-    SplitComplete,
-    SplitCompleteOutboxFirst,
-    SplitReceipt,
-    FreshKeyOnRecovery,
-    NoPayloadCheck,
-    CallerOverwrite,
-    CompleteBeforeSend,
-    ErrorCompletes,
-    IdleResend,
-    NonCanonicalRetry,
-    SharedKey,
-    CaseInsensitiveKey,
-    TruncatedKey,
-    LossyNumbers,
-    UnicodeNormalising,
-    Utf8mb3Column,
-    Float32Amounts,
-    BoundedReceipts,
-)
-
-MUTANTS: dict[str, Callable[[], System]] = {cls.name: cls for cls in MUTANT_CLASSES}

@@ -10,7 +10,6 @@ trace cannot show any of them; ``explore --concurrency 2`` can.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from faultlab.system.builtin.reference import (
     ClaimLost,
     ReferenceOutbox,
 )
-from faultlab.system.contract import CrashPoint, System, WorkerContext
+from faultlab.system.contract import CrashPoint, WorkerContext
 from faultlab.trace import LaneStep
 
 OP = "op-1"
@@ -420,12 +419,3 @@ class RelayCursor(ConcurrencyMutant):
                 "ON p.operation_id = op.id WHERE op.id = ?", (operation_id,))
         finally:
             connection.close()
-
-
-CONCURRENCY_MUTANT_CLASSES: tuple[type[ConcurrencyMutant], ...] = (
-    NoFencing, EagerRescue, FinishAndFail, StaleRescue, SkipLocked, RacyDedup, LeaseTimeFence,
-    RelayCursor,
-)
-CONCURRENCY_MUTANTS: dict[str, Callable[[], System]] = {
-    cls.name: cls for cls in CONCURRENCY_MUTANT_CLASSES
-}

@@ -416,6 +416,9 @@ class NoDedupPg(ReferencePg):
     """The receiver never reads or writes receipts: a retry makes a second ticket."""
 
     name = "no-dedup-pg"
+    #: The same defect as the SQLite mutant ``no-dedup``, which ``mutants`` judges; this
+    #: one is judged by the PostgreSQL tests.
+    twin = "no-dedup"
     description = "reference-pg whose downstream never reads or writes receipts"
 
     def service(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
@@ -449,6 +452,9 @@ class SplitCompletePg(ReferencePg):
     """Operation and outbox row are marked complete in two transactions."""
 
     name = "split-complete-pg"
+    #: The same defect as the SQLite mutant ``split-complete``, which ``mutants`` judges; this
+    #: one is judged by the PostgreSQL tests.
+    twin = "split-complete"
     description = "reference-pg marking the operation and its outbox row complete in two commits"
     crash_points = (*POINTS, SPLIT_POINT)
 
@@ -472,6 +478,9 @@ class NoSkipLockedClaimPg(ReferencePg):
     """Claims without a lock and marks the entry complete before sending it downstream."""
 
     name = "claim-complete-first-pg"
+    #: The same defect as the SQLite mutant ``complete-before-send``, which ``mutants`` judges; this
+    #: one is judged by the PostgreSQL tests.
+    twin = "complete-before-send"
     description = ("reference-pg claiming by marking the entry complete (UPDATE ... RETURNING) "
                    "and committing before the downstream call")
 
@@ -527,6 +536,9 @@ class NoFencingPg(ReferencePg):
     """
 
     name = "no-fencing-pg"
+    #: The same defect as the SQLite mutant ``no-fencing``, which ``mutants`` judges; this
+    #: one is judged by the PostgreSQL tests.
+    twin = "no-fencing"
     description = ("reference-pg whose completion is not conditional on still holding the "
                    "claim (no fencing token check)")
     caught_by = ("FENCE",)
@@ -574,6 +586,7 @@ class AsyncCommitPg(ReferencePg):
     """
 
     name = "async-commit-pg"
+    fault = "server_crash"  # only a crash of the whole server shows it
     description = ("reference-pg whose caller commits with synchronous_commit = off: a "
                    "server crash loses an acknowledged acceptance")
     caught_by = ("ACK", "DURABLE")
@@ -741,14 +754,3 @@ class ServerClockLeasePg(ReferencePg):
         if clock.is_virtual() and context.now() >= self.deadline:
             raise ClaimLost(operation_id)  # its own timer ran out: it gives the entry up
         self.mark_complete(context, connection, operation_id, result)
-
-
-POSTGRES_SYSTEMS: dict[str, type[ReferencePg]] = {
-    cls.name: cls
-    for cls in (ReferencePg, NoDedupPg, SplitCompletePg, NoSkipLockedClaimPg, NoFencingPg,
-                AsyncCommitPg, AdvisoryLockPg, ServerClockLeasePg)
-}
-
-#: PostgreSQL mutants ``mutants`` judges with two lanes on a private server of their own.
-PRIVATE_CONCURRENCY_MUTANTS: tuple[str, ...] = tuple(
-    name for name, cls in POSTGRES_SYSTEMS.items() if getattr(cls, "private_server", False))
