@@ -77,8 +77,8 @@ def cmd_mutants(args: argparse.Namespace) -> int:
         server_crash_mutant_names,
     )
     from faultlab.trace import write_json_atomically
-    from faultlab.trials.race_zoo import REFERENCE_CONCURRENT
     from faultlab.trials.zoo import (
+        REFERENCE_CONCURRENT,
         REFERENCE_POWER,
         Budget,
         Judgement,

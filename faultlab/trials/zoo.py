@@ -16,10 +16,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from faultlab.base import interrupt
 from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
+
+if TYPE_CHECKING:
+    from faultlab.search.explore import Exploration
+    from faultlab.search.schedules import ConcurrentExploration
 
 
 @dataclass
@@ -78,38 +82,40 @@ class Budget:
     corpus: str | None = None
 
 
-def judge(name: str, budget: Budget) -> Judgement:
-    """Explore and enumerate one system (runs in a worker process of the pool)."""
-    from faultlab.system import (
-        concurrency_mutant_names,
-        power_mutant_names,
-        server_crash_mutant_names,
-    )
-    from faultlab.trials.race_zoo import REFERENCE_CONCURRENT, judge_concurrent
-
-    if name == REFERENCE_CONCURRENT or name in concurrency_mutant_names():
-        # only two lanes at once can show these
-        return Judgement(**judge_concurrent(
-            name, examples=budget.examples, steps=budget.steps, seed=budget.seed,
-            spawn=budget.spawn, deadline=budget.deadline, corpus_directory=budget.corpus,
-        ))
-    if name in server_crash_mutant_names():
-        return _judge_on_private_server(name, budget)
-    if name == REFERENCE_POWER or name in power_mutant_names():
-        return _judge_sequential(name, budget, power_loss=True)
-    return _judge_sequential(name, budget)
-
-
 #: The row in ``mutants`` for the reference explored with power cuts (it must stay clean).
 REFERENCE_POWER = "reference-power"
+#: The row in ``mutants`` for the reference judged with two lanes (it must stay clean).
+REFERENCE_CONCURRENT = "reference-concurrent"
+#: The references' rows: what each is judged under besides the plain sequential row.
+_REFERENCES = {"reference": "", REFERENCE_CONCURRENT: "two dispatchers at once",
+               REFERENCE_POWER: "with power cuts"}
 
 
-def _judge_on_private_server(name: str, budget: Budget) -> Judgement:
-    """Judge ``name`` (a mutant only a crash of the whole PostgreSQL server shows) with its
-    stores on a private server started for it, where explore draws server_crash steps (a
-    judge runs in its own process: one server per judge, stopped and removed whatever
-    happens); on a machine that cannot start one, a row that says why instead of a
-    verdict."""
+def judge(name: str, budget: Budget) -> Judgement:
+    """Explore and enumerate one system (runs in a worker process of the pool) the way
+    the registry says its defect shows: with the lanes it needs, with power cuts, or on a
+    private PostgreSQL server (whose whole-server crashes or moved clock the trace draws)."""
+    from faultlab.system.builtin import registry
+
+    if name in _REFERENCES:
+        cls = registry.BY_NAME["reference"]
+        lanes = 2 if name == REFERENCE_CONCURRENT else 1
+        power_loss = name == REFERENCE_POWER
+    else:
+        cls = registry.BY_NAME[name]
+        lanes = registry.concurrency(cls)
+        power_loss = registry.fault(cls) == "power"
+    clock = bool(getattr(cls, "private_server", False))
+    if registry.fault(cls) == "server_crash" or clock:
+        return _on_private_server(name, budget, lanes=lanes, virtual_clock=clock)
+    return _judge(name, budget, lanes=lanes, power_loss=power_loss)
+
+
+def _on_private_server(name: str, budget: Budget, *, lanes: int,
+                       virtual_clock: bool) -> Judgement:
+    """Judge ``name`` with its stores on a private server started for it (a judge runs in
+    its own process: one server per judge, stopped and removed whatever happens); on a
+    machine that cannot start one, a row that says why instead of a verdict."""
     from faultlab.stores import pgserver
     from faultlab.stores import postgres as pgstores
 
@@ -121,10 +127,10 @@ def _judge_on_private_server(name: str, budget: Budget) -> Judgement:
             reason = str(error)
     if reason is None:
         try:
-            with pgserver.PrivateServer() as server:
+            with pgserver.PrivateServer(virtual_clock=virtual_clock) as server:
                 pgstores.configure(server.conninfo, server=server)
                 try:
-                    return _judge_sequential(name, budget)
+                    return _judge(name, budget, lanes=lanes, power_loss=False)
                 finally:
                     pgstores.close_run()
                     pgstores.configure(None)
@@ -145,26 +151,63 @@ def _judge_on_private_server(name: str, budget: Budget) -> Judgement:
     )
 
 
-def _judge_sequential(name: str, budget: Budget, *, power_loss: bool = False) -> Judgement:
-    """Explore, then enumerate (where the system can be enumerated); ``power_loss``: both
-    with power cuts (enumerate with its one job: its recording is per process)."""
+@dataclass(frozen=True)
+class _Enumerated:
+    """What either enumerator found, in the terms of a Judgement."""
+
+    found: bool
+    invariants: list[str]
+    seconds: float
+    traces: int
+
+
+def _judge(name: str, budget: Budget, *, lanes: int, power_loss: bool) -> Judgement:
+    """Explore, then enumerate (where the system can be enumerated) with ``lanes`` lanes;
+    ``power_loss``: both with power cuts (enumerate with its one job: its recording is per
+    process). Two lanes use the schedule enumerator with its defaults; one lane the
+    sequential enumerator with the budget's operations and crashes."""
     from faultlab.corpus import files as corpus
-    from faultlab.process.spawn import spawner
-    from faultlab.search.enumeration import enumerate_system
-    from faultlab.search.explore import explore
     from faultlab.system import load_system
 
-    system = load_system("reference" if name == REFERENCE_POWER else name)
-    with spawner(budget.spawn) as runner:
-        explored = explore(system, runner, examples=budget.examples, steps=budget.steps,
-                           seed_value=budget.seed, deadline=budget.deadline,
-                           power_loss=power_loss)
+    system = load_system("reference" if name in _REFERENCES else name)
+    enumerable = bool(getattr(system, "enumerable", True))
+    explored: Exploration | ConcurrentExploration
+    if lanes > 1:
+        from faultlab.search.schedule_enumeration import enumerate_concurrent
+        from faultlab.search.schedules import explore_concurrent
+
+        explored = explore_concurrent(
+            system, concurrency=lanes, examples=budget.examples, steps=budget.steps,
+            seed_value=budget.seed, spawn=budget.spawn, deadline=budget.deadline,
+        )
         began = time.monotonic()
-        enumerable = bool(getattr(system, "enumerable", True))
-        enumerated = enumerate_system(system, [runner], operations=budget.operations,
-                                      crashes=budget.crashes, deadline=budget.deadline,
-                                      first=True, power=power_loss) if enumerable else None
-        enumerate_seconds = time.monotonic() - began
+        schedules = enumerate_concurrent(system, concurrency=lanes, spawn=budget.spawn,
+                                         deadline=budget.deadline) if enumerable else None
+        seconds = time.monotonic() - began
+        execution = schedules.execution if schedules is not None else None
+        enumerated = None if schedules is None else _Enumerated(
+            found=execution is not None,
+            invariants=sorted(execution.verdict.invariants) if execution is not None else [],
+            seconds=schedules.seconds if execution is not None else seconds,
+            traces=schedules.sequences)
+    else:
+        from faultlab.process.spawn import spawner
+        from faultlab.search.enumeration import enumerate_system
+        from faultlab.search.explore import explore
+
+        with spawner(budget.spawn) as runner:
+            explored = explore(system, runner, examples=budget.examples, steps=budget.steps,
+                               seed_value=budget.seed, deadline=budget.deadline,
+                               power_loss=power_loss)
+            began = time.monotonic()
+            sequences = enumerate_system(
+                system, [runner], operations=budget.operations, crashes=budget.crashes,
+                deadline=budget.deadline, first=True, power=power_loss,
+            ) if enumerable else None
+            seconds = time.monotonic() - began
+        enumerated = None if sequences is None else _Enumerated(
+            found=sequences.found, invariants=sorted(sequences.best),
+            seconds=sequences.first_found_seconds or seconds, traces=sequences.traces)
     trace = explored.trace
     saved = None
     if trace is not None and budget.corpus is not None:
@@ -172,16 +215,14 @@ def _judge_sequential(name: str, budget: Budget, *, power_loss: bool = False) ->
     recorder = explored.recorder
     return Judgement(
         system=name,
-        defect="the reference, with power cuts" if name == REFERENCE_POWER
+        defect=f"the reference, {_REFERENCES[name]}" if _REFERENCES.get(name)
         else system.description,
-        reference=name in ("reference", REFERENCE_POWER),
+        reference=name in _REFERENCES,
         caught_by=list(getattr(system, "caught_by", ())),
         minimal_steps=getattr(system, "minimal_steps", None),
         enumerate_found=enumerated is not None and enumerated.found,
-        enumerate_invariants=sorted(enumerated.best) if enumerated is not None else [],
-        enumerate_seconds=round(
-            (enumerated.first_found_seconds if enumerated is not None else None)
-            or enumerate_seconds, 3),
+        enumerate_invariants=enumerated.invariants if enumerated is not None else [],
+        enumerate_seconds=round(enumerated.seconds if enumerated is not None else 0.0, 3),
         enumerate_traces=enumerated.traces if enumerated is not None else 0,
         explore_found=trace is not None,
         explore_invariants=list(trace.expected.invariants) if trace and trace.expected else [],
@@ -205,15 +246,12 @@ def judge_all(
     The references go first: nothing catches them early, so both searches run their
     whole budget (the longest judgements); the mutants then fill the other jobs, and the
     last to finish is a short one (longest first)."""
-    from faultlab.trials.race_zoo import REFERENCE_CONCURRENT
-
     context = multiprocessing.get_context("spawn")
     results: dict[str, Judgement] = {}
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context,
                                initializer=interrupt.install)
     try:
-        first = sorted(names, key=lambda name: name not in (
-            "reference", REFERENCE_CONCURRENT, REFERENCE_POWER))
+        first = sorted(names, key=lambda name: name not in _REFERENCES)
         futures = {pool.submit(judge, name, budget): name for name in first}
         for future in as_completed(futures):
             judgement = future.result()
