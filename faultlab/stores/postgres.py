@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, ModuleType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from faultlab.base.errors import ExecutionError, UsageError
 from faultlab.stores.sqlite import StoreError
@@ -789,7 +789,10 @@ def query_described(
             connection.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         if timeout is not None:  # LOCAL: ends with the transaction, the kept reader unchanged
             milliseconds = max(1, math.ceil(timeout * 1000))
-            connection.execute(f"SET LOCAL statement_timeout = {milliseconds}")
+            try:
+                connection.execute(f"SET LOCAL statement_timeout = {milliseconds}")
+            except pg.Error as error:
+                _snapshot_session_failed(connection, "setting its deadline", error)
         results: dict[str, tuple[int, list[tuple[Any, ...]]]] = {}
         for name, sql in queries.items():
             try:
@@ -803,11 +806,11 @@ def query_described(
                     f"snapshot query {name!r} ran longer than its {timeout:g}s deadline "
                     "(--deadline) and was cancelled") from None
             except pg.Error as error:
-                if connection.closed:  # the session was lost mid-snapshot
-                    check_server_alive(wait=True)
-                message = (str(error).strip().splitlines() or ["no message"])[0]
-                raise StoreError(f"snapshot query {name!r}: {message}") from None
-        connection.rollback()
+                _snapshot_session_failed(connection, f"query {name!r}", error)
+        try:
+            connection.rollback()
+        except pg.Error as error:  # the session lost after the last query, before its end
+            _snapshot_session_failed(connection, "ending its transaction", error)
     except BaseException:
         connection.close()
         raise
@@ -816,6 +819,17 @@ def query_described(
     else:
         connection.close()
     return results
+
+
+def _snapshot_session_failed(connection: Any, what: str, error: Exception) -> NoReturn:
+    """Raise the run failure for a snapshot whose session failed at ``what``: the server's
+    death when it died (check_server_alive raises it), else a StoreError naming the step
+    of the snapshot and the server's first line (a lost session is a broken run, exit 3,
+    never a traceback)."""
+    if connection.closed:  # the session was lost mid-snapshot
+        check_server_alive(wait=True)
+    message = (str(error).strip().splitlines() or ["no message"])[0]
+    raise StoreError(f"snapshot {what}: {message}") from None
 
 
 def wait_for_backends(directory: Path, bound: float | None = None) -> None:
