@@ -65,21 +65,11 @@ def server_crash_mutant_names() -> list[str]:
 
 def concurrency_mutant_names() -> list[str]:
     """The mutants only a concurrent trace can catch (``explore --concurrency 2``) that
-    ``mutants`` judges, the PostgreSQL ones that need a private server last;
-    :func:`concurrency_mutant_all_names` adds the ones it cannot judge yet."""
+    ``mutants`` judges (every one but a PostgreSQL twin of a SQLite one), the PostgreSQL
+    ones that need a private server last."""
     from faultlab.system.builtin import registry
 
-    return [name for name in concurrency_mutant_all_names()
-            if registry.judged(registry.BY_NAME[name])]
-
-
-def concurrency_mutant_all_names() -> list[str]:
-    """Every concurrency mutant, judged by ``mutants`` or not (each loadable by name), but
-    a PostgreSQL twin of a SQLite one."""
-    from faultlab.system.builtin import registry
-
-    return [name for name in registry.names(lanes=2)
-            if getattr(registry.BY_NAME[name], "twin", None) is None]
+    return registry.names(lanes=2, only_judged=True)
 
 
 def builtin_names() -> list[str]:

@@ -5,8 +5,8 @@ A mutant says what a trace needs to show its defect, as class attributes read he
 ``fault`` [None], a fault the trace must draw (``power``: ``--power-loss``;
 ``server_crash``: a crash of faultlab's own PostgreSQL server); ``private_server``
 [False], a PostgreSQL mutant that needs that server (its clock moved by the trace);
-``judged`` [True], whether ``faultlab mutants`` judges it (a PostgreSQL twin of a
-SQLite mutant is judged by the PostgreSQL tests instead). Every list of names
+``twin`` [None], the SQLite mutant with the same defect, for a PostgreSQL mutant that
+``faultlab mutants`` leaves to the PostgreSQL tests (the SQLite one is judged). Every list of names
 faultlab shows or judges is a filter over :data:`BUILTINS`, so adding a mutant is
 its class and one line here.
 
@@ -84,8 +84,8 @@ def needs(cls: type[System]) -> str:
 
 
 def judged(cls: type[System]) -> bool:
-    """Whether ``faultlab mutants`` judges it (a mutant, not a reference)."""
-    return not is_reference(cls) and bool(getattr(cls, "judged", True))
+    """Whether ``faultlab mutants`` judges it: a mutant, not a reference or a twin."""
+    return not is_reference(cls) and getattr(cls, "twin", None) is None
 
 
 def names(*, lanes: int | None = None, fault_drawn: str | None = None,
