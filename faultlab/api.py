@@ -317,7 +317,7 @@ def _explore_as_test(system: System, *, examples: int, steps: int, seed: int,
     return "\n".join([
         f"FOUND: {verdict}, shrunk to {result.shrunk_steps} executed steps "
         f"(seed {seed}, {result.recorder.examples} examples); saved {path}",
-        report.execution_table(result.replay, "table"),
+        report.replay_table(result.replay, "table"),
         *report.violation_lines(result.replay),
         *report.worker_error_lines(result.replay),
         f"replay with: {files.replay_command(path, system.ref)}",

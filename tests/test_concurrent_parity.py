@@ -99,7 +99,7 @@ def test_a_lane_step_arms_a_crash_point_by_argument() -> None:
     """A program armed by argument never holds, so only an armed step can crash it: the
     dispatcher dies at after_downstream_commit (one ticket, still pending), the recovery
     replays the receipt; the table shows the armed point."""
-    from faultlab.report.columns import concurrent_table
+    from faultlab.report.tables import replay_table
     from faultlab.run.interleaving import execute_concurrent
 
     system = load_system(ARGUMENT)
@@ -111,8 +111,8 @@ def test_a_lane_step_arms_a_crash_point_by_argument() -> None:
     assert crashed.sigkills == 1
     assert len(crashed.snapshot.tickets) == 1 and crashed.snapshot.pending_outbox()
     assert execution.verdict.clean and len(execution.observations[-1].snapshot.tickets) == 1
-    assert "L2 run dispatch(crash=after_downstream_commit)" in concurrent_table(
-        execution, 2, "simple")
+    assert "L2 run dispatch(crash=after_downstream_commit)" in replay_table(
+        execution, "simple")
     control = execute_concurrent(system, steps[:1] + [LaneStep("run", 2, "dispatch")],
                                  concurrency=2)
     assert control.observations[1].sigkills == 0  # unarmed: it runs to its end

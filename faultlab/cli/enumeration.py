@@ -180,7 +180,7 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
         print(f"\n{heading}: {'+'.join(finding.invariants)} at executed step "
               f"{finding.executed} of a {len(finding.steps)}-step trace (recovery dispatches "
               f"count as steps)")
-        print(report.execution_table(execution, args.format))
+        print(report.replay_table(execution, args.format))
         for line in report.violation_lines(execution):
             print(line)
         if not reproduced:

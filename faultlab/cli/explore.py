@@ -403,7 +403,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
         for line in kept:
             print(f"another job's failure was flaky: {line}")
         if replay is not None:
-            for line in _finding_table(replay, plan.concurrency, args.format):
+            for line in _finding_table(replay, args.format):
                 print(line)
         if args.html is not None and replay is not None:
             from faultlab.base.errors import ExecutionError
@@ -455,17 +455,11 @@ def _keep_flaky(flakies: list[StreamResult], corpus: str, system: System) -> lis
     return lines
 
 
-def _finding_table(replay: Execution | ConcurrentExecution, concurrency: int,
-                   fmt: str) -> list[str]:
+def _finding_table(replay: Execution | ConcurrentExecution, fmt: str) -> list[str]:
     """The finding's replay as ``replay`` prints it: a row per step (a column per lane)."""
     from faultlab.report import tables as report
-    from faultlab.report.columns import concurrent_table, concurrent_violation_lines
-    from faultlab.run.interleaving import ConcurrentExecution
 
-    if isinstance(replay, ConcurrentExecution):
-        return [concurrent_table(replay, concurrency, fmt), *concurrent_violation_lines(replay),
-                *report.worker_error_lines(replay)]
-    return [report.execution_table(replay, fmt), *report.violation_lines(replay),
+    return [report.replay_table(replay, fmt), *report.violation_lines(replay),
             *report.worker_error_lines(replay)]
 
 

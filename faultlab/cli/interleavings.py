@@ -19,7 +19,6 @@ def cmd_enumerate_concurrent(args: argparse.Namespace) -> int:
     from faultlab.corpus import files as corpus
     from faultlab.corpus.files import flaky_directory
     from faultlab.report import tables as report
-    from faultlab.report.columns import concurrent_table, concurrent_violation_lines
     from faultlab.run.interleaving import execute_concurrent
     from faultlab.search.coverage import Coverage, vacuity
     from faultlab.search.explore import flaky_trace
@@ -80,8 +79,8 @@ def cmd_enumerate_concurrent(args: argparse.Namespace) -> int:
     path = corpus.save(trace, directory, system.name)
     print(f"\nFOUND: {confirmed.verdict.describe()} with {len(result.finding) - args.operations} "
           f"scheduling choices after {args.operations} accepts; saved {path}")
-    print(concurrent_table(confirmed, args.concurrency, args.format))
-    for line in [*concurrent_violation_lines(confirmed), *report.worker_error_lines(confirmed)]:
+    print(report.replay_table(confirmed, args.format))
+    for line in [*report.violation_lines(confirmed), *report.worker_error_lines(confirmed)]:
         print(line)
     print(f"replay with: {corpus.replay_command(path, system.ref)}")
     return EXIT_FOUND

@@ -30,7 +30,6 @@ from pathlib import Path
 from faultlab.base.errors import UsageError
 from faultlab.process.spawn import Spawner
 from faultlab.report import tables as report
-from faultlab.report.columns import concurrent_table, concurrent_violation_lines
 from faultlab.run.executor import Execution, execute, validate_step
 from faultlab.run.interleaving import ConcurrentExecution, execute_concurrent
 from faultlab.system.contract import System, check_crash_point
@@ -116,16 +115,13 @@ def replay(planned: Plan, runner: Spawner, *, deadline: float, fmt: str = "simpl
             deadline=deadline, statement_points=trace.statement_points,
         )
         execution, verdict = concurrent, concurrent.verdict
-        table = concurrent_table(concurrent, trace.concurrency, fmt)
-        violations = [*concurrent_violation_lines(concurrent),
-                      *report.worker_error_lines(concurrent)]
     else:
         execution = execute(system, trace.steps, runner, deduplication=trace.deduplication,
                             settle=trace.settle, deadline=deadline)
         verdict = execution.verdict
-        table = report.execution_table(execution, fmt)
-        # a worker's undeclared error, with its stderr: why the checks after it failed
-        violations = [*report.violation_lines(execution), *report.worker_error_lines(execution)]
+    table = report.replay_table(execution, fmt)
+    # a worker's undeclared error, with its stderr: why the checks after it failed
+    violations = [*report.violation_lines(execution), *report.worker_error_lines(execution)]
     regression = flaky = False
     if planned.against:
         expected_text = f"clean (replayed --against {system.ref})"

@@ -13,7 +13,7 @@ A replay table says what happened in numbers; this page shows it. For each trace
 
 A concurrent (version 2) trace gets the same page with one timeline row per lane,
 each cell the lane's state after the step (held at a point, blocked, paused, how
-its worker ended), as the replay table of :mod:`faultlab.report.columns` shows it.
+its worker ended), as the replay table of :func:`faultlab.report.tables.replay_table` shows it.
 
 The page is built from the executed observations alone (no process runs here).
 Everything is inline (CSS, a little JavaScript, no fonts or images), so it opens

@@ -1,4 +1,5 @@
-"""Tables (tabulate) and the evidence JSON; nothing here runs a process."""
+"""Tables (tabulate), the one replay table (a column per lane when a trace has lanes) and the
+evidence JSON; nothing here runs a process."""
 
 from __future__ import annotations
 
@@ -8,17 +9,21 @@ import signal
 import sqlite3
 import sys
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from typing import Any
 
 from tabulate import tabulate
 
 from faultlab.base.messages import printable
 from faultlab.base.version import __version__
+from faultlab.checks.invariants import Violation
 from faultlab.process.records import KILLED, ProcessRecord
 from faultlab.run.executor import Execution, Observation
-from faultlab.run.interleaving import ConcurrentExecution
+from faultlab.run.interleaving import ConcurrentExecution, LaneObservation
 from faultlab.search.coverage import Coverage
+from faultlab.stores.sqlite import Snapshot
 from faultlab.system.contract import System
+from faultlab.trace import LaneStep
 from faultlab.trials.scenarios import Outcome
 
 PASS_LINE = "PASS: 5 scenarios; real SIGKILL, separate caller and downstream stores"
@@ -97,45 +102,88 @@ def evidence(outcomes: Sequence[Outcome], *, spawn: str, seconds: float) -> dict
     }
 
 
-REPLAY_HEADERS = [
-    "#", "action", "operation", "crash", "pid", "exit", "ops p/c", "outbox p/c", "tickets",
-    "receipts", "violations",
-]
+#: The replay table's columns after its step columns: what the step left in the stores.
+STORE_HEADERS = ["ops p/c", "outbox p/c", "tickets", "receipts", "violations"]
+#: A one-lane trace's step columns: the step, the worker that ran it and how it ended.
+STEP_HEADERS = ["#", "action", "operation", "crash", "pid", "exit"]
+#: The widest step the table shows; a longer one is cut, its armed crash point kept.
+STEP_WIDTH = 60
 
 
-def observation_row(observation: Observation) -> list[Any]:
-    step = observation.step
-    counts = observation.snapshot.counts()
-    action = step.action if observation.phase == "step" else f"{step.action} (settle)"
-    if step.action != "dispatch" and step.payload is not None:
-        action += f" {json.dumps(step.payload, sort_keys=True, separators=(',', ':'))}"
-    violations = ", ".join(sorted({v.invariant for v in observation.violations})) or "-"
-    operation = step.operation_id or (observation.record.response or {}).get("operation_id") or "-"
+def _store_cells(snapshot: Snapshot, violations: Sequence[Violation]) -> list[Any]:
+    counts = snapshot.counts()
     return [
-        observation.index,
-        action if len(action) <= 60 else action[:57] + "...",
-        operation,
-        step.crash or "-",
-        observation.record.pid,
-        observation.record.exit_code,
         f"{counts['operations_pending']}/{counts['operations_complete']}",
         f"{counts['outbox_pending']}/{counts['outbox_complete']}",
         counts["tickets"],
         counts["receipts"],
-        violations,
+        ", ".join(sorted({v.invariant for v in violations})) or "-",
     ]
 
 
-def execution_table(execution: Execution, fmt: str) -> str:
-    rows = [observation_row(o) for o in execution.observations]
+def observation_row(observation: Observation) -> list[Any]:
+    """A one-lane step: its action (and payload), operation, armed point, worker and exit."""
+    step = observation.step
+    action = step.action if observation.phase == "step" else f"{step.action} (settle)"
+    if step.action != "dispatch" and step.payload is not None:
+        action += f" {json.dumps(step.payload, sort_keys=True, separators=(',', ':'))}"
+    operation = step.operation_id or (observation.record.response or {}).get("operation_id") or "-"
+    return [
+        observation.index,
+        action if len(action) <= STEP_WIDTH else action[:STEP_WIDTH - 3] + "...",
+        operation,
+        step.crash or "-",
+        observation.record.pid,
+        observation.record.exit_code,
+        *_store_cells(observation.snapshot, observation.violations),
+    ]
+
+
+def shown_step(step: LaneStep) -> str:
+    """A scheduling choice as the step column shows it: a long payload is cut, the armed
+    crash point (``crash=P``) always shown."""
+    text = step.describe()
+    if len(text) <= STEP_WIDTH:
+        return text
+    if step.crash is None:
+        return text[:STEP_WIDTH - 3] + "..."
+    armed = f"... crash={step.crash})"
+    return replace(step, crash=None).describe()[:max(STEP_WIDTH - len(armed), 20)] + armed
+
+
+def lane_row(observation: LaneObservation) -> list[Any]:
+    """A scheduling choice: the choice, each lane's state after it, the workers it ended."""
+    step = shown_step(observation.step)
+    if observation.phase != "step":
+        step += " (settle)"
+    ended = ", ".join(f"{record.pid} {record.exit_code}" for _, record in observation.exited)
+    return [observation.index, step, *observation.lanes, ended or "-",
+            *_store_cells(observation.snapshot, observation.violations)]
+
+
+def replay_table(execution: Execution | ConcurrentExecution, fmt: str) -> str:
+    """The replay table every command prints for an executed trace: a row per step and the
+    stores after it; a trace with lanes adds a column per lane (who holds what when) and
+    shows the workers each scheduling choice ended in place of one worker's pid and exit."""
+    rows: list[list[Any]]
+    if isinstance(execution, ConcurrentExecution):
+        lanes = len(execution.observations[0].lanes) if execution.observations else 0
+        headers = ["#", "step", *[f"L{n}" for n in range(1, lanes + 1)], "ended (pid exit)",
+                   *STORE_HEADERS]
+        rows = [lane_row(o) for o in execution.observations]
+        blank = [*["" for _ in range(lanes)], "-"]
+    else:
+        headers = [*STEP_HEADERS, *STORE_HEADERS]
+        rows = [observation_row(o) for o in execution.observations]
+        blank = ["-", "-", "-", "-"]
     if execution.final_violations:
         names = ", ".join(sorted({v.invariant for v in execution.final_violations}))
-        rows.append([len(rows) + 1, "settle: final check", "-", "-", "-", "-", "", "", "", "",
-                     names])
-    return table(rows, REPLAY_HEADERS, fmt)
+        rows.append([len(rows) + 1, "settle: final check", *blank, "", "", "", "", names])
+    return table(rows, headers, fmt)
 
 
-def violation_lines(execution: Execution) -> list[str]:
+def violation_lines(execution: Execution | ConcurrentExecution) -> list[str]:
+    """Every violation, by the step that showed it (``final`` for the check after recovery)."""
     lines = []
     for observation in execution.observations:
         lines += [f"  step {observation.index}: {v}" for v in observation.violations]
