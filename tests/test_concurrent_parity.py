@@ -190,10 +190,11 @@ def _drawn_accepts(system: str, examples: int) -> list[LaneStep]:
     from hypothesis import Phase, Verbosity, seed, settings
     from hypothesis.stateful import run_state_machine_as_test
 
-    from faultlab.search.schedules import ConcurrentRecorder, concurrent_machine
+    from faultlab.search.recorder import Recorder
+    from faultlab.search.schedules import concurrent_machine
 
     @dataclass
-    class Collecting(ConcurrentRecorder):
+    class Collecting(Recorder[LaneStep]):
         seen: list[LaneStep] = field(default_factory=list)
 
         def finish(self, steps: list[LaneStep], *args: object, **kwargs: object) -> None:

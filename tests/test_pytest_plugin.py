@@ -138,7 +138,8 @@ from pathlib import Path
 
 import pytest
 
-from faultlab.search.machine import Recorder, outbox_machine
+from faultlab.search.machine import outbox_machine
+from faultlab.search.recorder import Recorder
 
 PLAIN = Recorder()
 MARKED = Recorder()
@@ -201,12 +202,13 @@ from pathlib import Path
 
 import pytest
 
-from faultlab.search.schedules import ConcurrentRecorder, concurrent_machine
+from faultlab.search.recorder import Recorder
+from faultlab.search.schedules import concurrent_machine
 
 from hypothesis.stateful import invariant
 
-PLAIN = ConcurrentRecorder()
-MARKED = ConcurrentRecorder()
+PLAIN = Recorder()
+MARKED = Recorder()
 RULES = []  # per example of the marked machine: its invariant checks (1 + its rules)
 TestPlain = concurrent_machine("reference", concurrency=2, examples=40, steps=3,
                                recorder=PLAIN).TestCase

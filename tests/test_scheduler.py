@@ -120,11 +120,12 @@ def test_the_overtake_rule_starts_a_second_relay_on_the_held_claims_key() -> Non
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from faultlab.search.schedules import ConcurrentRecorder, concurrent_machine
+    from faultlab.search.recorder import Recorder
+    from faultlab.search.schedules import concurrent_machine
     from faultlab.trace import LaneStep
 
     machine = concurrent_machine("reference", concurrency=2, examples=1, steps=8,
-                                 recorder=ConcurrentRecorder())
+                                 recorder=Recorder())
     seen: list[list[LaneStep]] = []
 
     @settings(max_examples=5, database=None, deadline=None, derandomize=True)

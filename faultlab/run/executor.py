@@ -34,7 +34,15 @@ from faultlab.base.clock import SETTLE_HORIZON, VirtualClock
 from faultlab.base.errors import EXIT_USAGE, ExecutionError, UsageError
 from faultlab.base.messages import worker_message
 from faultlab.base.wall_clock import WallClock
-from faultlab.checks.invariants import Check, Model, Violation, check_live, check_step, covered
+from faultlab.checks.invariants import (
+    STEP_INVARIANTS,
+    Check,
+    Model,
+    Violation,
+    check_live,
+    check_step,
+    covered,
+)
 from faultlab.process.records import (
     DEFAULT_DEADLINE,
     POWER_LOG_VARIABLE,
@@ -78,8 +86,23 @@ class Observation:
             return False
         return self.record.killed or self.record.service_killed
 
-    # What coverage counts (:class:`faultlab.search.coverage.Coverage`), as a lane step's
+    # What coverage and the recorder count (:class:`faultlab.search.coverage.Coverage`,
+    # :class:`faultlab.search.recorder.Recorder`), as a lane step's
     # :class:`~faultlab.run.interleaving.LaneObservation` holds it.
+
+    @property
+    def sigkills(self) -> int:
+        """The worker and the service it started that were SIGKILLed at this step."""
+        return int(self.record.killed) + int(self.record.service_killed)
+
+    @property
+    def checks(self) -> int:
+        """Invariant checks run after the step: every per-step invariant once."""
+        return len(STEP_INVARIANTS)
+
+    #: One lane: never held at a point while another moves, never blocked on its lock.
+    held = 0
+    blocked = 0
 
     @property
     def covered(self) -> frozenset[str]:

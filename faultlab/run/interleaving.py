@@ -110,6 +110,8 @@ SLEEPING = ("hrtimer_nanosleep", "do_nanosleep")
 #: started; with other lanes changing the stores meanwhile they do not apply.
 SEQUENTIAL_ONLY = ("QUIET",)  # judged apart, by :meth:`LaneExecutor._quiet`
 QUIET = BY_NAME["QUIET"]
+#: The per-step invariants judged after every lane step (QUIET apart).
+PER_STEP: tuple[str, ...] = tuple(i.name for i in STEP_INVARIANTS if i.name not in SEQUENTIAL_ONLY)
 MAX_OUTPUT = 1 << 20  # bytes of a lane's stdout or stderr kept, as for sequential workers
 
 
@@ -210,6 +212,22 @@ class LaneObservation:
     @property
     def pids(self) -> tuple[int, ...]:
         return tuple(record.pid for _, record in self.exited)
+
+    @property
+    def checks(self) -> int:
+        """Invariant checks run after the step: each per-step invariant per worker that
+        ended at it (at least once), and each history invariant once."""
+        return len(PER_STEP) * max(1, len(self.exited)) + len(HISTORY_INVARIANTS)
+
+    @property
+    def held(self) -> int:
+        """1 when some lane is held at a point after the step (workers overlap), else 0."""
+        return int(any(" @" in state for state in self.lanes))  # as Lane.shown shows it
+
+    @property
+    def blocked(self) -> int:
+        """The lanes blocked on another lane's lock after the step."""
+        return sum(state.endswith("blocked") for state in self.lanes)
 
 
 @dataclass

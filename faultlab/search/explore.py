@@ -1,7 +1,7 @@
 """Exploration: run the state machine under Hypothesis and turn a failure into a trace.
 
 The shrunk failing example is the last one Hypothesis executes, so the
-:class:`faultlab.search.machine.Recorder` holds its executed steps (including the
+:class:`faultlab.search.recorder.Recorder` holds its executed steps (including the
 recovery dispatches of teardown). That list becomes a corpus trace, which is
 replayed once more through the executor to confirm it and to print its table.
 """
@@ -30,7 +30,6 @@ from faultlab.search.machine import (
     SUITE_WEIGHTS,
     WEIGHTS,
     InvariantFailure,
-    Recorder,
     StopExploration,
     Weights,
     ended_by_stop,
@@ -39,6 +38,7 @@ from faultlab.search.machine import (
     not_a_finding,
     outbox_machine,
 )
+from faultlab.search.recorder import Recorder
 from faultlab.search.shrink import minimise
 from faultlab.system.contract import System
 from faultlab.trace import EXPECT_FLAKY, ConcurrentTrace, Step, Trace, Verdict
@@ -56,7 +56,7 @@ class Exploration:
     system: str
     deduplication: bool
     seed: int
-    recorder: Recorder
+    recorder: Recorder[Step]
     seconds: float
     trace: Trace | None = None
     replay: Execution | None = None
@@ -163,7 +163,7 @@ def explore(
     steps: int = defaults.STEPS,
     seed_value: int = 0,
     deadline: float = DEFAULT_DEADLINE,
-    progress: Callable[[Recorder], None] | None = None,
+    progress: Callable[[Recorder[Step]], None] | None = None,
     statement_crashes: bool = True,
     hypothesis_shrink: bool = False,
     stop: Callable[[], bool] | None = None,
@@ -183,7 +183,7 @@ def explore(
     the run early (no finding: :attr:`Exploration.stopped`); ``on_failure`` is called as
     soon as an example fails, before shrinking (``--jobs`` stops the other jobs with it).
     """
-    recorder = Recorder(progress=progress, stop=stop)
+    recorder = Recorder[Step](progress=progress, stop=stop)
     machine = outbox_machine(
         system.ref, deduplication=deduplication, spawner=spawner, deadline=deadline,
         examples=examples, steps=steps, recorder=recorder, statement_crashes=statement_crashes,

@@ -5,7 +5,7 @@ the same :class:`faultlab.run.executor.Executor` that runs scenarios and replays
 the executor checks every invariant after the step and the rule raises
 :class:`InvariantFailure` when one fails. Teardown recovers to quiescence and
 checks ``LIVE``. Hypothesis then shrinks the failing example, and the last
-example it runs (the minimal one) is what :class:`Recorder` keeps.
+example it runs (the minimal one) is what :class:`faultlab.search.recorder.Recorder` keeps.
 
 Use it from your own pytest suite::
 
@@ -15,15 +15,12 @@ Use it from your own pytest suite::
 
 from __future__ import annotations
 
-import time
-from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hypothesis import HealthCheck, Verbosity, assume, event, settings
+from hypothesis import HealthCheck, Verbosity, assume, settings
 from hypothesis import strategies as st
-from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import (
     Bundle,
     RuleBasedStateMachine,
@@ -32,13 +29,13 @@ from hypothesis.stateful import (
     rule,
 )
 
-from faultlab.checks.invariants import STEP_INVARIANTS, Violation
+from faultlab.checks.invariants import Violation
 from faultlab.process.records import DEFAULT_DEADLINE
 from faultlab.process.spawn import Spawner
 from faultlab.run.executor import Executor, Observation
 from faultlab.search import data as generated
 from faultlab.search import defaults
-from faultlab.search.coverage import Coverage
+from faultlab.search.recorder import Recorder
 from faultlab.system import load_system
 from faultlab.trace import SERVER_CRASH, Step, Verdict, changed_payload
 
@@ -143,79 +140,6 @@ class InvariantFailure(Exception):
         self.violations = violations
 
 
-@dataclass
-class Recorder:
-    """Counts what exploration did, and keeps the last example's executed steps."""
-
-    progress: Callable[[Recorder], None] | None = None
-    #: Asked before every step; True stops the exploration (see :class:`StopExploration`).
-    stop: Callable[[], bool] | None = None
-    examples: int = 0
-    steps: int = 0
-    processes: int = 0
-    sigkills: int = 0
-    checks: int = 0
-    coverage: Coverage = field(default_factory=Coverage)
-    #: examples by the operation ids they accepted, and by their direct deliveries (service
-    #: steps): how deep the generated traces go
-    operations_per_example: Counter[int] = field(default_factory=Counter)
-    deliveries_per_example: Counter[int] = field(default_factory=Counter)
-    #: steps by action (accept, dispatch, ..., server_crash), as the concurrent recorder
-    #: counts them: the summary shows that a run's faults were really drawn
-    actions: Counter[str] = field(default_factory=Counter)
-    last_steps: list[Step] = field(default_factory=list)
-    last_verdict: Verdict = field(default_factory=Verdict)
-    last_violations: list[Violation] = field(default_factory=list)
-    started: float = field(default_factory=time.monotonic)
-    first_failure_examples: int | None = None
-    first_failure_seconds: float | None = None
-    #: the first example that failed: its steps, verdict and violations (Hypothesis's re-run
-    #: of it may not fail again; then this is the trace kept as flaky)
-    first_failure: tuple[list[Step], Verdict, list[Violation]] | None = None
-    #: the first error that stopped a step without a verdict (deadline, protocol, store):
-    #: a run failure, never a finding, whatever Hypothesis makes of it
-    run_error: Exception | None = None
-    _last_progress: float = 0.0
-
-    @property
-    def seconds(self) -> float:
-        return time.monotonic() - self.started
-
-    @property
-    def crash_hits(self) -> Counter[str]:
-        return self.coverage.fired
-
-    def observe(self, observation: Observation) -> None:
-        self.steps += 1
-        self.actions[observation.step.action] += 1
-        record = observation.record
-        self.processes += 1 + (1 if record.service else 0)
-        self.sigkills += int(record.killed) + int(record.service_killed)
-        self.checks += len(STEP_INVARIANTS)
-        self.coverage.observe(observation)
-        if observation.crashed and observation.step.crash is not None:
-            _hypothesis_call(event, f"crash point fired: {observation.step.crash}")
-        now = time.monotonic()
-        if self.progress is not None and now - self._last_progress >= 1.0:
-            self._last_progress = now
-            self.progress(self)
-
-    def finish(self, steps: list[Step], verdict: Verdict, violations: list[Violation]) -> None:
-        self.examples += 1
-        self.operations_per_example[
-            len({s.operation_id for s in steps if s.action == "accept"})] += 1
-        self.deliveries_per_example[sum(s.action == "service" for s in steps)] += 1
-        self.last_steps = steps
-        self.last_verdict = verdict
-        self.last_violations = violations
-        if not verdict.clean and self.first_failure_examples is None:
-            self.first_failure_examples = self.examples
-            self.first_failure_seconds = self.seconds
-            self.first_failure = (list(steps), verdict, list(violations))
-            if self.progress is not None:
-                self.progress(self)  # at once: shrinking starts now, and may take a while
-
-
 class NewOperations:
     """How a state machine draws a new operation: an id and a payload from the system's own
     data or the defaults (:mod:`faultlab.search.data`), now and then the payload of an
@@ -267,7 +191,7 @@ class OutboxMachine(NewOperations, RuleBasedStateMachine):
     deduplication: ClassVar[bool] = True
     deadline: ClassVar[float] = DEFAULT_DEADLINE
     spawner: ClassVar[Spawner | None] = None
-    recorder: ClassVar[Recorder]
+    recorder: ClassVar[Recorder[Step]]
     operations_bundle: ClassVar[Bundle[str]] = Bundle("operations")
     payload_source: ClassVar[st.SearchStrategy[Any]] = generated.SIMPLE_PAYLOADS
     id_source: ClassVar[st.SearchStrategy[str] | None] = None
@@ -365,6 +289,7 @@ class OutboxMachine(NewOperations, RuleBasedStateMachine):
 
     def teardown(self) -> None:
         found: InvariantFailure | None = None
+        live = False  # the recovery judged LIVE
         try:
             if self.failure is None and not self.stopped:
                 try:
@@ -379,8 +304,7 @@ class OutboxMachine(NewOperations, RuleBasedStateMachine):
                     found = InvariantFailure(failed.index, list(failed.violations))
                 elif final:
                     found = InvariantFailure(None, final)
-                if failed is None:
-                    self.recorder.coverage.live_checked()
+                live = failed is None
                 self.failure = found
         finally:
             try:
@@ -393,17 +317,12 @@ class OutboxMachine(NewOperations, RuleBasedStateMachine):
                 violations = self.failure.violations
                 verdict = Verdict.of(self.failure.step, violations)
             if not self.stopped:  # an unfinished example is neither counted nor reported
-                self.recorder.finish(self.executor.steps, verdict, violations)
+                processes = sum(int(o.record.pid != 0) + int(bool(o.record.service))
+                                for o in self.executor.observations)
+                self.recorder.finish(self.executor.steps, verdict, violations,
+                                     processes=processes, live=live)
         if found is not None:
             raise found
-
-
-def _hypothesis_call(function: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-    """event() only exists inside a Hypothesis test; explicit examples run outside."""
-    try:
-        function(*args, **kwargs)
-    except InvalidArgument:
-        pass
 
 
 def run_example(machine: type[OutboxMachine], steps: Iterable[Step]) -> OutboxMachine:
@@ -541,7 +460,7 @@ def outbox_machine(
     deadline: float = DEFAULT_DEADLINE,
     examples: int = defaults.TESTCASE_EXAMPLES,
     steps: int = defaults.STEPS,
-    recorder: Recorder | None = None,
+    recorder: Recorder[Step] | None = None,
     statement_crashes: bool = True,
     weights: Weights = WEIGHTS,
     power_loss: bool = False,
@@ -630,7 +549,7 @@ def outbox_machine(
     Machine.deduplication = deduplication
     Machine.deadline = deadline
     Machine.spawner = spawner
-    Machine.recorder = recorder if recorder is not None else Recorder()
+    Machine.recorder = recorder if recorder is not None else Recorder[Step]()
     # Weights: Hypothesis picks among rules evenly (and switches rules off per example by
     # name), so the crash, accept and service rules get copies under names of their own.
     for copy in range(2, weights.crash + 1):

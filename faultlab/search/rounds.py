@@ -42,16 +42,16 @@ from faultlab.process.affinity import allowed_cpus, pin_job
 from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
 from faultlab.process.spawn import Spawner
 from faultlab.search.explore import Exploration, explore
-from faultlab.search.machine import Recorder, flaky_reason
+from faultlab.search.machine import flaky_reason
+from faultlab.search.recorder import Recorder
 from faultlab.search.schedules import (
     DEFAULT_SCHEDULER,
     ConcurrentExploration,
-    ConcurrentRecorder,
     explore_concurrent,
 )
 from faultlab.search.streams import Shard, round_seed
 from faultlab.system.contract import System
-from faultlab.trace import Verdict
+from faultlab.trace import LaneStep, Step, Verdict
 
 
 @dataclass(frozen=True)
@@ -118,24 +118,22 @@ class Totals:
     #: Concurrent traces: steps after which some lane was held at a point (none: the
     #: workers never overlapped).
     held: int = 0
-    #: Sequential traces: examples by operations accepted, and by direct deliveries
+    #: Examples by operations accepted, and by direct deliveries
     #: (Counters add up like the numbers above; a new one on every add, since a progress
     #: snapshot shares them)
     operations: Counter[int] = field(default_factory=Counter)
     deliveries: Counter[int] = field(default_factory=Counter)
 
-    def add(self, recorder: Recorder | ConcurrentRecorder) -> None:
+    def add(self, recorder: Recorder[Step] | Recorder[LaneStep]) -> None:
         self.examples += recorder.examples
         self.steps += recorder.steps
         self.processes += recorder.processes
         self.sigkills += recorder.sigkills
         self.checks += recorder.checks
-        if isinstance(recorder, ConcurrentRecorder):
-            self.blocked += recorder.blocked
-            self.held += recorder.held
-        else:
-            self.operations = self.operations + recorder.operations_per_example
-            self.deliveries = self.deliveries + recorder.deliveries_per_example
+        self.blocked += recorder.blocked
+        self.held += recorder.held
+        self.operations = self.operations + recorder.operations_per_example
+        self.deliveries = self.deliveries + recorder.deliveries_per_example
 
 
 @dataclass
@@ -186,7 +184,7 @@ def run_stream(
     def expired() -> bool:
         return stop() or (ends is not None and time.monotonic() >= ends)
 
-    def live(recorder: Recorder | ConcurrentRecorder) -> None:
+    def live(recorder: Recorder[Step] | Recorder[LaneStep]) -> None:
         if progress is not None:
             snapshot = Totals(**vars(totals))
             snapshot.add(recorder)

@@ -38,18 +38,14 @@ from hypothesis.stateful import (
 from faultlab.base import interrupt
 from faultlab.base.errors import UsageError
 from faultlab.base.version import __version__
-from faultlab.checks.invariants import HISTORY_INVARIANTS, STEP_INVARIANTS, Violation
 from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
 from faultlab.run.interleaving import (
-    SEQUENTIAL_ONLY,
     ConcurrentExecution,
     LaneExecutor,
-    LaneObservation,
     execute_concurrent,
 )
 from faultlab.search import data as generated
 from faultlab.search import defaults
-from faultlab.search.coverage import Coverage
 from faultlab.search.data import TITLES
 from faultlab.search.explore import HYPOTHESIS_VERSION, _no_local_constants, flaky_trace
 from faultlab.search.machine import (
@@ -66,6 +62,7 @@ from faultlab.search.machine import (
     should_stop,
     swarm,
 )
+from faultlab.search.recorder import Recorder
 from faultlab.search.simplify import simplify_data
 from faultlab.system import load_system
 from faultlab.system.contract import System
@@ -78,9 +75,6 @@ from faultlab.trace import (
     LaneStep,
     Verdict,
 )
-
-#: The per-step invariants the lane executor judges after every step (QUIET apart).
-PER_STEP: tuple[str, ...] = tuple(i.name for i in STEP_INVARIANTS if i.name not in SEQUENTIAL_ONLY)
 
 #: How many points a rescue's or overtake's holder is released past until it holds its
 #: claim (:meth:`ConcurrentMachine.release_until_claimed`).
@@ -101,81 +95,6 @@ DEFAULT_SCHEDULER = defaults.SCHEDULER
 PCT_DEPTH = 3
 
 
-@dataclass
-class ConcurrentRecorder:
-    """Counts what a concurrent exploration did, and keeps the last example's steps."""
-
-    progress: Callable[[ConcurrentRecorder], None] | None = None
-    examples: int = 0
-    steps: int = 0
-    processes: int = 0
-    sigkills: int = 0
-    blocked: int = 0
-    actions: dict[str, int] = field(default_factory=dict)
-    last_steps: list[LaneStep] = field(default_factory=list)
-    #: Per example PCT scheduled: its lane priorities (highest first) and change points.
-    pct_draws: list[tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
-    last_verdict: Verdict = field(default_factory=Verdict)
-    last_violations: list[Violation] = field(default_factory=list)
-    started: float = field(default_factory=time.monotonic)
-    first_failure_examples: int | None = None
-    first_failure_seconds: float | None = None
-    #: The first example that failed: its steps, verdict and violations. Hypothesis may
-    #: abandon that very example (it drew past the choices a mutated example may take) and
-    #: never report it; the search reports it all the same, once its replay reproduces it.
-    first_failure: tuple[list[LaneStep], Verdict, list[Violation]] | None = None
-    #: The first error that stopped a step without a verdict (a worker that broke the
-    #: announcement protocol or refused its input, a deadline, a store that could not be
-    #: read): a run failure, never a finding, whatever Hypothesis makes of it (as
-    #: :attr:`faultlab.search.machine.Recorder.run_error`).
-    run_error: Exception | None = None
-    #: Crash points armed and fired, and the steps at which each invariant had something
-    #: to check, as a sequential exploration counts them.
-    coverage: Coverage = field(default_factory=Coverage)
-    #: The faults the machine draws (``power`` under ``--power-loss``): the invariants of
-    #: a fault are reported only for runs that draw it.
-    faults: tuple[str, ...] = ()
-    #: Asked before every step; True stops the exploration (as :class:`machine.Recorder`).
-    stop: Callable[[], bool] | None = None
-    #: Invariant checks run: each per-step invariant per worker that ended at the step (at
-    #: least once a step), and each history invariant once a step.
-    checks: int = 0
-    #: Steps after which some lane was held at a point: 0 for a whole run means its
-    #: workers never overlapped (:func:`faultlab.search.coverage.concurrent_vacuity`).
-    held: int = 0
-    _last_progress: float = 0.0
-
-    @property
-    def seconds(self) -> float:
-        return time.monotonic() - self.started
-
-    def observe(self, observation: LaneObservation) -> None:
-        self.steps += 1
-        self.held += any(" @" in state for state in observation.lanes)  # LaneState.shown
-        self.sigkills += observation.sigkills
-        self.coverage.observe(observation)
-        self.checks += len(PER_STEP) * max(1, len(observation.exited)) + len(HISTORY_INVARIANTS)
-        self.blocked += sum(state.endswith("blocked") for state in observation.lanes)
-        self.actions[observation.step.action] = self.actions.get(observation.step.action, 0) + 1
-        now = time.monotonic()
-        if self.progress is not None and now - self._last_progress >= 1.0:
-            self._last_progress = now
-            self.progress(self)
-
-    def finish(self, steps: list[LaneStep], verdict: Verdict, violations: list[Violation],
-               processes: int, *, live: bool = False) -> None:
-        """One example done; ``live``: its recovery judged LIVE."""
-        self.examples += 1
-        if live:
-            self.coverage.live_checked()
-        self.processes += processes
-        if not verdict.clean and self.first_failure_examples is None:
-            self.first_failure_examples = self.examples
-            self.first_failure_seconds = self.seconds
-            self.first_failure = (list(steps), verdict, list(violations))
-        self.last_steps, self.last_verdict, self.last_violations = steps, verdict, violations
-
-
 class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
     """Rules are scheduling choices over ``concurrency`` lanes (see the module docstring)."""
 
@@ -190,7 +109,7 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
     #: One of SCHEDULERS; ``steps`` is the example's length, where PCT's change points lie.
     scheduler: ClassVar[str] = "uniform"
     steps: ClassVar[int] = 10
-    recorder: ClassVar[ConcurrentRecorder]
+    recorder: ClassVar[Recorder[LaneStep]]
     payload_source: ClassVar[st.SearchStrategy[Any]] = generated.default_payloads()
     id_source: ClassVar[st.SearchStrategy[str] | None] = None
     #: The system's named crash points a step of each kind may arm (a dispatcher also arms
@@ -547,8 +466,8 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
                 violations = self.failure.violations
                 verdict = Verdict.of(self.failure.step, violations)
             if not self.stopped and not self.errored:  # an unfinished example is neither
-                self.recorder.finish(steps, verdict, violations, processes,  # counted
-                                     live=live)
+                self.recorder.finish(steps, verdict, violations,  # counted
+                                     processes=processes, live=live)
                 # nor reported, and a failed run is not a finding
         if found is not None:
             raise found
@@ -629,7 +548,7 @@ def _drop_connection_rule() -> Any:
 def concurrent_machine(
     system_ref: str, *, concurrency: int, deduplication: bool = True, spawn: SpawnMode = "fork",
     deadline: float = DEFAULT_DEADLINE, examples: int = 100, steps: int = 10,
-    recorder: ConcurrentRecorder | None = None, statement_points: bool = False,
+    recorder: Recorder[LaneStep] | None = None, statement_points: bool = False,
     scheduler: str = DEFAULT_SCHEDULER, power_loss: bool = False,
 ) -> type[ConcurrentMachine]:
     check_scheduler(scheduler)
@@ -652,7 +571,7 @@ def concurrent_machine(
     Machine.draw_data_of(system)  # the system's own payloads and ids, as sequentially
     Machine.accept_points = tuple(p.name for p in system.points_for("accept"))
     Machine.dispatch_points = tuple(p.name for p in system.points_for("dispatch"))
-    Machine.recorder = recorder if recorder is not None else ConcurrentRecorder()
+    Machine.recorder = recorder if recorder is not None else Recorder[LaneStep]()
     if server_crashes_possible(system):  # on a private server only, as sequentially
         Machine.server_crash = _server_crash_rule()
         Machine.drop_connection = _drop_connection_rule()
@@ -669,7 +588,7 @@ class ConcurrentExploration:
     deduplication: bool
     concurrency: int
     seed: int
-    recorder: ConcurrentRecorder
+    recorder: Recorder[LaneStep]
     seconds: float
     trace: ConcurrentTrace | None = None
     replay: ConcurrentExecution | None = None
@@ -893,7 +812,7 @@ def explore_concurrent(
     system: System, *, concurrency: int, deduplication: bool = True, examples: int = 100,
     steps: int = 10, seed_value: int = 0, spawn: SpawnMode = "fork",
     deadline: float = DEFAULT_DEADLINE,
-    progress: Callable[[ConcurrentRecorder], None] | None = None,
+    progress: Callable[[Recorder[LaneStep]], None] | None = None,
     stop: Callable[[], bool] | None = None, on_failure: Callable[[], None] | None = None,
     statement_points: bool = False, scheduler: str = DEFAULT_SCHEDULER,
     power_loss: bool = False,
@@ -904,7 +823,7 @@ def explore_concurrent(
     budget, ``--jobs``); ``statement_points`` also holds workers at sql:K / commit:K;
     ``scheduler`` is one of SCHEDULERS (how the lane that moves is drawn); ``power_loss``
     adds the ``power`` rule (every live lane dies and the stores lose unsynced writes)."""
-    recorder = ConcurrentRecorder(progress=progress, stop=stop,
+    recorder = Recorder[LaneStep](progress=progress, stop=stop,
                                   faults=("power",) if power_loss else ())
     machine = concurrent_machine(
         system.ref, concurrency=concurrency, deduplication=deduplication, spawn=spawn,
