@@ -1,0 +1,67 @@
+"""The one recorder counts a one-lane step and a scheduling choice the same way, from what
+each says of itself: plain data, no process runs here."""
+
+from __future__ import annotations
+
+from faultlab.checks.invariants import HISTORY_INVARIANTS, STEP_INVARIANTS, Violation
+from faultlab.process.records import ProcessRecord
+from faultlab.run.executor import Observation
+from faultlab.run.interleaving import LaneObservation
+from faultlab.search.recorder import Recorder
+from faultlab.stores.sqlite import Snapshot
+from faultlab.trace import LaneStep, Step, Verdict
+
+P = {"amount": 1}
+
+
+def _record(pid: int, exit_code: int, service: dict[str, object] | None = None
+            ) -> ProcessRecord:
+    response = None if service is None else {"service": service}
+    return ProcessRecord(pid=pid, exit_code=exit_code, response=response, stdout="",
+                         stderr="", elapsed=0.0)
+
+
+def test_a_one_lane_step_counts_its_sigkills_checks_and_fired_point() -> None:
+    recorder: Recorder[Step] = Recorder()
+    killed = _record(11, -9, {"exit_code": -9})  # the dispatcher and its service
+    step = Step("dispatch", crash="after_downstream_commit")
+    recorder.observe(Observation(1, step, killed, Snapshot(), Snapshot(), ()))
+    assert (recorder.steps, recorder.sigkills) == (1, 2)
+    assert recorder.checks == len(STEP_INVARIANTS)
+    assert (recorder.held, recorder.blocked) == (0, 0)
+    assert recorder.crash_hits["after_downstream_commit"] == 1
+    assert recorder.actions == {"dispatch": 1}
+
+
+def test_a_scheduling_choice_counts_held_and_blocked_lanes_and_each_ended_worker() -> None:
+    recorder: Recorder[LaneStep] = Recorder()
+    ended = ((1, _record(21, 0)), (2, _record(22, 0)))
+    recorder.observe(LaneObservation(
+        1, LaneStep("release", 1), ("dispatch @after_claim", "accept blocked"), ended,
+        Snapshot(), Snapshot(), (), sigkills=1))
+    assert (recorder.held, recorder.blocked, recorder.sigkills) == (1, 1, 1)
+    per_step = len(STEP_INVARIANTS) - 1  # QUIET is judged apart in lanes
+    assert recorder.checks == 2 * per_step + len(HISTORY_INVARIANTS)
+    recorder.observe(LaneObservation(2, LaneStep("tick", ticks=1), ("-", "-"), (),
+                                     Snapshot(), Snapshot(), ()))
+    assert recorder.held == 1 and recorder.checks == 3 * per_step + 2 * len(HISTORY_INVARIANTS)
+
+
+def test_finish_counts_operations_deliveries_processes_and_the_first_failure() -> None:
+    lanes: Recorder[LaneStep] = Recorder()
+    steps = [LaneStep("run", 1, "accept", "op-1", P), LaneStep("start", 2, "accept", "op-2", P),
+             LaneStep("release", 2), LaneStep("run", 1, "service", "op-1", P)]
+    lanes.finish(steps, Verdict(), [], processes=3, live=True)
+    one_violation = [Violation("DONE", "operation op-1 stayed pending")]
+    lanes.finish(steps[:1], Verdict.of(1, one_violation), one_violation, processes=1)
+    assert (lanes.examples, lanes.processes) == (2, 4)
+    assert lanes.operations_per_example == {2: 1, 1: 1}
+    assert lanes.deliveries_per_example == {1: 1, 0: 1}
+    assert lanes.coverage.checked["LIVE"] == 1
+    assert lanes.first_failure_examples == 2 and lanes.first_failure is not None
+    assert lanes.first_failure[0] == steps[:1]
+    one: Recorder[Step] = Recorder()
+    one.finish([Step("accept", "op-1", P), Step("dispatch"), Step("service", "op-1", P)],
+               Verdict(), [], processes=3)
+    assert one.operations_per_example == {1: 1} and one.deliveries_per_example == {1: 1}
+    assert one.first_failure is None and one.coverage.checked["LIVE"] == 0
