@@ -31,6 +31,11 @@ def test_a_one_lane_step_counts_its_sigkills_checks_and_fired_point() -> None:
     assert (recorder.held, recorder.blocked) == (0, 0)
     assert recorder.crash_hits["after_downstream_commit"] == 1
     assert recorder.actions == {"dispatch": 1}
+    no_process = ProcessRecord(pid=0, exit_code=0, response=None, stdout="", stderr="",
+                               elapsed=0.0)
+    cut = Observation(2, Step.power({"kind": "drop_all"}), no_process, Snapshot(), Snapshot(), ())
+    assert [o.processes for o in (
+        Observation(1, step, killed, Snapshot(), Snapshot(), ()), cut)] == [2, 0]
 
 
 def test_a_scheduling_choice_counts_held_and_blocked_lanes_and_each_ended_worker() -> None:

@@ -96,6 +96,12 @@ class Observation:
         return int(self.record.killed) + int(self.record.service_killed)
 
     @property
+    def processes(self) -> int:
+        """The processes the step ran: its worker and the service it started (a power cut
+        or a server crash runs none)."""
+        return int(self.record.pid != 0) + int(bool(self.record.service))
+
+    @property
     def checks(self) -> int:
         """Invariant checks run after the step: every per-step invariant once."""
         return len(STEP_INVARIANTS)

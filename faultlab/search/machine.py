@@ -317,8 +317,7 @@ class OutboxMachine(NewOperations, RuleBasedStateMachine):
                 violations = self.failure.violations
                 verdict = Verdict.of(self.failure.step, violations)
             if not self.stopped:  # an unfinished example is neither counted nor reported
-                processes = sum(int(o.record.pid != 0) + int(bool(o.record.service))
-                                for o in self.executor.observations)
+                processes = sum(o.processes for o in self.executor.observations)
                 self.recorder.finish(self.executor.steps, verdict, violations,
                                      processes=processes, live=live)
         if found is not None:
