@@ -12,7 +12,7 @@ import pytest
 
 from faultlab.base.errors import UsageError
 from faultlab.run.interleaving import LaneExecutor, execute_concurrent
-from faultlab.search.schedules import executed
+from faultlab.search.shrink import executed
 from faultlab.stores.sqlite import BUSY_TIMEOUT
 from faultlab.system import System, concurrency_mutant_names, load_system
 from faultlab.system.builtin import registry
@@ -198,7 +198,7 @@ def test_every_concurrency_mutant_is_judged() -> None:
 def test_minimiser_turns_a_held_start_released_to_its_end_into_a_run() -> None:
     """stale-rescue found with its acceptance held and then released (4 choices) shrinks
     to its minimal 3, the acceptance as a run: deletion alone cannot merge the two."""
-    from faultlab.search.schedules import minimise
+    from faultlab.search.shrink import minimise
 
     system = load_system("stale-rescue")
     assert isinstance(system, ConcurrencyMutant)
@@ -207,9 +207,11 @@ def test_minimiser_turns_a_held_start_released_to_its_end_into_a_run() -> None:
     execution = execute_concurrent(system, steps, concurrency=2)
     assert not execution.verdict.clean and len(executed(execution)) == 4
     trace = ConcurrentTrace(system.ref, True, 2, steps, expected=execution.verdict)
-    shrunk, replay = minimise(system, trace, execution, spawn="fork", deadline=15.0)
+    shrunk, _ = minimise(trace, execution, lambda candidate: execute_concurrent(
+        system, candidate, concurrency=2, lenient=True))
     assert len(shrunk.steps) == system.minimal_steps == 3
     assert shrunk.steps[0].action == "run" and shrunk.steps[0].role == "accept"
+    replay = execute_concurrent(system, shrunk.steps, concurrency=2)
     assert replay.verdict == shrunk.expected
 
 

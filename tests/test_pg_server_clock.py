@@ -22,7 +22,7 @@ from conftest import ROOT, require_private_postgres, require_service
 from faultlab.base import wall_clock
 from faultlab.base.errors import UsageError
 from faultlab.run.interleaving import LaneExecutor, execute_concurrent
-from faultlab.search.schedules import executed
+from faultlab.search.shrink import executed
 from faultlab.stores import postgres as pgstores
 from faultlab.stores.pgserver import PrivateServer
 from faultlab.system import concurrency_mutant_names, load_system

@@ -25,7 +25,7 @@ from faultlab.base.wall_clock import EPOCH
 from faultlab.process.spawn import Spawner, child_environment
 from faultlab.run.executor import Executor, execute
 from faultlab.run.interleaving import LaneExecutor, execute_concurrent
-from faultlab.search.schedules import executed
+from faultlab.search.shrink import executed
 from faultlab.stores import postgres as pgstores
 from faultlab.stores.sqlite import StoreError
 from faultlab.system import load_system

@@ -7,14 +7,16 @@ import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from faultlab.checks.invariants import Model, Violation
 from faultlab.process.records import ProcessRecord
 from faultlab.run.executor import Execution, Observation
+from faultlab.run.interleaving import ConcurrentExecution, LaneObservation
 from faultlab.search.enumeration import state_key
 from faultlab.search.shrink import machine_could_draw, minimise
 from faultlab.stores.sqlite import Operation, Snapshot
-from faultlab.trace import Step, Trace
+from faultlab.trace import ConcurrentTrace, LaneStep, Step, Trace
 
 RECORD = ProcessRecord(pid=1, exit_code=0, response=None, stdout="", stderr="", elapsed=0.0)
 
@@ -168,3 +170,98 @@ def test_state_key_sees_the_order_of_stored_wall_clock_times_not_their_values(
     assert state_key(tied, model, since=since) != state_key(later, model, since=since)
     # a lease still running is kept exact
     assert state_key(running, model, since=since) != state_key(running_too, model, since=since)
+
+
+# -- the same shrinker over scheduling choices (a concurrent trace), still without processes
+
+
+def lane_execution(steps: list[LaneStep], fails: Callable[[list[LaneStep]], int | None]
+                   ) -> ConcurrentExecution:
+    """A synthetic concurrent execution run leniently as shrinking runs one: a ``release``
+    of a lane with no held worker is dropped; ``fails(ran)`` names the 1-based failing step."""
+    ran: list[LaneStep] = []
+    held: set[int | None] = set()
+    for step in steps:
+        if step.action == "release" and step.lane not in held:
+            continue  # its worker's start was deleted: dropped, as execute_concurrent does
+        if step.action == "start":
+            held.add(step.lane)
+        elif step.action == "release":
+            held.discard(step.lane)
+        ran.append(step)
+    failing = fails(ran)
+    observations = []
+    for index, step in enumerate(ran, 1):
+        violations = (Violation("FENCE", "a stale holder completed"),) if index == failing \
+            else ()
+        observations.append(LaneObservation(index, step, (), (), Snapshot(), Snapshot(),
+                                            violations))
+        if violations:
+            break
+    return ConcurrentExecution(observations, [])
+
+
+ACCEPTED = {"title": "a"}
+
+
+def needs_an_accept_ten_ticks_then_a_dispatch(steps: list[LaneStep]) -> int | None:
+    """Fails at a dispatch run after an acceptance ended (a run, or a start released later)
+    and at least 10 ticks after it."""
+    ended = False
+    ticks = 0
+    starts: dict[int | None, bool] = {}
+    for index, step in enumerate(steps, 1):
+        if step.action == "run" and step.role == "accept":
+            ended = True
+        elif step.action == "start":
+            starts[step.lane] = step.role == "accept"
+        elif step.action == "release" and starts.pop(step.lane, False):
+            ended = True
+        elif step.action == "tick" and ended:
+            ticks += step.ticks or 0
+        elif step.action == "run" and step.role == "dispatch" and ended and ticks >= 10:
+            return index
+    return None
+
+
+def test_one_shrinker_merges_ticks_and_turns_a_held_start_into_a_run_over_lanes() -> None:
+    noisy = [LaneStep("start", 1, "accept", "op-1", ACCEPTED), LaneStep("release", 1),
+             LaneStep("tick", ticks=4), LaneStep("tick", ticks=6),
+             LaneStep("run", 2, "dispatch")]
+    runs: list[tuple[str, ...]] = []
+
+    def run(steps: list[LaneStep]) -> ConcurrentExecution:
+        runs.append(tuple(step.describe() for step in steps))
+        return lane_execution(steps, needs_an_accept_ten_ticks_then_a_dispatch)
+
+    original = lane_execution(noisy, needs_an_accept_ten_ticks_then_a_dispatch)
+    assert original.verdict.step == 5
+    trace = ConcurrentTrace("no-fencing", True, 2, noisy, expected=original.verdict)
+    shrunk, execution = minimise(trace, original, run)
+    assert [step.describe() for step in shrunk.steps] == [
+        "L1 run accept(op-1, {})", "tick(10)", "L2 run dispatch()"]
+    assert execution.verdict.step == 3 and shrunk.expected == execution.verdict
+    assert shrunk.meta["hypothesis_steps"] == 5 and shrunk.concurrency == 2
+    assert len(runs) == len(set(runs)), "a candidate was executed twice"
+
+
+def test_one_shrinker_makes_a_power_cut_its_simplest_in_either_kind_of_trace() -> None:
+    """A power cut whose choice the failure does not need shrinks to drop_all, in a
+    sequential trace and in a concurrent one alike."""
+    kept_one = {"kind": "prefix", "keep": 1}
+
+    def needs_a_power_cut(steps: list[Any]) -> int | None:
+        return next((i for i, s in enumerate(steps, 1) if s.action == "power"), None)
+
+    sequential = [A, Step.power(kept_one)]
+    original = execution_of(sequential, needs_a_power_cut)
+    shrunk, _ = minimise(Trace("reference-power", True, sequential, expected=original.verdict),
+                         original, lambda steps: execution_of(steps, needs_a_power_cut))
+    assert [step.choice for step in shrunk.steps] == [{"kind": "drop_all"}]
+
+    lanes = [LaneStep("run", 1, "accept", "op-1", ACCEPTED), LaneStep.power(kept_one)]
+    started = lane_execution(lanes, needs_a_power_cut)
+    shrunk_lanes, _ = minimise(
+        ConcurrentTrace("reference-power", True, 2, lanes, expected=started.verdict),
+        started, lambda steps: lane_execution(steps, needs_a_power_cut))
+    assert [step.choice for step in shrunk_lanes.steps] == [{"kind": "drop_all"}]

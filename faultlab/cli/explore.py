@@ -469,7 +469,7 @@ def _executed(replay: Execution | ConcurrentExecution) -> int:
     from faultlab.run.interleaving import ConcurrentExecution
 
     if isinstance(replay, ConcurrentExecution):
-        from faultlab.search.schedules import executed
+        from faultlab.search.shrink import executed
 
         return len(executed(replay))
     return len(replay.executed_prefix())

@@ -17,11 +17,10 @@ replayed.
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from hypothesis import Phase, Verbosity, seed, settings
@@ -63,14 +62,12 @@ from faultlab.search.machine import (
     swarm,
 )
 from faultlab.search.recorder import Recorder
-from faultlab.search.simplify import simplify_data
+from faultlab.search.shrink import executed, minimise
 from faultlab.system import load_system
 from faultlab.system.contract import System
 from faultlab.trace import (
     DROP_CONNECTION,
-    MAX_TICKS,
     SERVER_CRASH,
-    STARTS,
     ConcurrentTrace,
     LaneStep,
     Verdict,
@@ -621,193 +618,6 @@ class ConcurrentExploration:
         }
 
 
-def executed(execution: ConcurrentExecution) -> list[LaneStep]:
-    """The trace's own steps up to the failing check (all of them for a final LIVE)."""
-    verdict = execution.verdict
-    upto = len(execution.observations) if verdict.step is None else verdict.step
-    return [o.step for o in execution.observations[:upto] if o.phase == "step"]
-
-
-def machine_could_draw(execution: ConcurrentExecution) -> bool:
-    """A direct service call is only drawn for an operation the caller holds."""
-    for observation in execution.observations:
-        step = observation.step
-        if step.action in STARTS and step.role == "service" and step.operation_id is not None \
-                and observation.before.operation(step.operation_id) is None:
-            return False
-    return True
-
-
-def rename(step: LaneStep, renaming: tuple[int, ...]) -> LaneStep:
-    """The same step on the lane ``renaming`` maps it to (lane n becomes renaming[n-1])."""
-    if step.lane is None:
-        return step
-    return replace(step, lane=renaming[step.lane - 1])
-
-
-def minimise(
-    system: System, trace: ConcurrentTrace, execution: ConcurrentExecution, *,
-    spawn: SpawnMode, deadline: float,
-) -> tuple[ConcurrentTrace, ConcurrentExecution]:
-    """Delta debugging over scheduling choices: remove halves, quarters, ... single steps,
-    while the trace still fails (any invariant) and stays a trace the machine could draw;
-    a step a candidate leaves without its worker (a release of a lane whose start was
-    removed) is dropped from that candidate. Then two ticks in a row are tried as one
-    (``merge``), each held start as a run (``promote``), each armed step without its crash
-    (``disarm``), and each renaming of the lanes is tried and shrunk in turn, kept only if
-    it ends shorter. Last, the data the steps carry are simplified as sequentially
-    (:func:`faultlab.search.simplify.simplify_data`)."""
-
-    def size_of(result: ConcurrentExecution) -> int:
-        """The trace's own scheduling choices up to the failing check (recovery is implicit:
-        it is the same for every trace)."""
-        return len(executed(result))
-
-    size = size_of(execution)
-
-    def attempt(candidate: list[LaneStep], bound: int) -> ConcurrentExecution | None:
-        try:
-            result = execute_concurrent(
-                system, candidate, concurrency=trace.concurrency,
-                deduplication=trace.deduplication, settle=trace.settle, spawn=spawn,
-                deadline=deadline, lenient=True, statement_points=trace.statement_points,
-            )
-        except UsageError:
-            return None
-        if result.verdict.clean or not machine_could_draw(result):
-            return None
-        if size_of(result) >= bound:
-            return None
-        return result
-
-    def delete(steps: list[LaneStep], execution: ConcurrentExecution, size: int) -> tuple[
-        list[LaneStep], ConcurrentExecution, int
-    ]:
-        chunk = max(1, len(steps) // 2)
-        while True:
-            improved = False
-            start = 0
-            while start < len(steps) and len(steps) > 1:
-                found = attempt(steps[:start] + steps[start + chunk:], size)
-                if found is not None:
-                    execution, improved = found, True
-                    size = size_of(found)
-                    steps = executed(found)
-                else:
-                    start += chunk
-            if chunk == 1 and not improved:
-                return steps, execution, size
-            if not improved:
-                chunk = max(1, chunk // 2)
-
-    def promote(steps: list[LaneStep], execution: ConcurrentExecution, size: int) -> tuple[
-        list[LaneStep], ConcurrentExecution, int
-    ]:
-        """A worker started (held) and later released to its end is a worker run: try each
-        ``start`` as a ``run`` (deletion then drops the steps left moving its ended lane)."""
-        index = 0
-        while index < len(steps):
-            step = steps[index]
-            index += 1
-            if step.action != "start":
-                continue
-            found = attempt(steps[:index - 1] + [replace(step, action="run")] + steps[index:],
-                            size + 1)
-            if found is None:
-                continue
-            smaller, result, smaller_size = delete(executed(found), found, size_of(found))
-            if smaller_size < size:
-                steps, execution, size, index = smaller, result, smaller_size, 0
-        return steps, execution, size
-
-    def disarm(steps: list[LaneStep], execution: ConcurrentExecution, size: int) -> tuple[
-        list[LaneStep], ConcurrentExecution, int
-    ]:
-        """Each armed step tried without its crash, as the sequential minimiser does (as
-        long a trace without the crash is simpler too)."""
-        index = 0
-        while index < len(steps):
-            step = steps[index]
-            index += 1
-            if step.crash is None:
-                continue
-            found = attempt(steps[:index - 1] + [replace(step, crash=None)] + steps[index:],
-                            size + 1)
-            if found is not None:
-                steps, execution, size = delete(executed(found), found, size_of(found))
-                index = 0
-        return steps, execution, size
-
-    def merge(steps: list[LaneStep], execution: ConcurrentExecution, size: int) -> tuple[
-        list[LaneStep], ConcurrentExecution, int
-    ]:
-        """Two clock advances in a row are one: ``tick(a), tick(b)`` as ``tick(a + b)``
-        (deletion cannot merge them: either alone falls short of the lease)."""
-        index = 0
-        while index + 1 < len(steps):
-            first, second = steps[index], steps[index + 1]
-            total = (first.ticks or 0) + (second.ticks or 0)
-            if first.action == second.action == "tick" and total <= MAX_TICKS:
-                found = attempt(steps[:index] + [replace(first, ticks=total)]
-                                + steps[index + 2:], size)
-                if found is not None:
-                    steps, execution, size = executed(found), found, size_of(found)
-                    continue
-            index += 1
-        return steps, execution, size
-
-    def shrink(steps: list[LaneStep], execution: ConcurrentExecution, size: int) -> tuple[
-        list[LaneStep], ConcurrentExecution, int
-    ]:
-        """The passes in turn, again while a round shortened the trace: a disarmed crash or
-        a promoted start can open a deletion an earlier pass could not make."""
-        while True:
-            smaller = disarm(*promote(*merge(*delete(steps, execution, size))))
-            if smaller[2] >= size:
-                return smaller
-            steps, execution, size = smaller
-
-    steps = executed(execution) if execution.verdict.step is not None else list(trace.steps)
-    steps, execution, size = shrink(steps, execution, size)
-    # Lanes are interchangeable, but the final recovery finishes them in lane order: the
-    # same interleaving with the lanes renamed may need fewer choices. Try each renaming.
-    for renaming in itertools.permutations(range(1, trace.concurrency + 1)):
-        if list(renaming) == sorted(renaming):
-            continue
-        renamed = [rename(step, renaming) for step in steps]
-        found = attempt(renamed, size + 1)  # as long as now, so it may shrink further
-        if found is None:
-            continue
-        smaller, result, smaller_size = shrink(executed(found), found, size_of(found))
-        if smaller_size < size:
-            steps, execution, size = smaller, result, smaller_size
-
-    def attempt_as_long(candidate: list[LaneStep]) -> list[LaneStep] | None:
-        """Simpler data at the same length is a simpler finding too."""
-        nonlocal execution, size
-        found = attempt(candidate, size + 1)
-        if found is None:
-            return None
-        execution, size = found, size_of(found)
-        return executed(found)
-
-    # then the data the steps carry, as the sequential minimiser simplifies them: ids renamed
-    # op-1, op-2, ... (a look-alike pair kept together), payloads made as plain as they can be
-    steps = simplify_data(steps, attempt_as_long)
-    shrunk = ConcurrentTrace(
-        system=trace.system, deduplication=trace.deduplication,
-        concurrency=trace.concurrency, steps=steps, settle=trace.settle,
-        expected=execution.verdict, violations=list(execution.violations),
-        meta={**trace.meta, "hypothesis_steps": len(trace.steps)},
-        statement_points=trace.statement_points,
-    )
-    return shrunk, execute_concurrent(
-        system, steps, concurrency=trace.concurrency, deduplication=trace.deduplication,
-        settle=trace.settle, spawn=spawn, deadline=deadline,
-        statement_points=trace.statement_points,
-    )
-
-
 def explore_concurrent(
     system: System, *, concurrency: int, deduplication: bool = True, examples: int = 100,
     steps: int = 10, seed_value: int = 0, spawn: SpawnMode = "fork",
@@ -891,6 +701,19 @@ def explore_concurrent(
                                            replay.verdict)
         result.notes.append(refused)
         return result
-    trace, replay = minimise(system, trace, replay, spawn=spawn, deadline=deadline)
-    result.trace, result.replay = trace, replay
+    def run(candidate: list[LaneStep]) -> ConcurrentExecution | None:
+        try:
+            return execute_concurrent(
+                system, candidate, concurrency=concurrency, deduplication=deduplication,
+                settle=trace.settle, spawn=spawn, deadline=deadline, lenient=True,
+                statement_points=statement_points)
+        except UsageError:
+            return None  # not a trace these lanes can run
+
+    trace, _ = minimise(trace, replay, run)
+    # replayed as saved (not leniently): what replay of the corpus file will show
+    result.trace, result.replay = trace, execute_concurrent(
+        system, trace.steps, concurrency=concurrency, deduplication=deduplication,
+        settle=trace.settle, spawn=spawn, deadline=deadline,
+        statement_points=statement_points)
     return result

@@ -1,29 +1,53 @@
 """Shrinking a failing trace: delta debugging over its steps, with real re-execution.
 
-Every candidate costs real processes, so :func:`minimise` never runs the same
-candidate twice (a cache keyed by the steps' canonical JSON) and is written over
-a ``run`` function: given steps, execute them on fresh stores and return the
-:class:`~faultlab.run.executor.Execution`. The search code passes the executor; the
-unit tests pass a pure function, so the algorithm is tested in milliseconds.
+One engine, :class:`Shrinker`, shrinks every trace: a sequential trace's steps and a
+concurrent trace's scheduling choices. Every candidate costs real processes, so it never
+runs the same candidate twice (a cache keyed by the steps' canonical JSON), and it is
+written over a ``run`` function: given steps, execute them on fresh stores and return the
+execution (``None`` when the candidate is not a trace at all). The search code passes the
+executor; the unit tests pass a pure function, so the algorithm is tested in milliseconds.
+
+The moves are small functions over a :class:`Shrunk` state, chosen by the kind of trace
+(:func:`minimise`):
+
+* :func:`delete`: remove halves, quarters, ... single steps while the trace still fails;
+* :func:`simplify_one` / :func:`simplify_each`: a step in its simpler form (an armed
+  crash disarmed, a power cut that keeps no unsynced write), as long a trace being simpler;
+* for scheduling choices, :func:`merge_ticks` (two clock advances as one), :func:`promote`
+  (a held start as a run) and a renaming of the lanes;
+* last, the data the steps carry (:func:`faultlab.search.simplify.simplify_data`).
+
+Any invariant may fail in the smaller trace, as Hypothesis's own shrinker allows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Generic, TypeVar, overload
 
 from faultlab.base.canonical import canonical_json
 from faultlab.run.executor import Execution
+from faultlab.run.interleaving import ConcurrentExecution
 from faultlab.search.simplify import simplify_data
-from faultlab.trace import POWER, Step, Trace
+from faultlab.trace import MAX_TICKS, POWER, STARTS, ConcurrentTrace, LaneStep, Step, Trace
 
 #: The choice a power step shrinks to: no unsynced write survived.
 DROP_ALL = {"kind": "drop_all"}
 
+S = TypeVar("S", Step, LaneStep)
+E = TypeVar("E", Execution, ConcurrentExecution)
+
+#: Executes a sequential candidate on fresh stores.
 Run = Callable[[list[Step]], Execution]
+#: Executes a concurrent candidate on fresh stores, leniently (a step the candidate left
+#: without its worker is dropped); ``None`` when the candidate cannot run at all.
+LaneRun = Callable[[list[LaneStep]], ConcurrentExecution | None]
 
 
 def machine_could_draw(execution: Execution) -> bool:
-    """Whether the state machine's rules could have produced this trace.
+    """Whether the sequential state machine's rules could have produced this trace.
 
     A deleted step can leave a direct service call the machine never makes: for an
     operation the caller does not hold, or with a changed payload before the
@@ -42,97 +66,307 @@ def machine_could_draw(execution: Execution) -> bool:
     return True
 
 
-def _key(steps: list[Step]) -> tuple[str, ...]:
+def lanes_could_draw(execution: ConcurrentExecution) -> bool:
+    """A concurrent machine draws a direct service call only for an operation the caller
+    holds."""
+    for observation in execution.observations:
+        step = observation.step
+        if step.action in STARTS and step.role == "service" and step.operation_id is not None \
+                and observation.before.operation(step.operation_id) is None:
+            return False
+    return True
+
+
+def executed(execution: ConcurrentExecution) -> list[LaneStep]:
+    """A concurrent trace's own steps up to the failing check (all of them for a final
+    LIVE): its recovery is implicit, the same for every trace."""
+    verdict = execution.verdict
+    upto = len(execution.observations) if verdict.step is None else verdict.step
+    return [o.step for o in execution.observations[:upto] if o.phase == "step"]
+
+
+def _key(steps: list[S]) -> tuple[str, ...]:
     return tuple(canonical_json(step.to_json()) for step in steps)
 
 
-def minimise(trace: Trace, execution: Execution, run: Run) -> tuple[Trace, Execution]:
-    """Shrink the trace itself: delete steps, disarm crashes, while it still fails.
+@dataclass(frozen=True)
+class Shrunk(Generic[S, E]):
+    """Where shrinking stands: the steps kept, their execution, and its size."""
 
-    Delta debugging over the executed steps: remove chunks of half the trace, then
-    quarters, down to single steps; then try each armed step without its crash; repeat
-    until nothing changes (no single step can go, no crash can be dropped); then simplify
-    the data the steps carry (:func:`faultlab.search.simplify.simplify_data`). Each
-    candidate is executed (once: results are cached) with its recovery recomputed, so
-    the result is exactly what replay shows. Any invariant may fail in the smaller
-    trace, as Hypothesis's own shrinker allows (every failure raises the same exception).
-    """
-    cache: dict[tuple[str, ...], Execution] = {_key(list(trace.steps)): execution}
+    steps: list[S]
+    execution: E
+    size: int
 
-    def execute(candidate: list[Step]) -> Execution:
+
+@dataclass
+class Shrinker(Generic[S, E]):
+    """The engine: a cached ``run`` and how a kind of trace is measured and judged.
+
+    ``size_of`` measures an execution (what a shorter finding means), ``kept`` gives the
+    steps to keep of a failing candidate, ``could_draw`` refuses a candidate the state
+    machine could never have drawn (it would fail on a correct system too)."""
+
+    run: Callable[[list[S]], E | None]
+    size_of: Callable[[E], int]
+    kept: Callable[[E, list[S]], list[S]]
+    could_draw: Callable[[E], bool]
+    cache: dict[tuple[str, ...], E | None] = field(default_factory=dict)
+
+    def execute(self, candidate: list[S]) -> E | None:
         key = _key(candidate)
-        if key not in cache:
-            cache[key] = run(candidate)
-        return cache[key]
+        if key not in self.cache:
+            self.cache[key] = self.run(candidate)
+        return self.cache[key]
 
+    def attempt(self, candidate: list[S], bound: int) -> Shrunk[S, E] | None:
+        """The candidate as the new state, if it still fails in fewer than ``bound``."""
+        result = self.execute(candidate)
+        if result is None or result.verdict.clean or not self.could_draw(result):
+            return None
+        size = self.size_of(result)
+        if size >= bound:
+            return None
+        return Shrunk(self.kept(result, candidate), result, size)
+
+    def start(self, steps: list[S], execution: E, kept: list[S]) -> Shrunk[S, E]:
+        """Shrinking begins: ``steps`` ran as ``execution``, of which ``kept`` are kept."""
+        self.cache.setdefault(_key(steps), execution)
+        return Shrunk(kept, execution, self.size_of(execution))
+
+
+Move = Callable[[Shrinker[S, E], Shrunk[S, E]], Shrunk[S, E]]
+
+
+def delete(shrinker: Shrinker[S, E], state: Shrunk[S, E]) -> Shrunk[S, E]:
+    """Delta debugging: remove chunks of half the steps, then quarters, down to single
+    steps, while the trace still fails shorter."""
+    chunk = max(1, len(state.steps) // 2)
+    while True:
+        improved = False
+        start = 0
+        while start < len(state.steps) and len(state.steps) > 1:
+            steps = state.steps
+            found = shrinker.attempt(steps[:start] + steps[start + chunk:], state.size)
+            if found is not None:
+                state, improved = found, True
+            else:
+                start += chunk
+        if chunk == 1 and not improved:
+            return state
+        if not improved:
+            chunk = max(1, chunk // 2)
+
+
+def simpler(step: S) -> Iterator[S]:
+    """The simpler forms of one step: a power cut that keeps no unsynced write (the
+    simplest choice), an armed step without its crash."""
+    if step.action == POWER and step.choice != DROP_ALL:
+        yield type(step).power(DROP_ALL)
+    if step.crash is not None:
+        yield replace(step, crash=None)
+
+
+def simplify_one(shrinker: Shrinker[S, E], state: Shrunk[S, E]) -> Shrunk[S, E] | None:
+    """The first step that fails in a simpler form (as long a trace is simpler too), or
+    ``None`` when no step can be simpler."""
+    steps = state.steps
+    for index, step in enumerate(steps):
+        for simple in simpler(step):
+            found = shrinker.attempt(steps[:index] + [simple] + steps[index + 1:],
+                                     state.size + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def simplify_each(shrinker: Shrinker[S, E], state: Shrunk[S, E]) -> Shrunk[S, E]:
+    """Each step in its simpler form, deleting again after each that still fails."""
+    index = 0
+    while index < len(state.steps):
+        steps = state.steps
+        step = steps[index]
+        index += 1
+        for simple in simpler(step):
+            found = shrinker.attempt(steps[:index - 1] + [simple] + steps[index:],
+                                     state.size + 1)
+            if found is not None:
+                state, index = delete(shrinker, found), 0
+                break
+    return state
+
+
+def promote(shrinker: Shrinker[LaneStep, ConcurrentExecution],
+            state: Shrunk[LaneStep, ConcurrentExecution]
+            ) -> Shrunk[LaneStep, ConcurrentExecution]:
+    """A worker started (held) and later released to its end is a worker run: try each
+    ``start`` as a ``run`` (deletion then drops the steps left moving its ended lane)."""
+    index = 0
+    while index < len(state.steps):
+        steps = state.steps
+        step = steps[index]
+        index += 1
+        if step.action != "start":
+            continue
+        found = shrinker.attempt(steps[:index - 1] + [replace(step, action="run")]
+                                 + steps[index:], state.size + 1)
+        if found is None:
+            continue
+        smaller = delete(shrinker, found)
+        if smaller.size < state.size:
+            state, index = smaller, 0
+    return state
+
+
+def merge_ticks(shrinker: Shrinker[LaneStep, ConcurrentExecution],
+                state: Shrunk[LaneStep, ConcurrentExecution]
+                ) -> Shrunk[LaneStep, ConcurrentExecution]:
+    """Two clock advances in a row are one: ``tick(a), tick(b)`` as ``tick(a + b)``
+    (deletion cannot merge them: either alone falls short of the lease)."""
+    index = 0
+    while index + 1 < len(state.steps):
+        steps = state.steps
+        first, second = steps[index], steps[index + 1]
+        total = (first.ticks or 0) + (second.ticks or 0)
+        if first.action == second.action == "tick" and total <= MAX_TICKS:
+            found = shrinker.attempt(steps[:index] + [replace(first, ticks=total)]
+                                     + steps[index + 2:], state.size)
+            if found is not None:
+                state = found
+                continue
+        index += 1
+    return state
+
+
+def rename(step: LaneStep, renaming: tuple[int, ...]) -> LaneStep:
+    """The same step on the lane ``renaming`` maps it to (lane n becomes renaming[n-1])."""
+    if step.lane is None:
+        return step
+    return replace(step, lane=renaming[step.lane - 1])
+
+
+def _sequential(shrinker: Shrinker[Step, Execution],
+                state: Shrunk[Step, Execution]) -> Shrunk[Step, Execution]:
+    """Delete, then make one step simpler, again until neither shortens nor simplifies."""
+    while True:
+        state = delete(shrinker, state)
+        simplified = simplify_one(shrinker, state)
+        if simplified is None:
+            return state
+        state = simplified
+
+
+def _schedule(shrinker: Shrinker[LaneStep, ConcurrentExecution],
+              state: Shrunk[LaneStep, ConcurrentExecution]
+              ) -> Shrunk[LaneStep, ConcurrentExecution]:
+    """The moves in turn, again while a round shortened the trace: a simplified step or a
+    promoted start can open a deletion an earlier move could not make."""
+    while True:
+        smaller = simplify_each(shrinker, promote(shrinker, merge_ticks(
+            shrinker, delete(shrinker, state))))
+        if smaller.size >= state.size:
+            return smaller
+        state = smaller
+
+
+def _renamed(shrinker: Shrinker[LaneStep, ConcurrentExecution],
+             state: Shrunk[LaneStep, ConcurrentExecution], lanes: int
+             ) -> Shrunk[LaneStep, ConcurrentExecution]:
+    """Lanes are interchangeable, but the final recovery finishes them in lane order: the
+    same interleaving with the lanes renamed may need fewer choices. Try each renaming,
+    shrink it, keep it only if it ends shorter."""
+    for renaming in itertools.permutations(range(1, lanes + 1)):
+        if list(renaming) == sorted(renaming):
+            continue
+        found = shrinker.attempt([rename(step, renaming) for step in state.steps],
+                                 state.size + 1)  # as long as now, so it may shrink further
+        if found is None:
+            continue
+        smaller = _schedule(shrinker, found)
+        if smaller.size < state.size:
+            state = smaller
+    return state
+
+
+def _data(shrinker: Shrinker[S, E], state: Shrunk[S, E]) -> Shrunk[S, E]:
+    """Simpler data at the same length is a simpler finding too: ids renamed op-1, op-2, ...
+    (a look-alike pair kept together), payloads made as plain as they can be."""
+    current = [state]
+
+    def attempt_as_long(candidate: list[S]) -> list[S] | None:
+        found = shrinker.attempt(candidate, current[0].size + 1)
+        if found is None:
+            return None
+        current[0] = found
+        return found.steps
+
+    steps = simplify_data(state.steps, attempt_as_long)
+    return replace(current[0], steps=steps)
+
+
+def _sequential_shrinker(run: Run) -> Shrinker[Step, Execution]:
     def kept(result: Execution, candidate: list[Step]) -> list[Step]:
         """A step failure keeps the steps up to it; a final one keeps the trace's own steps
         (replay recomputes the recovery)."""
-        return result.executed_prefix() if result.verdict.step is not None else list(candidate)
+        return result.executed_prefix() if result.verdict.step is not None \
+            else list(candidate)
 
-    def attempt(candidate: list[Step], limit: int) -> tuple[Execution, list[Step]] | None:
-        result = execute(candidate)
-        if result.verdict.clean or not machine_could_draw(result):
-            return None
-        if len(result.executed_prefix()) >= limit:  # measured in executed steps, recovery too
-            return None
-        return result, kept(result, candidate)
+    return Shrinker(run, lambda result: len(result.executed_prefix()), kept,
+                    machine_could_draw)
 
-    steps = kept(execution, list(trace.steps))
-    size = len(execution.executed_prefix())
 
-    progress = True
-    while progress:
-        progress = False
-        chunk = max(1, len(steps) // 2)
-        while len(steps) > 1:
-            improved = False
-            start = 0
-            while start < len(steps) and len(steps) > 1:
-                found = attempt(steps[:start] + steps[start + chunk:], size)
-                if found is not None:
-                    (execution, steps), improved = found, True
-                    size = len(execution.executed_prefix())
-                else:
-                    start += chunk
-            if chunk == 1 and not improved:
-                break
-            if not improved:
-                chunk = max(1, chunk // 2)
-        for index, step in enumerate(steps):
-            if step.action == POWER and step.choice != DROP_ALL:
-                # the simplest power cut loses every unsynced write: try it in its place
-                simplest = Step.power(DROP_ALL)
-                found = attempt(steps[:index] + [simplest] + steps[index + 1:], size + 1)
-                if found is not None:
-                    (execution, steps), progress = found, True
-                    size = len(execution.executed_prefix())
-                    break
-            if step.crash is None:
-                continue
-            disarmed = Step(step.action, step.operation_id, step.payload, None)
-            # an equally long trace without the crash is simpler too
-            found = attempt(steps[:index] + [disarmed] + steps[index + 1:], size + 1)
-            if found is not None:
-                (execution, steps), progress = found, True
-                size = len(execution.executed_prefix())
-                break
-    def attempt_as_long(candidate: list[Step]) -> list[Step] | None:
-        """Simpler data at the same length is a simpler finding too."""
-        nonlocal execution
-        found = attempt(candidate, size + 1)
-        if found is None:
-            return None
-        execution = found[0]
-        return found[1]
+def _schedule_shrinker(run: LaneRun) -> Shrinker[LaneStep, ConcurrentExecution]:
+    return Shrinker(run, lambda result: len(executed(result)),
+                    lambda result, _candidate: executed(result), lanes_could_draw)
 
-    steps = simplify_data(steps, attempt_as_long)
-    if steps == list(trace.steps):
+
+@overload
+def minimise(trace: Trace, execution: Execution, run: Run) -> tuple[Trace, Execution]: ...
+
+
+@overload
+def minimise(trace: ConcurrentTrace, execution: ConcurrentExecution, run: LaneRun
+             ) -> tuple[ConcurrentTrace, ConcurrentExecution]: ...
+
+
+def minimise(
+    trace: Trace | ConcurrentTrace, execution: Execution | ConcurrentExecution,
+    run: Run | LaneRun,
+) -> tuple[Trace, Execution] | tuple[ConcurrentTrace, ConcurrentExecution]:
+    """Shrink a failing trace while it still fails (any invariant) and stays a trace the
+    state machine could draw; return the shrunk trace and the execution that showed it.
+
+    A sequential trace is measured in executed steps, recovery included; a concurrent one
+    in its own scheduling choices (the recovery is implicit). Each candidate is executed
+    once (results are cached) with its recovery recomputed, so the result is what replay
+    shows. A sequential trace that cannot shrink comes back as it was; a concurrent one's
+    execution is a lenient one (the caller replays the shrunk trace as it is saved).
+    """
+    if isinstance(trace, ConcurrentTrace):
+        if not isinstance(execution, ConcurrentExecution):
+            raise TypeError("a concurrent trace needs its concurrent execution")
+        lanes = _schedule_shrinker(run)  # type: ignore[arg-type]
+        state = _schedule(lanes, lanes.start(
+            list(trace.steps), execution,
+            executed(execution) if execution.verdict.step is not None else list(trace.steps)))
+        state = _data(lanes, _renamed(lanes, state, trace.concurrency))
+        return replace(
+            trace, steps=state.steps, expected=state.execution.verdict,
+            violations=list(state.execution.violations),
+            meta={**trace.meta, "hypothesis_steps": len(trace.steps)},
+        ), state.execution
+    if not isinstance(execution, Execution):
+        raise TypeError("a sequential trace needs its sequential execution")
+    steps = _sequential_shrinker(run)  # type: ignore[arg-type]
+    original = list(trace.steps)
+    shrunk = _data(steps, _sequential(steps, steps.start(
+        original, execution, steps.kept(execution, original))))
+    if shrunk.steps == original:
         return trace, execution
-    shrunk = Trace(
-        system=trace.system, deduplication=trace.deduplication, steps=steps,
-        settle=trace.settle, expected=execution.verdict,
-        violations=list(execution.violations),
+    final = steps.execute(shrunk.steps)
+    if final is None:  # pragma: no cover - a sequential run always returns an execution
+        raise TypeError("the shrunk trace did not run")
+    return Trace(
+        system=trace.system, deduplication=trace.deduplication, steps=shrunk.steps,
+        settle=trace.settle, expected=final.verdict, violations=list(final.violations),
         meta={**trace.meta, "hypothesis_steps": len(trace.steps)},
-    )
-    return shrunk, execute(steps)
+    ), final
