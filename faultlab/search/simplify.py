@@ -1,7 +1,7 @@
 """Data simplification for shrunk traces: readable ids and payloads.
 
-faultlab's trace minimiser (:func:`faultlab.search.explore.minimise`) removes steps and
-disarms crashes; this pass then simplifies the data the remaining steps carry, so a
+faultlab's trace minimiser (:func:`faultlab.search.shrink.minimise`) removes steps and
+makes them simpler; this pass then simplifies the data the remaining steps carry, so a
 finding that needs a 2^53+1 integer shows that integer and not a 19-digit one, and
 a finding that needs no payload at all shows ``{}``:
 
@@ -12,9 +12,8 @@ a finding that needs no payload at all shows ``{}``:
   removed, a value simplified (strings shortened or made uniform, numbers towards 0 or
   to 2^53+1, containers emptied).
 
-Both minimisers end with it, the sequential one (:mod:`faultlab.search.shrink`) and the
-concurrent one (:mod:`faultlab.search.schedules`, whose ``run``/``start`` steps carry the
-same ids and payloads). Every candidate is a real execution, judged by the same
+The minimiser ends with it for both kinds of trace (a concurrent trace's ``run``/``start``
+steps carry the same ids and payloads as a sequential trace's steps). Every candidate is a real execution, judged by the same
 ``attempt`` the minimiser uses;
 the pass keeps only candidates that still fail within the same number of executed
 steps, and stops after :data:`ATTEMPTS` executions.
