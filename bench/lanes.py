@@ -30,7 +30,6 @@ from tabulate import tabulate  # noqa: E402
 from faultlab import __version__  # noqa: E402
 from faultlab.process.spawn import spawner  # noqa: E402
 from faultlab.search.explore import HYPOTHESIS_VERSION, explore  # noqa: E402
-from faultlab.search.schedules import explore_concurrent  # noqa: E402
 from faultlab.system import load_system  # noqa: E402
 
 
@@ -53,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.examples} examples of 10 steps, seed {args.seed}", flush=True)
     with spawner("fork") as runner:
         sequential = explore(system, runner, examples=args.examples, seed_value=args.seed)
-    concurrent = explore_concurrent(system, concurrency=2, examples=args.examples,
-                                    seed_value=args.seed)
+        concurrent = explore(system, runner, concurrency=2, examples=args.examples,
+                             seed_value=args.seed)
     s, c = sequential.stats(), concurrent.stats()
     rows = [
         ["sequential (--concurrency 1)", s["examples"], s["steps"], s["processes"],

@@ -32,8 +32,9 @@ if importlib.util.find_spec("faultlab") is None:  # pragma: no cover - uninstall
 from tabulate import tabulate  # noqa: E402
 
 from faultlab import __version__  # noqa: E402
-from faultlab.search.explore import HYPOTHESIS_VERSION  # noqa: E402
-from faultlab.search.schedules import SCHEDULERS, explore_concurrent  # noqa: E402
+from faultlab.process.spawn import spawner  # noqa: E402
+from faultlab.search.explore import HYPOTHESIS_VERSION, explore  # noqa: E402
+from faultlab.search.schedules import SCHEDULERS  # noqa: E402
 from faultlab.system import load_system  # noqa: E402
 from faultlab.system.builtin import registry  # noqa: E402
 
@@ -92,9 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         for scheduler in args.schedulers:
             found, shrunk, missed = [], [], []
             for seed in args.seeds:
-                result = explore_concurrent(load_system(name), concurrency=2,
-                                            examples=args.examples, seed_value=seed,
-                                            scheduler=scheduler)
+                with spawner("fork") as runner:
+                    result = explore(load_system(name), runner, concurrency=2,
+                                     examples=args.examples, seed_value=seed,
+                                     scheduler=scheduler)
                 until = result.recorder.first_failure_examples
                 # Hypothesis may run an example or two past the budget: a finding there
                 # counts as found, with its own number

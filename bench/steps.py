@@ -93,14 +93,23 @@ if what == "floor":
     sys.exit(0)
 
 if what == "concurrent":
+    examples, seed = int(sys.argv[3]), int(sys.argv[4])
+    own, children = usage()
     try:
         from faultlab.search.schedules import explore_concurrent
     except ImportError:
-        from faultlab.concurrent_explore import explore_concurrent
-    examples, seed = int(sys.argv[3]), int(sys.argv[4])
-    own, children = usage()
-    outcome = explore_concurrent(load_system("reference"), concurrency=2, examples=examples,
-                                 seed_value=seed)
+        try:
+            from faultlab.concurrent_explore import explore_concurrent
+        except ImportError:  # one explore for every number of lanes
+            explore_concurrent = None
+    if explore_concurrent is not None:
+        outcome = explore_concurrent(load_system("reference"), concurrency=2,
+                                     examples=examples, seed_value=seed)
+    else:
+        from faultlab.search.explore import explore
+        with spawner("fork") as runner:
+            outcome = explore(load_system("reference"), runner, concurrency=2,
+                              examples=examples, seed_value=seed)
     stats = outcome.stats()
     everything = (cpu(resource.getrusage(resource.RUSAGE_SELF)) - cpu(own)
                   + cpu(resource.getrusage(resource.RUSAGE_CHILDREN)) - cpu(children))

@@ -113,38 +113,21 @@ def explore(
         raise UsageError(f"concurrency must be at least 1, not {concurrency}")
     if examples < 1 or steps < 1:
         raise UsageError("examples and steps must be at least 1")
-    found: Trace | ConcurrentTrace | None
-    flaky: Trace | ConcurrentTrace | None
-    if concurrency == 1:
-        from faultlab.search.explore import explore as explore_sequential
+    from faultlab.search.explore import explore as explore_system
 
-        with spawner(spawn) as runner:
-            result = explore_sequential(
-                chosen, runner, deduplication=deduplication, examples=examples, steps=steps,
-                seed_value=seed, deadline=deadline, progress=progress,
-                statement_crashes=True if statement_points is None else statement_points,
-            )
-        found, stats, notes = result.trace, result.stats(), result.notes
-        flaky, flaky_reason = result.flaky, result.flaky_reason
-        checked = result.recorder.checks
-        violations = tuple(result.replay.violations) if result.replay else ()
-        vacuous = vacuity(result.recorder.coverage, chosen, result.recorder.examples)
-    else:
-        from faultlab.search.schedules import explore_concurrent
-
-        concurrent = explore_concurrent(
-            chosen, concurrency=concurrency, deduplication=deduplication, examples=examples,
-            steps=steps, seed_value=seed, spawn=spawn, deadline=deadline, progress=progress,
-            statement_points=bool(statement_points),
+    with spawner(spawn) as runner:
+        result = explore_system(
+            chosen, runner, concurrency=concurrency, deduplication=deduplication,
+            examples=examples, steps=steps, seed_value=seed, deadline=deadline,
+            progress=progress, statement_points=statement_points,
         )
-        found, stats, notes = concurrent.trace, concurrent.stats(), concurrent.notes
-        flaky, flaky_reason = concurrent.flaky, concurrent.flaky_reason
-        checked = concurrent.recorder.steps
-        violations = tuple(concurrent.replay.violations) if concurrent.replay else ()
-        recorder = concurrent.recorder
-        vacuous = vacuity(recorder.coverage, chosen, recorder.examples,
-                          concurrency=concurrency, held=recorder.held,
-                          can_hold=chosen.holds_in_lanes())
+    found, stats, notes = result.trace, result.stats(), result.notes
+    flaky, flaky_reason = result.flaky, result.flaky_reason
+    recorder = result.recorder
+    checked = recorder.checks
+    violations = tuple(result.replay.violations) if result.replay else ()
+    vacuous = vacuity(recorder.coverage, chosen, recorder.examples, concurrency=concurrency,
+                      held=recorder.held, can_hold=chosen.holds_in_lanes())
     if found is None and flaky is not None:  # not clean, not a finding, never saved
         return Outcome(clean=False, trace=flaky, notes=(*notes, f"flaky: {flaky_reason}"),
                        stats=stats, flaky=True)

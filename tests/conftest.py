@@ -17,6 +17,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -30,6 +31,18 @@ if importlib.util.find_spec("faultlab") is None:  # pragma: no cover - uninstall
 
 from faultlab.process.spawn import Spawner, spawner  # noqa: E402
 from faultlab.system import System, load_system  # noqa: E402
+
+if TYPE_CHECKING:
+    from faultlab.search.explore import Exploration
+
+
+def explore_lanes(system: System, **settings: Any) -> Exploration:
+    """One exploration with lanes (``concurrency`` 2 unless given) on a fork server of its own:
+    :func:`faultlab.search.explore.explore` as a test that has no spawner calls it."""
+    from faultlab.search.explore import explore
+
+    with spawner("fork") as runner:
+        return explore(system, runner, **{"concurrency": 2, **settings})
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
+from conftest import explore_lanes
 
 from faultlab.cli import main
 from faultlab.system import load_system
@@ -80,11 +81,9 @@ def test_bad_concurrency_is_refused_and_creates_nothing(tmp_path: Path, args: li
 @pytest.mark.slow
 @pytest.mark.parametrize("name", registry.names(lanes=2, postgres=False, only_judged=True))
 def test_explore_concurrency_catches_each_mutant_at_its_minimum(tmp_path: Path, name: str) -> None:
-    from faultlab.search.schedules import explore_concurrent
-
     system = load_system(name)
     assert isinstance(system, ConcurrencyMutant)
-    result = explore_concurrent(system, concurrency=2, examples=100, seed_value=0)
+    result = explore_lanes(system, examples=100, seed_value=0)
     assert result.trace is not None and result.trace.expected is not None
     assert set(result.trace.expected.invariants) & set(system.caught_by)
     assert result.shrunk_steps == system.minimal_steps
@@ -92,9 +91,7 @@ def test_explore_concurrency_catches_each_mutant_at_its_minimum(tmp_path: Path, 
 
 @pytest.mark.slow
 def test_explore_concurrency_reference_clean_100_examples() -> None:
-    from faultlab.search.schedules import explore_concurrent
-
-    result = explore_concurrent(load_system("reference"), concurrency=2, examples=100,
+    result = explore_lanes(load_system("reference"), examples=100,
                                 seed_value=0)
     assert result.trace is None and not result.notes
     assert result.recorder.examples >= 100 and result.recorder.steps > 500
@@ -102,9 +99,7 @@ def test_explore_concurrency_reference_clean_100_examples() -> None:
 
 @pytest.mark.slow
 def test_ten_thousand_concurrent_steps_on_the_reference_stay_clean() -> None:
-    from faultlab.search.schedules import explore_concurrent
-
-    result = explore_concurrent(load_system("reference"), concurrency=2, examples=1000,
+    result = explore_lanes(load_system("reference"), examples=1000,
                                 seed_value=0)
     assert result.trace is None and not result.notes
     assert result.recorder.steps >= 10_000

@@ -15,6 +15,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
+from conftest import explore_lanes
 
 from faultlab.cli import main
 from faultlab.run.interleaving import LaneExecutor
@@ -316,12 +317,9 @@ def test_a_run_error_is_raised_even_when_another_example_failed(tmp_path: Path) 
     """The concurrent search keeps the step's error: a later invariant failure, or
     Hypothesis's own report of the error, never turns it into a finding."""
     from faultlab.base.errors import ExecutionError
-    from faultlab.search.schedules import explore_concurrent
-
     system = load_system(str(garbage_system(tmp_path)))
     try:
-        explore_concurrent(system, concurrency=2, examples=10, seed_value=0,
-                           deduplication=False)
+        explore_lanes(system, examples=10, seed_value=0, deduplication=False)
     except ExecutionError as error:
         assert "broke the announcement protocol" in str(error)
     else:

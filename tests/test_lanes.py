@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import explore_lanes
 
 from faultlab.base.errors import UsageError
 from faultlab.run.interleaving import LaneExecutor, execute_concurrent
@@ -364,9 +365,7 @@ def test_quiet_judges_a_solitary_dispatcher_in_a_concurrent_trace(reference: Sys
 
 
 def test_concurrent_explore_prints_invariant_coverage(tmp_path: Path) -> None:
-    from faultlab.search.schedules import explore_concurrent
-
-    result = explore_concurrent(load_system("reference"), concurrency=2, examples=10,
+    result = explore_lanes(load_system("reference"), examples=10,
                                 seed_value=0)
     stats = result.stats()
     checked = stats["checked"]

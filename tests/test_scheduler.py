@@ -13,16 +13,13 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
+from conftest import explore_lanes
 
 from faultlab.cli import main
 from faultlab.corpus import files as corpus
 from faultlab.run.interleaving import execute_concurrent
-from faultlab.search.schedules import (
-    ConcurrentExploration,
-    check_scheduler,
-    explore_concurrent,
-    pct_span,
-)
+from faultlab.search.explore import Exploration
+from faultlab.search.schedules import check_scheduler, pct_span
 from faultlab.system import load_system
 from faultlab.system.builtin.race_mutants import ConcurrencyMutant
 from faultlab.trace import ConcurrentTrace, load
@@ -38,16 +35,16 @@ def cli(*args: str) -> tuple[int, str, str]:
 
 
 @pytest.fixture(scope="module")
-def found() -> dict[str, ConcurrentExploration]:
+def found() -> dict[str, Exploration]:
     system = load_system(MUTANT)
-    return {scheduler: explore_concurrent(system, concurrency=2, examples=10, seed_value=0,
+    return {scheduler: explore_lanes(system, examples=10, seed_value=0,
                                           scheduler=scheduler)
             for scheduler in ("pct", "uniform")}
 
 
 def test_pct_draws_are_the_same_for_a_seed() -> None:
     system = load_system("reference")
-    runs = [explore_concurrent(system, concurrency=2, examples=3, seed_value=5,
+    runs = [explore_lanes(system, examples=3, seed_value=5,
                                scheduler="pct") for _ in range(2)]
     draws = [run.recorder.pct_draws for run in runs]
     assert draws[0] and draws[0] == draws[1]
@@ -55,19 +52,19 @@ def test_pct_draws_are_the_same_for_a_seed() -> None:
         assert sorted(order) == [1, 2]
         assert len(points) == 2 and all(1 <= p <= pct_span(10) for p in points)
     assert runs[0].recorder.last_steps == runs[1].recorder.last_steps
-    other = explore_concurrent(system, concurrency=2, examples=3, seed_value=5,
+    other = explore_lanes(system, examples=3, seed_value=5,
                                scheduler="uniform")
     assert other.recorder.pct_draws == []  # uniform draws no priorities at all
 
 
 def test_swarm_draws_pct_for_some_examples_only() -> None:
-    result = explore_concurrent(load_system("reference"), concurrency=2, examples=4,
+    result = explore_lanes(load_system("reference"), examples=4,
                                 seed_value=5, scheduler="swarm")
     assert 0 < len(result.recorder.pct_draws) < result.recorder.examples
 
 
 def test_pct_finds_a_mutant_and_shrinks_it_as_uniform_does(
-        found: dict[str, ConcurrentExploration]) -> None:
+        found: dict[str, Exploration]) -> None:
     system = load_system(MUTANT)
     assert isinstance(system, ConcurrencyMutant)
     pct, uniform = found["pct"], found["uniform"]
@@ -79,7 +76,7 @@ def test_pct_finds_a_mutant_and_shrinks_it_as_uniform_does(
 
 
 def test_a_pct_finding_replays_whatever_the_scheduler(
-        found: dict[str, ConcurrentExploration], tmp_path: Path) -> None:
+        found: dict[str, Exploration], tmp_path: Path) -> None:
     trace = found["pct"].trace
     assert trace is not None
     path = corpus.save(trace, tmp_path, MUTANT)

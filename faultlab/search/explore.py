@@ -1,9 +1,15 @@
-"""Exploration: run the state machine under Hypothesis and turn a failure into a trace.
+"""Exploration: run a state machine under Hypothesis and turn a failure into a trace.
 
-The shrunk failing example is the last one Hypothesis executes, so the
-:class:`faultlab.search.recorder.Recorder` holds its executed steps (including the
-recovery dispatches of teardown). That list becomes a corpus trace, which is
-replayed once more through the executor to confirm it and to print its table.
+One driver for every exploration, whatever its lanes: :func:`explore` runs the sequential
+machine (:mod:`faultlab.search.machine`) or, with ``concurrency`` of 2 or more, the
+machine whose rules are scheduling choices (:mod:`faultlab.search.schedules`), under the
+same discipline: a run that failed (an error, not an invariant) raises and is never a
+finding; a stopped or interrupted search reports nothing; the failing example is replayed
+on fresh stores and is a finding only when the replay fails the same way (otherwise it is
+flaky); a finding is shrunk by :func:`faultlab.search.shrink.minimise` and replayed once
+more as it is saved. The :class:`faultlab.search.recorder.Recorder` holds each example's
+executed steps (recovery included), so the failing example is known without Hypothesis's
+report.
 """
 
 from __future__ import annotations
@@ -16,14 +22,17 @@ from typing import Any, TypeVar
 
 from hypothesis import Phase, Verbosity, seed
 from hypothesis import __version__ as _hypothesis_version
+from hypothesis import settings as Settings
 from hypothesis.errors import Flaky
-from hypothesis.stateful import run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from faultlab.base import interrupt
+from faultlab.base.errors import UsageError
 from faultlab.base.version import __version__
 from faultlab.process.records import DEFAULT_DEADLINE
 from faultlab.process.spawn import Spawner
 from faultlab.run.executor import Execution, execute
+from faultlab.run.interleaving import ConcurrentExecution, execute_concurrent
 from faultlab.search import defaults
 from faultlab.search.coverage import vacuity
 from faultlab.search.machine import (
@@ -39,11 +48,12 @@ from faultlab.search.machine import (
     outbox_machine,
 )
 from faultlab.search.recorder import Recorder
-from faultlab.search.shrink import minimise
+from faultlab.search.schedules import DEFAULT_SCHEDULER, concurrent_machine, scheduled_steps
+from faultlab.search.shrink import executed, minimise
 from faultlab.system.contract import System
-from faultlab.trace import EXPECT_FLAKY, ConcurrentTrace, Step, Trace, Verdict
+from faultlab.trace import EXPECT_FLAKY, ConcurrentTrace, LaneStep, Step, Trace, Verdict
 
-TraceT = TypeVar("TraceT", Trace, ConcurrentTrace)
+TraceT = TypeVar("TraceT", bound="Trace | ConcurrentTrace")
 
 #: Explorations record it: the same seed gives the same run with the same Hypothesis.
 HYPOTHESIS_VERSION: str = _hypothesis_version
@@ -51,21 +61,22 @@ HYPOTHESIS_VERSION: str = _hypothesis_version
 
 @dataclass
 class Exploration:
-    """What one exploration did and found."""
+    """What one exploration did and found (``concurrency`` lanes; 1 is sequential)."""
 
     system: str
     deduplication: bool
     seed: int
-    recorder: Recorder[Step]
+    recorder: Recorder[Step] | Recorder[LaneStep]
     seconds: float
-    trace: Trace | None = None
-    replay: Execution | None = None
+    concurrency: int = 1
+    trace: Trace | ConcurrentTrace | None = None
+    replay: Execution | ConcurrentExecution | None = None
     notes: list[str] = field(default_factory=list)
     #: True when the run was told to stop before its examples were done (no finding).
     stopped: bool = False
     #: An example failed, but its re-run did not fail again: its trace (marked
     #: ``"expect": "flaky"``, never a corpus file) and what the flaky line says about it.
-    flaky: Trace | None = None
+    flaky: Trace | ConcurrentTrace | None = None
     flaky_reason: str | None = None
 
     @property
@@ -74,12 +85,15 @@ class Exploration:
 
     @property
     def shrunk_steps(self) -> int | None:
-        """Steps executed up to the failing check, recovery dispatches included."""
+        """The finding's length: steps executed up to the failing check, recovery dispatches
+        included; with lanes, its own scheduling choices (the recovery is implicit)."""
+        if isinstance(self.replay, ConcurrentExecution):
+            return len(executed(self.replay))
         return None if self.replay is None else len(self.replay.executed_prefix())
 
     def stats(self) -> dict[str, Any]:
         r = self.recorder
-        return {
+        stats: dict[str, Any] = {
             "examples": r.examples,
             "steps": r.steps,
             "processes": r.processes,
@@ -94,11 +108,23 @@ class Exploration:
             "seconds": round(self.seconds, 3),
             "steps_per_second": round(r.steps / self.seconds, 1) if self.seconds else 0.0,
         }
+        if self.concurrency > 1:  # what only lanes show
+            stats.update({
+                "blocked_lane_steps": r.blocked,
+                "held_steps": r.held,
+                "actions": dict(sorted(r.actions.items())),
+                "checked": {name: count for name, count in r.coverage.invariant_rows(
+                    r.faults, history=True)},
+                "crash_points_armed": dict(sorted(r.coverage.armed.items())),
+                "crash_points_fired": dict(sorted(r.coverage.fired.items())),
+            })
+        return stats
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "system": self.system,
             "deduplication": self.deduplication,
+            **({"concurrency": self.concurrency} if self.concurrency > 1 else {}),
             "seed": self.seed,
             "hypothesis": HYPOTHESIS_VERSION,  # a seed reproduces a run with this version
             **self.stats(),
@@ -158,49 +184,146 @@ def explore(
     system: System,
     spawner: Spawner,
     *,
+    concurrency: int = 1,
     deduplication: bool = True,
     examples: int = defaults.EXAMPLES,
     steps: int = defaults.STEPS,
     seed_value: int = 0,
     deadline: float = DEFAULT_DEADLINE,
-    progress: Callable[[Recorder[Step]], None] | None = None,
-    statement_crashes: bool = True,
+    progress: Callable[[Any], None] | None = None,
+    statement_points: bool | None = None,
     hypothesis_shrink: bool = False,
     stop: Callable[[], bool] | None = None,
     on_failure: Callable[[], None] | None = None,
     weights: Weights = WEIGHTS,
     power_loss: bool = False,
+    scheduler: str = DEFAULT_SCHEDULER,
 ) -> Exploration:
     """Search for a violating trace; shrink it; confirm it by replay.
 
-    ``power_loss`` adds the ``power`` rule (a power cut between two steps); the workers then
-    record through :mod:`faultlab.stores.vfs`.
+    ``concurrency`` lanes (1: sequential steps, each a worker run to its end; 2 or more:
+    scheduling choices among workers alive at once, drawn by ``scheduler``). Every worker
+    runs through ``spawner`` (lanes in its spawn mode). ``statement_points``: sequentially,
+    crashes are also armed at sql:K / commit:K (default on); with lanes, workers also hold
+    there (default off). ``power_loss`` adds the ``power`` rule (a power cut between two
+    steps); the workers then record through :mod:`faultlab.stores.vfs`.
 
     Shrinking is faultlab's own trace minimiser (:func:`minimise`), run on the first
     failing example: deterministic and fast, since every candidate costs real
-    processes. ``hypothesis_shrink`` runs Hypothesis's shrinker first (many more
-    executions; it also simplifies payloads). ``stop`` is asked before every step and ends
-    the run early (no finding: :attr:`Exploration.stopped`); ``on_failure`` is called as
-    soon as an example fails, before shrinking (``--jobs`` stops the other jobs with it).
+    processes. ``hypothesis_shrink`` (sequential only) runs Hypothesis's shrinker first
+    (many more executions; it also simplifies payloads). ``stop`` is asked before every
+    step and ends the run early (no finding: :attr:`Exploration.stopped`); ``on_failure``
+    is called as soon as an example fails, before shrinking (``--jobs`` stops the other
+    jobs with it); ``weights`` weigh the sequential rules.
     """
-    recorder = Recorder[Step](progress=progress, stop=stop)
-    machine = outbox_machine(
-        system.ref, deduplication=deduplication, spawner=spawner, deadline=deadline,
-        examples=examples, steps=steps, recorder=recorder, statement_crashes=statement_crashes,
-        weights=weights, power_loss=power_loss,
-    )
-    settings = machine_settings(examples, steps)
-    phases = tuple(settings.phases) if hypothesis_shrink else tuple(
-        phase for phase in settings.phases if phase not in (Phase.shrink, Phase.explain)
-    )
-    settings = type(settings)(settings, verbosity=Verbosity.quiet, phases=phases)
+    lanes = concurrency > 1
+    recorder: Recorder[Step] | Recorder[LaneStep]
+    machine: type[RuleBasedStateMachine]
+    if lanes:
+        recorder = Recorder[LaneStep](progress=progress, stop=stop,
+                                      faults=("power",) if power_loss else ())
+        machine = concurrent_machine(
+            system.ref, concurrency=concurrency, deduplication=deduplication,
+            spawn=spawner.mode, deadline=deadline, examples=examples, steps=steps,
+            recorder=recorder, statement_points=bool(statement_points), scheduler=scheduler,
+            power_loss=power_loss,
+        )
+        base = machine_settings(examples, scheduled_steps(scheduler, steps))
+    else:
+        recorder = Recorder[Step](progress=progress, stop=stop)
+        machine = outbox_machine(
+            system.ref, deduplication=deduplication, spawner=spawner, deadline=deadline,
+            examples=examples, steps=steps, recorder=recorder,
+            statement_crashes=statement_points is not False, weights=weights,
+            power_loss=power_loss,
+        )
+        base = machine_settings(examples, steps)
+    failure, stopped, seconds = _search(machine, base, seed_value, recorder,
+                                        hypothesis_shrink=hypothesis_shrink and not lanes)
+    result = Exploration(system.ref, deduplication, seed_value, recorder, seconds,
+                         concurrency=concurrency, stopped=stopped)
+    failed = recorder.first_failure
+    if failure is None:
+        if failed is None:
+            return result
+        failure = InvariantFailure(failed[1].step, failed[2])  # one Hypothesis did not report
+    if on_failure is not None:
+        on_failure()
+    # The failing example Hypothesis reports is the last it ran (its shrinker's, with
+    # hypothesis_shrink); when that last run did not fail (Hypothesis calls it Flaky), the
+    # first failing example is the one to re-run. With lanes it always is: Hypothesis's
+    # re-run of the same choices may have been scheduled differently.
+    use_last = failed is None or (not lanes and not recorder.last_verdict.clean)
+    steps_of, verdict_of, violations_of = (
+        (recorder.last_steps, recorder.last_verdict, recorder.last_violations)
+        if use_last or failed is None else failed)
+    meta = {
+        "found_by": "explore",
+        "seed": seed_value,
+        "hypothesis": HYPOTHESIS_VERSION,
+        "examples": examples,
+        "steps_per_example": steps,
+        "faultlab": __version__,
+        # no timestamp: the documented commands must reproduce committed files byte for byte
+    }
+    if isinstance(failure, Flaky):
+        result.notes.append(f"Hypothesis reported a flaky failure: {failure}")
+    trace: Trace | ConcurrentTrace
+    replay: Execution | ConcurrentExecution
+    if lanes:
+        trace = ConcurrentTrace(
+            system=system.ref, deduplication=deduplication, concurrency=concurrency,
+            steps=[step for step in steps_of if isinstance(step, LaneStep)], settle=True,
+            expected=verdict_of, violations=list(violations_of),
+            # how the lanes were drawn; absent for uniform, so older files stay byte for byte
+            meta={**meta, "concurrency": concurrency,
+                  **({} if scheduler == "uniform" else {"scheduler": scheduler})},
+            statement_points=bool(statement_points),
+        )
+        replay = _replay_lanes(system, trace, spawner, deadline)
+    else:
+        trace = Trace(system=system.ref, deduplication=deduplication,
+                      steps=[step for step in steps_of if isinstance(step, Step)], settle=True,
+                      expected=verdict_of, violations=list(violations_of), meta=meta)
+        replay = execute(system, trace.steps, spawner, deduplication=deduplication,
+                         settle=trace.settle, deadline=deadline)
+    refused = not_a_finding(trace.expected, replay.verdict, failure)
+    if refused is not None:
+        if failed is not None:  # an example did fail, and did not fail again: flaky
+            result.flaky = flaky_trace(trace, replay.verdict)
+            result.flaky_reason = flaky_reason(
+                recorder.first_failure_examples, verdict_of, replay.verdict)
+        result.notes.append(refused)
+        return result
+    if isinstance(trace, ConcurrentTrace) and isinstance(replay, ConcurrentExecution):
+        shrunk, _ = minimise(trace, replay, _lenient_run(system, trace, spawner, deadline))
+        # replayed as saved (not leniently): what replay of the corpus file will show
+        result.trace, result.replay = shrunk, _replay_lanes(system, shrunk, spawner, deadline)
+    elif isinstance(trace, Trace) and isinstance(replay, Execution):
+        def run(candidate: list[Step]) -> Execution:
+            return execute(system, candidate, spawner, deduplication=deduplication,
+                           settle=True, deadline=deadline)
+
+        result.trace, result.replay = minimise(trace, replay, run)
+    return result
+
+
+def _search(machine: type[RuleBasedStateMachine], base: Settings, seed_value: int,
+            recorder: Recorder[Step] | Recorder[LaneStep], *, hypothesis_shrink: bool
+            ) -> tuple[BaseException | None, bool, float]:
+    """Run the machine under Hypothesis: the failure it ended with (None when none), whether
+    it was told to stop, and its seconds. A run error or an interrupt is raised: a run that
+    failed is not a finding, whatever it showed."""
+    phases = tuple(base.phases) if hypothesis_shrink else tuple(
+        phase for phase in base.phases if phase not in (Phase.shrink, Phase.explain))
+    chosen = Settings(base, verbosity=Verbosity.quiet, phases=phases)
     started = time.monotonic()
     failure: BaseException | None = None
     stopped = False
     try:
         with _no_local_constants():
             run_state_machine_as_test(  # type: ignore[no-untyped-call,unused-ignore]
-                seed(seed_value)(machine), settings=settings
+                seed(seed_value)(machine), settings=chosen
             )
     except (InvariantFailure, Flaky, StopExploration) as error:
         if ended_by_stop(error):
@@ -215,60 +338,31 @@ def explore(
     interrupt.check()  # an interrupted search reports nothing
     if recorder.run_error is not None:
         raise recorder.run_error  # a run that failed is not a finding, whatever it showed
-    seconds = time.monotonic() - started
-    result = Exploration(system.ref, deduplication, seed_value, recorder, seconds,
-                         stopped=stopped)
-    failed = recorder.first_failure
-    if failure is None:
-        if failed is None:
-            return result
-        failure = InvariantFailure(failed[1].step, failed[2])  # one Hypothesis did not report
-    if on_failure is not None:
-        on_failure()
-    # The failing example Hypothesis reports is the last it ran; when that last run did not
-    # fail (Hypothesis calls it Flaky), the first failing example is the one to re-run.
-    steps_of, verdict_of, violations_of = (
-        (recorder.last_steps, recorder.last_verdict, recorder.last_violations)
-        if not recorder.last_verdict.clean or failed is None else failed)
-    trace = Trace(
-        system=system.ref,
-        deduplication=deduplication,
-        steps=list(steps_of),
-        settle=True,
-        expected=verdict_of,
-        violations=list(violations_of),
-        meta={
-            "found_by": "explore",
-            "seed": seed_value,
-            "hypothesis": HYPOTHESIS_VERSION,
-            "examples": examples,
-            "steps_per_example": steps,
-            "faultlab": __version__,
-            # no timestamp: the documented commands must reproduce committed files byte for byte
-        },
-    )
-    if isinstance(failure, Flaky):
-        result.notes.append(f"Hypothesis reported a flaky failure: {failure}")
-    replay = execute(
-        system, trace.steps, spawner, deduplication=deduplication, settle=trace.settle,
-        deadline=deadline,
-    )
-    refused = not_a_finding(trace.expected, replay.verdict, failure)
-    if refused is not None:
-        if failed is not None:  # an example did fail, and did not fail again: flaky
-            result.flaky = flaky_trace(trace, replay.verdict)
-            result.flaky_reason = flaky_reason(
-                recorder.first_failure_examples, verdict_of, replay.verdict)
-        result.notes.append(refused)
-        return result
+    return failure, stopped, time.monotonic() - started
 
-    def run(steps: list[Step]) -> Execution:
-        return execute(system, steps, spawner, deduplication=deduplication,
-                       settle=trace.settle, deadline=deadline)
 
-    trace, replay = minimise(trace, replay, run)
-    result.trace, result.replay = trace, replay
-    return result
+def _replay_lanes(system: System, trace: ConcurrentTrace, spawner: Spawner,
+                  deadline: float) -> ConcurrentExecution:
+    return execute_concurrent(
+        system, trace.steps, concurrency=trace.concurrency,
+        deduplication=trace.deduplication, settle=trace.settle, spawn=spawner.mode,
+        deadline=deadline, statement_points=trace.statement_points)
+
+
+def _lenient_run(system: System, trace: ConcurrentTrace, spawner: Spawner, deadline: float
+                 ) -> Callable[[list[LaneStep]], ConcurrentExecution | None]:
+    """How the shrinker runs a candidate of a concurrent trace: leniently (a step left
+    without its worker is dropped), ``None`` when the lanes cannot run it at all."""
+    def run(candidate: list[LaneStep]) -> ConcurrentExecution | None:
+        try:
+            return execute_concurrent(
+                system, candidate, concurrency=trace.concurrency,
+                deduplication=trace.deduplication, settle=trace.settle, spawn=spawner.mode,
+                deadline=deadline, lenient=True, statement_points=trace.statement_points)
+        except UsageError:
+            return None  # not a trace these lanes can run
+
+    return run
 
 
 def flaky_trace(trace: TraceT, replayed: Verdict) -> TraceT:
@@ -280,7 +374,7 @@ def flaky_trace(trace: TraceT, replayed: Verdict) -> TraceT:
     return trace
 
 
-def _describe(trace: Trace) -> str:
+def _describe(trace: Trace | ConcurrentTrace) -> str:
     return trace.expected.describe() if trace.expected else "a failure"
 
 

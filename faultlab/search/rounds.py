@@ -18,10 +18,9 @@ so shards and jobs never repeat each other's examples, and the same command give
 the same streams. A finding records its round's seed: ``explore --seed <that>
 --examples <the round's examples>`` replays the round on its own.
 
-A round is one sequential exploration (:func:`faultlab.search.explore.explore`) or, with
-``concurrency`` of 2 or more, one concurrent exploration
-(:func:`faultlab.search.schedules.explore_concurrent`); everything else here, the
-seeds, the time budget, the jobs and the first finding stopping the others, is the same.
+A round is one exploration (:func:`faultlab.search.explore.explore`), sequential or, with
+``concurrency`` of 2 or more, concurrent; everything else here, the seeds, the time budget,
+the jobs and the first finding stopping the others, is the same.
 """
 
 from __future__ import annotations
@@ -44,11 +43,7 @@ from faultlab.process.spawn import Spawner
 from faultlab.search.explore import Exploration, explore
 from faultlab.search.machine import flaky_reason
 from faultlab.search.recorder import Recorder
-from faultlab.search.schedules import (
-    DEFAULT_SCHEDULER,
-    ConcurrentExploration,
-    explore_concurrent,
-)
+from faultlab.search.schedules import DEFAULT_SCHEDULER
 from faultlab.search.streams import Shard, round_seed
 from faultlab.system.contract import System
 from faultlab.trace import LaneStep, Step, Verdict
@@ -172,7 +167,7 @@ def run_stream(
     stop: Callable[[], bool] = lambda: False,
     on_failure: Callable[[], None] | None = None,
     progress: Callable[[Totals], None] | None = None,
-) -> tuple[StreamResult, Exploration | ConcurrentExploration | None]:
+) -> tuple[StreamResult, Exploration | None]:
     """Run one stream's rounds in this process; returns its result and the finding's
     exploration (with its replay), if one was found."""
     started = time.monotonic()
@@ -242,22 +237,17 @@ def explore_round(
     system: System, spawner: Spawner, plan: Plan, *, examples: int, seed: int,
     progress: Callable[[Any], None] | None = None, stop: Callable[[], bool] | None = None,
     on_failure: Callable[[], None] | None = None,
-) -> Exploration | ConcurrentExploration:
-    """One round: the only place a stream chooses between sequential and concurrent traces
-    (concurrent lanes start their own processes; the spawner is for sequential steps)."""
-    if plan.concurrency > 1:
-        return explore_concurrent(
-            system, concurrency=plan.concurrency, deduplication=plan.deduplication,
-            examples=examples, steps=plan.steps, seed_value=seed, spawn=plan.spawn,
-            deadline=plan.deadline, progress=progress, stop=stop, on_failure=on_failure,
-            statement_points=plan.statement_points, scheduler=plan.scheduler,
-            power_loss=plan.power_loss,
-        )
+) -> Exploration:
+    """One round: one exploration with the plan's lanes (a concurrent one's workers run in
+    the spawner's mode)."""
+    lanes = plan.concurrency > 1
     return explore(
-        system, spawner, deduplication=plan.deduplication, examples=examples,
-        steps=plan.steps, seed_value=seed, deadline=plan.deadline, progress=progress,
-        statement_crashes=plan.statement_crashes, hypothesis_shrink=plan.hypothesis_shrink,
-        stop=stop, on_failure=on_failure, power_loss=plan.power_loss,
+        system, spawner, concurrency=plan.concurrency, deduplication=plan.deduplication,
+        examples=examples, steps=plan.steps, seed_value=seed, deadline=plan.deadline,
+        progress=progress, stop=stop, on_failure=on_failure,
+        statement_points=plan.statement_points if lanes else plan.statement_crashes,
+        hypothesis_shrink=plan.hypothesis_shrink, scheduler=plan.scheduler,
+        power_loss=plan.power_loss,
     )
 
 

@@ -18,57 +18,41 @@ replayed.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from hypothesis import Phase, Verbosity, seed, settings
 from hypothesis import strategies as st
-from hypothesis.errors import Flaky
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
-from faultlab.base import interrupt
 from faultlab.base.errors import UsageError
-from faultlab.base.version import __version__
 from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
 from faultlab.run.interleaving import (
-    ConcurrentExecution,
     LaneExecutor,
-    execute_concurrent,
 )
 from faultlab.search import data as generated
 from faultlab.search import defaults
 from faultlab.search.data import TITLES
-from faultlab.search.explore import HYPOTHESIS_VERSION, _no_local_constants, flaky_trace
 from faultlab.search.machine import (
     POWER_CHOICES,
     InvariantFailure,
     NewOperations,
     StopExploration,
-    ended_by_stop,
-    flaky_reason,
     generated_key,
     machine_settings,
-    not_a_finding,
     server_crashes_possible,
     should_stop,
     swarm,
 )
 from faultlab.search.recorder import Recorder
-from faultlab.search.shrink import executed, minimise
 from faultlab.system import load_system
-from faultlab.system.contract import System
 from faultlab.trace import (
     DROP_CONNECTION,
     SERVER_CRASH,
-    ConcurrentTrace,
     LaneStep,
     Verdict,
 )
@@ -577,143 +561,3 @@ def concurrent_machine(
         Machine.power = _power_rule()
     Machine.TestCase.settings = machine_settings(examples, scheduled_steps(scheduler, steps))
     return Machine
-
-
-@dataclass
-class ConcurrentExploration:
-    system: str
-    deduplication: bool
-    concurrency: int
-    seed: int
-    recorder: Recorder[LaneStep]
-    seconds: float
-    trace: ConcurrentTrace | None = None
-    replay: ConcurrentExecution | None = None
-    notes: list[str] = field(default_factory=list)
-    #: True when the run was told to stop before its examples were done (no finding).
-    stopped: bool = False
-    #: An example failed, but its replay did not fail again (as
-    #: :attr:`faultlab.search.explore.Exploration.flaky`).
-    flaky: ConcurrentTrace | None = None
-    flaky_reason: str | None = None
-
-    @property
-    def shrunk_steps(self) -> int | None:
-        return None if self.replay is None else len(executed(self.replay))
-
-    def stats(self) -> dict[str, Any]:
-        r = self.recorder
-        return {
-            "examples": r.examples, "steps": r.steps, "processes": r.processes,
-            "sigkills": r.sigkills, "blocked_lane_steps": r.blocked,
-            "actions": dict(sorted(r.actions.items())),
-            "examples_until_found": r.first_failure_examples,
-            "seconds": round(self.seconds, 3),
-            "steps_per_second": round(r.steps / self.seconds, 1) if self.seconds else 0.0,
-            "checked": {name: count for name, count in r.coverage.invariant_rows(
-                r.faults, history=True)},
-            "crash_points_armed": dict(sorted(r.coverage.armed.items())),
-            "crash_points_fired": dict(sorted(r.coverage.fired.items())),
-            "held_steps": r.held,
-        }
-
-
-def explore_concurrent(
-    system: System, *, concurrency: int, deduplication: bool = True, examples: int = 100,
-    steps: int = 10, seed_value: int = 0, spawn: SpawnMode = "fork",
-    deadline: float = DEFAULT_DEADLINE,
-    progress: Callable[[Recorder[LaneStep]], None] | None = None,
-    stop: Callable[[], bool] | None = None, on_failure: Callable[[], None] | None = None,
-    statement_points: bool = False, scheduler: str = DEFAULT_SCHEDULER,
-    power_loss: bool = False,
-) -> ConcurrentExploration:
-    """Search concurrent traces; minimise the first failure; confirm it by replay.
-
-    ``stop`` and ``on_failure`` work as in :func:`faultlab.search.explore.explore` (a time
-    budget, ``--jobs``); ``statement_points`` also holds workers at sql:K / commit:K;
-    ``scheduler`` is one of SCHEDULERS (how the lane that moves is drawn); ``power_loss``
-    adds the ``power`` rule (every live lane dies and the stores lose unsynced writes)."""
-    recorder = Recorder[LaneStep](progress=progress, stop=stop,
-                                  faults=("power",) if power_loss else ())
-    machine = concurrent_machine(
-        system.ref, concurrency=concurrency, deduplication=deduplication, spawn=spawn,
-        deadline=deadline, examples=examples, steps=steps, recorder=recorder,
-        statement_points=statement_points, scheduler=scheduler, power_loss=power_loss,
-    )
-    base = machine_settings(examples, scheduled_steps(scheduler, steps))
-    phases = tuple(p for p in base.phases if p not in (Phase.shrink, Phase.explain))
-    chosen = settings(base, verbosity=Verbosity.quiet, phases=phases)
-    started = time.monotonic()
-    failure: BaseException | None = None
-    try:
-        with _no_local_constants():
-            run_state_machine_as_test(  # type: ignore[no-untyped-call,unused-ignore]
-                seed(seed_value)(machine), settings=chosen
-            )
-    except (InvariantFailure, Flaky, StopExploration) as error:
-        if ended_by_stop(error) and recorder.first_failure is None \
-                and recorder.run_error is None:
-            result = ConcurrentExploration(system.ref, deduplication, concurrency, seed_value,
-                                           recorder, time.monotonic() - started, stopped=True)
-            interrupt.check()
-            return result
-        failure = error
-    except Exception:
-        interrupt.check()  # Hypothesis can trip over a KeyboardInterrupt in its own setup
-        if recorder.run_error is not None:
-            raise recorder.run_error from None  # the step's own error, not Hypothesis's report
-        raise
-    interrupt.check()  # an interrupted search reports nothing
-    if recorder.run_error is not None:
-        raise recorder.run_error  # a run that failed is not a finding, whatever it showed
-    result = ConcurrentExploration(system.ref, deduplication, concurrency, seed_value, recorder,
-                                   time.monotonic() - started)
-    if recorder.first_failure is None:
-        if failure is not None:  # Hypothesis's own error (Flaky) with no failing example
-            result.notes.append(not_a_finding(Verdict(), Verdict(), failure) or "")
-        return result
-    found_steps, found_verdict, found_violations = recorder.first_failure
-    if failure is None:  # the failing example was one Hypothesis abandoned
-        failure = InvariantFailure(found_verdict.step, found_violations)
-    if on_failure is not None:
-        on_failure()
-    trace = ConcurrentTrace(
-        system=system.ref, deduplication=deduplication, concurrency=concurrency,
-        steps=list(found_steps), settle=True, expected=found_verdict,
-        violations=list(found_violations),
-        meta={
-            "found_by": "explore", "seed": seed_value, "hypothesis": HYPOTHESIS_VERSION,
-            "examples": examples, "steps_per_example": steps, "concurrency": concurrency,
-            "faultlab": __version__,
-            # how the lanes were drawn; absent for uniform, so older files stay byte for byte
-            **({} if scheduler == "uniform" else {"scheduler": scheduler}),
-            # no timestamp: the same seed saves the same bytes, as a sequential finding does
-        },
-        statement_points=statement_points,
-    )
-    replay = execute_concurrent(system, trace.steps, concurrency=concurrency,
-                                deduplication=deduplication, spawn=spawn, deadline=deadline,
-                                statement_points=statement_points)
-    refused = not_a_finding(trace.expected, replay.verdict, failure)
-    if refused is not None:  # the example failed, and its replay did not fail again: flaky
-        result.flaky = flaky_trace(trace, replay.verdict)
-        result.flaky_reason = flaky_reason(recorder.first_failure_examples, found_verdict,
-                                           replay.verdict)
-        result.notes.append(refused)
-        return result
-    def run(candidate: list[LaneStep]) -> ConcurrentExecution | None:
-        try:
-            return execute_concurrent(
-                system, candidate, concurrency=concurrency, deduplication=deduplication,
-                settle=trace.settle, spawn=spawn, deadline=deadline, lenient=True,
-                statement_points=statement_points)
-        except UsageError:
-            return None  # not a trace these lanes can run
-
-    trace, _ = minimise(trace, replay, run)
-    # replayed as saved (not leniently): what replay of the corpus file will show
-    result.trace, result.replay = trace, execute_concurrent(
-        system, trace.steps, concurrency=concurrency, deduplication=deduplication,
-        settle=trace.settle, spawn=spawn, deadline=deadline,
-        statement_points=statement_points)
-    return result

@@ -13,10 +13,10 @@ a finding that needs no payload at all shows ``{}``:
   to 2^53+1, containers emptied).
 
 The minimiser ends with it for both kinds of trace (a concurrent trace's ``run``/``start``
-steps carry the same ids and payloads as a sequential trace's steps). Every candidate is a real execution, judged by the same
-``attempt`` the minimiser uses;
-the pass keeps only candidates that still fail within the same number of executed
-steps, and stops after :data:`ATTEMPTS` executions.
+steps carry the same ids and payloads as a sequential trace's steps). Every candidate is a
+real execution, judged by the same ``attempt`` the minimiser uses; the pass keeps only
+candidates that still fail within the same number of executed steps, and stops after
+:data:`ATTEMPTS` executions.
 """
 
 from __future__ import annotations

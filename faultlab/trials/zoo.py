@@ -16,14 +16,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from faultlab.base import interrupt
 from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
-
-if TYPE_CHECKING:
-    from faultlab.search.explore import Exploration
-    from faultlab.search.schedules import ConcurrentExploration
 
 
 @dataclass
@@ -171,43 +167,37 @@ def _judge(name: str, budget: Budget, *, lanes: int, power_loss: bool) -> Judgem
 
     system = load_system("reference" if name in _REFERENCES else name)
     enumerable = bool(getattr(system, "enumerable", True))
-    explored: Exploration | ConcurrentExploration
-    if lanes > 1:
-        from faultlab.search.schedule_enumeration import enumerate_concurrent
-        from faultlab.search.schedules import explore_concurrent
+    from faultlab.process.spawn import spawner
+    from faultlab.search.enumeration import enumerate_system
+    from faultlab.search.explore import explore
+    from faultlab.search.schedule_enumeration import enumerate_concurrent
 
-        explored = explore_concurrent(
-            system, concurrency=lanes, examples=budget.examples, steps=budget.steps,
-            seed_value=budget.seed, spawn=budget.spawn, deadline=budget.deadline,
-        )
+    enumerated: _Enumerated | None = None
+    with spawner(budget.spawn) as runner:
+        explored = explore(system, runner, concurrency=lanes, examples=budget.examples,
+                           steps=budget.steps, seed_value=budget.seed,
+                           deadline=budget.deadline, power_loss=power_loss)
         began = time.monotonic()
-        schedules = enumerate_concurrent(system, concurrency=lanes, spawn=budget.spawn,
-                                         deadline=budget.deadline) if enumerable else None
-        seconds = time.monotonic() - began
-        execution = schedules.execution if schedules is not None else None
-        enumerated = None if schedules is None else _Enumerated(
-            found=execution is not None,
-            invariants=sorted(execution.verdict.invariants) if execution is not None else [],
-            seconds=schedules.seconds if execution is not None else seconds,
-            traces=schedules.sequences)
-    else:
-        from faultlab.process.spawn import spawner
-        from faultlab.search.enumeration import enumerate_system
-        from faultlab.search.explore import explore
-
-        with spawner(budget.spawn) as runner:
-            explored = explore(system, runner, examples=budget.examples, steps=budget.steps,
-                               seed_value=budget.seed, deadline=budget.deadline,
-                               power_loss=power_loss)
-            began = time.monotonic()
+        if enumerable and lanes > 1:
+            schedules = enumerate_concurrent(system, concurrency=lanes, spawn=budget.spawn,
+                                             deadline=budget.deadline)
+            execution = schedules.execution
+            enumerated = _Enumerated(
+                found=execution is not None,
+                invariants=sorted(execution.verdict.invariants) if execution is not None
+                else [],
+                seconds=schedules.seconds if execution is not None
+                else time.monotonic() - began,
+                traces=schedules.sequences)
+        elif enumerable:
             sequences = enumerate_system(
                 system, [runner], operations=budget.operations, crashes=budget.crashes,
                 deadline=budget.deadline, first=True, power=power_loss,
-            ) if enumerable else None
-            seconds = time.monotonic() - began
-        enumerated = None if sequences is None else _Enumerated(
-            found=sequences.found, invariants=sorted(sequences.best),
-            seconds=sequences.first_found_seconds or seconds, traces=sequences.traces)
+            )
+            enumerated = _Enumerated(
+                found=sequences.found, invariants=sorted(sequences.best),
+                seconds=sequences.first_found_seconds or time.monotonic() - began,
+                traces=sequences.traces)
     trace = explored.trace
     saved = None
     if trace is not None and budget.corpus is not None:
