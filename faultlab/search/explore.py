@@ -257,13 +257,16 @@ def explore(
     steps_of, verdict_of, violations_of = (
         (recorder.last_steps, recorder.last_verdict, recorder.last_violations)
         if use_last or failed is None else failed)
-    meta = {
+    meta: dict[str, Any] = {
         "found_by": "explore",
         "seed": seed_value,
         "hypothesis": HYPOTHESIS_VERSION,
         "examples": examples,
         "steps_per_example": steps,
+        **({"concurrency": concurrency} if lanes else {}),
         "faultlab": __version__,
+        # how the lanes were drawn; absent for uniform, so older files stay byte for byte
+        **({"scheduler": scheduler} if lanes and scheduler != "uniform" else {}),
         # no timestamp: the documented commands must reproduce committed files byte for byte
     }
     if isinstance(failure, Flaky):
@@ -275,9 +278,7 @@ def explore(
             system=system.ref, deduplication=deduplication, concurrency=concurrency,
             steps=[step for step in steps_of if isinstance(step, LaneStep)], settle=True,
             expected=verdict_of, violations=list(violations_of),
-            # how the lanes were drawn; absent for uniform, so older files stay byte for byte
-            meta={**meta, "concurrency": concurrency,
-                  **({} if scheduler == "uniform" else {"scheduler": scheduler})},
+            meta=meta,
             statement_points=bool(statement_points),
         )
         replay = _replay_lanes(system, trace, spawner, deadline)
