@@ -23,7 +23,8 @@ from faultlab.system.contract import System
 from faultlab.trace import ConcurrentTrace, Trace, Verdict
 
 if TYPE_CHECKING:
-    from faultlab.search.machine import OutboxMachine
+    from hypothesis.stateful import RuleBasedStateMachine
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -189,12 +190,14 @@ def replay(trace_or_path: Trace | ConcurrentTrace | str | Path, *,
 TEST_CORPUS = Path("faultlab-corpus")
 
 
-def state_machine(system: str | Path | System, *, deduplication: bool = True,
-                  examples: int = defaults.EXAMPLES, steps: int = defaults.STEPS,
-                  deadline: float = DEFAULT_DEADLINE,
-                  corpus: str | Path | None = None) -> type[OutboxMachine]:
+def state_machine(system: str | Path | System, *, concurrency: int = 1,
+                  deduplication: bool = True, examples: int = defaults.EXAMPLES,
+                  steps: int = defaults.STEPS, deadline: float = DEFAULT_DEADLINE,
+                  corpus: str | Path | None = None) -> type[RuleBasedStateMachine]:
     """A Hypothesis ``RuleBasedStateMachine`` over ``system``; its ``TestCase`` runs under
     pytest or unittest and fails the way ``faultlab explore`` reports a finding.
+    ``concurrency`` lanes: 1, sequential steps; 2 or more, scheduling choices among
+    workers alive at once (as ``explore --concurrency N``).
 
     The ``TestCase`` does not run Hypothesis's own test loop: every example is real
     processes, and Hypothesis's shrinker spent minutes on them (114 s for a bug ``explore``
@@ -214,12 +217,19 @@ def state_machine(system: str | Path | System, *, deduplication: bool = True,
     >>> TestMyOutbox = faultlab.state_machine("reference", examples=20).TestCase  # doctest: +SKIP
     """
     from faultlab.search.machine import machine_settings, outbox_machine
+    from faultlab.search.schedules import concurrent_machine
 
     chosen = _system(system)
-    machine = outbox_machine(chosen.ref, deduplication=deduplication, deadline=deadline,
-                             examples=examples, steps=steps)
-    test_case = _finding_test_case(machine, chosen, deduplication=deduplication,
-                                   deadline=deadline,
+    if concurrency < 1:
+        raise UsageError(f"concurrency must be at least 1, not {concurrency}")
+    machine: type[RuleBasedStateMachine] = concurrent_machine(
+        chosen.ref, concurrency=concurrency, deduplication=deduplication, deadline=deadline,
+        examples=examples, steps=steps,
+    ) if concurrency > 1 else outbox_machine(
+        chosen.ref, deduplication=deduplication, deadline=deadline, examples=examples,
+        steps=steps)
+    test_case = _finding_test_case(machine, chosen, concurrency=concurrency,
+                                   deduplication=deduplication, deadline=deadline,
                                    corpus=None if corpus is None else Path(corpus))
     # Hypothesis's TestCase property builds its class with _to_test_case: this one instead
     setattr(machine, "_to_test_case", classmethod(lambda cls: test_case))  # noqa: B010
@@ -227,8 +237,9 @@ def state_machine(system: str | Path | System, *, deduplication: bool = True,
     return machine
 
 
-def _finding_test_case(machine: type[OutboxMachine], system: System, *, deduplication: bool,
-                       deadline: float, corpus: Path | None) -> type[unittest.TestCase]:
+def _finding_test_case(machine: type[RuleBasedStateMachine], system: System, *,
+                       concurrency: int, deduplication: bool, deadline: float,
+                       corpus: Path | None) -> type[unittest.TestCase]:
     """The ``TestCase`` of :func:`state_machine`: one exploration, reported as explore does."""
     from hypothesis import settings as Settings  # noqa: N812
 
@@ -242,7 +253,7 @@ def _finding_test_case(machine: type[OutboxMachine], system: System, *, deduplic
             chosen = corpus or type(self).faultlab_plugin_corpus or TEST_CORPUS
             seed = getattr(machine, "_hypothesis_internal_use_seed", None)
             failure = _explore_as_test(
-                system, examples=self.settings.max_examples,
+                system, concurrency=concurrency, examples=self.settings.max_examples,
                 steps=self.settings.stateful_step_count,
                 seed=defaults.SEED if seed is None else int(seed),
                 deduplication=deduplication, deadline=deadline, corpus=chosen)
@@ -259,8 +270,9 @@ def _finding_test_case(machine: type[OutboxMachine], system: System, *, deduplic
     return StateMachineTestCase
 
 
-def _explore_as_test(system: System, *, examples: int, steps: int, seed: int,
-                     deduplication: bool, deadline: float, corpus: Path) -> str | None:
+def _explore_as_test(system: System, *, concurrency: int, examples: int, steps: int,
+                     seed: int, deduplication: bool, deadline: float, corpus: Path
+                     ) -> str | None:
     """Explore ``system`` as ``faultlab explore`` does; the report of a finding, or None.
 
     The report is what explore prints for it: the ``FOUND`` line naming the saved file, the
@@ -277,19 +289,21 @@ def _explore_as_test(system: System, *, examples: int, steps: int, seed: int,
     from faultlab.process.spawn import spawner
     from faultlab.report import tables as report
     from faultlab.search.coverage import vacuity
-    from faultlab.search.explore import explore as explore_sequential
+    from faultlab.search.explore import explore as explore_system
 
     with spawner("fork") as runner:
-        result = explore_sequential(
-            system, runner, deduplication=deduplication, examples=examples, steps=steps,
-            seed_value=seed, deadline=deadline)
+        result = explore_system(
+            system, runner, concurrency=concurrency, deduplication=deduplication,
+            examples=examples, steps=steps, seed_value=seed, deadline=deadline)
     for note in result.notes:
         warnings.warn(f"faultlab: {note}", stacklevel=3)
     if result.trace is None and result.flaky is not None:
         return (f"flaky: {result.flaky_reason} (seed {seed}, {result.recorder.examples} "
                 f"examples); nothing saved: {corpus} holds only failures that reproduce")
     if result.trace is None or result.replay is None:
-        vacuous = vacuity(result.recorder.coverage, system, result.recorder.examples)
+        vacuous = vacuity(result.recorder.coverage, system, result.recorder.examples,
+                          concurrency=concurrency, held=result.recorder.held,
+                          can_hold=system.holds_in_lanes())
         if vacuous is not None:
             warnings.warn(f"faultlab: vacuous: nothing failed in {result.recorder.examples} "
                           f"examples, but nothing was tested: {vacuous}", stacklevel=3)

@@ -154,3 +154,32 @@ TestGarbage = faultlab.state_machine({str(system)!r}, examples=2, steps=2).TestC
     result = pytester.runpytest_subprocess(*_plugin(), "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, warnings=1)
     assert "faultlab: vacuous: nothing failed in" in result.stdout.str()
+
+
+LANE_MACHINES = """
+import faultlab
+
+TestEagerRescue = faultlab.state_machine("eager-rescue", concurrency=2).TestCase
+TestReferenceLanes = faultlab.state_machine("reference", concurrency=2, examples=3,
+                                            steps=4).TestCase
+"""
+
+
+def test_a_testcase_with_lanes_reports_the_shrunk_concurrent_finding(
+    pytester: pytest.Pytester,
+) -> None:
+    """``concurrency=2`` gives the machine of ``explore --concurrency 2``: the race mutant
+    fails with its minimal interleaving (the committed corpus file's steps), saved as a
+    version 2 trace; the reference with lanes passes."""
+    pytester.makepyfile(test_lanes=LANE_MACHINES)
+    result = pytester.runpytest_subprocess(*_plugin(), "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    text = result.stdout.str()
+    saved = _saved(pytester.path / "faultlab-corpus")
+    assert [p.name for p in saved] == ["eager-rescue-EXCL-9004d69075.json"], text
+    assert "AssertionError: FOUND: EXCL" in text
+    trace = json.loads(saved[0].read_text())
+    committed = json.loads((ROOT / "corpus" / saved[0].name).read_text())
+    assert trace["version"] == 2 and trace["concurrency"] == 2
+    assert trace["steps"] == committed["steps"] and len(trace["steps"]) == 3
+    assert "TestReferenceLanes" not in text.split("short test summary")[-1]
