@@ -111,6 +111,11 @@ def test_enumerate_concurrency_finds_the_shortest_interleaving(tmp_path: Path) -
     code, out, _ = cli("enumerate", "--concurrency", "2", "--system", "skip-locked",
                        "--corpus", str(corpus), "--quiet")
     assert code == 1, out
+    # the coverage tables every search prints, in steps, history invariants included
+    rows = dict(line.split()[:2] for line in out.splitlines()
+                if line.split()[:1] in (["ORDER"], ["TERM"], ["ATOM"]))
+    assert "steps that checked it non-vacuously" in out
+    assert int(rows["ORDER"]) >= 1 and int(rows["ATOM"]) >= 2, out
     (path,) = corpus.glob("skip-locked-ORDER-*.json")
     trace = load(path)
     assert isinstance(trace, ConcurrentTrace)

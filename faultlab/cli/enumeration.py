@@ -237,7 +237,7 @@ def _enumerate_lanes(args: argparse.Namespace) -> int:
     from faultlab.corpus.files import flaky_directory
     from faultlab.report import tables as report
     from faultlab.run.interleaving import execute_concurrent
-    from faultlab.search.coverage import Coverage, vacuity
+    from faultlab.search.coverage import vacuity
     from faultlab.search.explore import flaky_trace
     from faultlab.search.schedule_enumeration import ACCEPTORS, enumerate_concurrent
     from faultlab.trace import ConcurrentTrace
@@ -263,8 +263,10 @@ def _enumerate_lanes(args: argparse.Namespace) -> int:
         ["wall time (s)", round(result.seconds, 2)],
     ]
     print(report.table(rows, ["enumerate", "value"], args.format))
+    print()
+    report.print_coverage(result.coverage, system, args.format, history=True)
     if result.finding is None or result.execution is None:
-        vacuous = vacuity(Coverage(checked=result.checked), system, result.sequences,
+        vacuous = vacuity(result.coverage, system, result.sequences,
                           concurrency=args.concurrency, can_hold=system.holds_in_lanes())
         if vacuous is not None:
             print(f"\nvacuous: nothing failed in {result.sequences} sequences, but nothing "

@@ -22,14 +22,14 @@ shortest first, so the first finding is a shortest one.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from faultlab.base.errors import UsageError
 from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
-from faultlab.run.interleaving import ConcurrentExecution, LaneExecutor, LaneObservation
+from faultlab.run.interleaving import ConcurrentExecution, LaneExecutor
+from faultlab.search.coverage import Coverage
 from faultlab.system.contract import System
 from faultlab.trace import LaneStep
 
@@ -53,9 +53,10 @@ class ConcurrentEnumeration:
     finding: list[LaneStep] | None = None
     execution: ConcurrentExecution | None = None
     by_depth: dict[int, int] = field(default_factory=dict)
-    #: sequences in which each invariant had something to check (the run is vacuous when a
-    #: family never did: :func:`faultlab.search.coverage.concurrent_vacuity`)
-    checked: Counter[str] = field(default_factory=Counter)
+    #: crash points armed and fired and the invariants that had something to check, counted
+    #: in steps as every search counts them (a run is vacuous when a family of invariants
+    #: never did: :func:`faultlab.search.coverage.vacuity`)
+    coverage: Coverage = field(default_factory=Coverage)
 
 
 def workload(operations: int) -> list[LaneStep]:
@@ -103,23 +104,26 @@ def _state(executor: LaneExecutor) -> tuple[Any, ...]:
 
 def _run(system: System, prefix: list[LaneStep], choices: list[LaneStep], *, concurrency: int,
          deduplication: bool, spawn: SpawnMode, deadline: float, crashes: int, ticks: int,
-         operations: int, acceptors: int, checked: Counter[str],
+         operations: int, acceptors: int, coverage: Coverage,
          ) -> tuple[ConcurrentExecution, tuple[Any, ...] | None, list[LaneStep]]:
     """Run a sequence; its state before the recovery (None if it failed earlier) and the
-    choices that follow from that state. Adds what it checked to ``checked``."""
+    choices that follow from that state. Counts its steps (its recovery's too) in
+    ``coverage``."""
     with LaneExecutor(system, concurrency=concurrency, deduplication=deduplication,
                       spawn=spawn, deadline=deadline) as executor:
-        observations: list[LaneObservation] = []
-        for step in prefix + choices:
-            observations.append(executor.run(step))
-            if observations[-1].violations:
-                checked.update(executor.checked)
-                return ConcurrentExecution(observations, []), None, []
-        state = _state(executor)
-        following = _choices(executor, choices, crashes, ticks, operations, acceptors)
-        _, final = executor.settle()
-        checked.update(executor.checked)
-        return ConcurrentExecution(list(executor.observations), final), state, following
+        try:
+            for step in prefix + choices:
+                if executor.run(step).violations:
+                    return ConcurrentExecution(list(executor.observations), []), None, []
+            state = _state(executor)
+            following = _choices(executor, choices, crashes, ticks, operations, acceptors)
+            _, final = executor.settle()
+            return ConcurrentExecution(list(executor.observations), final), state, following
+        finally:
+            for observation in executor.observations:
+                coverage.observe(observation)
+            if "LIVE" in executor.checked:
+                coverage.live_checked()
 
 
 def enumerate_concurrent(
@@ -144,7 +148,7 @@ def enumerate_concurrent(
             execution, state, nexts = _run(
                 system, prefix, choices, concurrency=concurrency, deduplication=deduplication,
                 spawn=spawn, deadline=deadline, crashes=crashes, ticks=ticks,
-                operations=operations, acceptors=acceptors, checked=result.checked,
+                operations=operations, acceptors=acceptors, coverage=result.coverage,
             )
             result.sequences += 1
             result.steps += len(execution.observations)
