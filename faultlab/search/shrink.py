@@ -134,9 +134,6 @@ class Shrinker(Generic[S, E]):
         return Shrunk(kept, execution, self.size_of(execution))
 
 
-Move = Callable[[Shrinker[S, E], Shrunk[S, E]], Shrunk[S, E]]
-
-
 def delete(shrinker: Shrinker[S, E], state: Shrunk[S, E]) -> Shrunk[S, E]:
     """Delta debugging: remove chunks of half the steps, then quarters, down to single
     steps, while the trace still fails shorter."""
