@@ -161,13 +161,8 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
     report.print_coverage(result.coverage, system, args.format,
                           faults=("power",) if args.power_loss else ())
     if not confirmed:
-        vacuous = vacuity(result.coverage, system, result.traces)
-        if vacuous is not None:
-            print(f"\nvacuous: nothing failed in {result.traces} traces, but nothing was "
-                  f"tested: {vacuous}")
-            return EXIT_VACUOUS
-        print(f"\nclean: no invariant failed in {result.traces} traces")
-        return EXIT_OK
+        return _nothing_found(vacuity(result.coverage, system, result.traces),
+                              result.traces, "traces")
 
     summary: list[list[Any]] = []
     flaky: list[str] = []
@@ -266,14 +261,10 @@ def _enumerate_lanes(args: argparse.Namespace) -> int:
     print()
     report.print_coverage(result.coverage, system, args.format, history=True)
     if result.finding is None or result.execution is None:
-        vacuous = vacuity(result.coverage, system, result.sequences,
-                          concurrency=args.concurrency, can_hold=system.holds_in_lanes())
-        if vacuous is not None:
-            print(f"\nvacuous: nothing failed in {result.sequences} sequences, but nothing "
-                  f"was tested: {vacuous}")
-            return EXIT_VACUOUS
-        print(f"\nclean: no invariant failed in {result.sequences} sequences")
-        return EXIT_OK
+        return _nothing_found(
+            vacuity(result.coverage, system, result.sequences, concurrency=args.concurrency,
+                    can_hold=system.holds_in_lanes()),
+            result.sequences, "sequences")
     confirmed = execute_concurrent(
         system, result.finding, concurrency=args.concurrency,
         deduplication=args.deduplication, spawn=args.spawn, deadline=args.deadline,
@@ -304,6 +295,17 @@ def _enumerate_lanes(args: argparse.Namespace) -> int:
         print(line)
     print(f"replay with: {corpus.replay_command(path, system.ref)}")
     return EXIT_FOUND
+
+
+def _nothing_found(vacuous: str | None, count: int, unit: str) -> int:
+    """The verdict of an enumeration that found nothing: clean (exit 0) only when something
+    was tested, else vacuous (exit 4), saying why."""
+    if vacuous is not None:
+        print(f"\nvacuous: nothing failed in {count} {unit}, but nothing was tested: "
+              f"{vacuous}")
+        return EXIT_VACUOUS
+    print(f"\nclean: no invariant failed in {count} {unit}")
+    return EXIT_OK
 
 
 def _lanes_corpus_directory(args: argparse.Namespace) -> Path:
