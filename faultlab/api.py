@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from faultlab.base.errors import UsageError
+from faultlab.base.inputs import MAX_CONCURRENCY
 from faultlab.checks.invariants import Violation
 from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
 from faultlab.search import defaults
@@ -70,6 +71,15 @@ def _system(system: str | Path | System) -> System:
     return load_system(system)
 
 
+def _check_concurrency(concurrency: int) -> None:
+    """Lanes from 1 to :data:`~faultlab.base.inputs.MAX_CONCURRENCY`: a trace with more
+    could be saved but never loaded again."""
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) \
+            or not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise UsageError(f"concurrency must be an integer from 1 to {MAX_CONCURRENCY}, "
+                         f"not {concurrency!r}")
+
+
 def _explorable(system: str | Path | System) -> System:
     """The system, with its declared data checked before anything runs."""
     from faultlab.search.data import check_declared
@@ -110,8 +120,7 @@ def explore(
     from faultlab.search.coverage import vacuity
 
     chosen = _explorable(system)
-    if concurrency < 1:
-        raise UsageError(f"concurrency must be at least 1, not {concurrency}")
+    _check_concurrency(concurrency)
     if examples < 1 or steps < 1:
         raise UsageError("examples and steps must be at least 1")
     from faultlab.search.explore import explore as explore_system
@@ -220,8 +229,7 @@ def state_machine(system: str | Path | System, *, concurrency: int = 1,
     from faultlab.search.schedules import concurrent_machine
 
     chosen = _system(system)
-    if concurrency < 1:
-        raise UsageError(f"concurrency must be at least 1, not {concurrency}")
+    _check_concurrency(concurrency)
     machine: type[RuleBasedStateMachine] = concurrent_machine(
         chosen.ref, concurrency=concurrency, deduplication=deduplication, deadline=deadline,
         examples=examples, steps=steps,

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from faultlab.base import inputs
 from faultlab.base.canonical import canonical_json
 from faultlab.base.errors import UsageError
-from faultlab.base.inputs import check_operation_id, read_json_file
+from faultlab.base.inputs import MAX_CONCURRENCY, check_operation_id, read_json_file
 from faultlab.checks.invariants import Violation
 
 TRACE_FORMAT = "faultlab-trace"
@@ -533,8 +533,9 @@ class ConcurrentTrace:
         with reading(source):
             concurrency = data["concurrency"]
             if not isinstance(concurrency, int) or isinstance(concurrency, bool) \
-                    or not 1 <= concurrency <= 8:
-                raise UsageError(f"concurrency must be an integer from 1 to 8: {concurrency!r}")
+                    or not 1 <= concurrency <= MAX_CONCURRENCY:
+                raise UsageError(f"concurrency must be an integer from 1 to {MAX_CONCURRENCY}: "
+                                 f"{concurrency!r}")
             statement_points = data.get("statement_points", False)
             if not isinstance(statement_points, bool):
                 raise UsageError(f"statement_points must be a boolean: {statement_points!r}")

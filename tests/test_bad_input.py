@@ -12,6 +12,7 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -509,3 +510,27 @@ def test_jobs_has_an_upper_bound(tmp_path: Path, capsys: pytest.CaptureFixture[s
                                  jobs: str) -> None:
     for command in (["explore", "--corpus", str(tmp_path / "corpus")], ["mutants"]):
         refused(capsys, [*command, "--jobs", jobs], "--jobs", "at most 64", watch=(tmp_path,))
+
+
+@pytest.mark.parametrize("lanes", [0, 9, True, 2.0])
+def test_the_api_refuses_lanes_no_trace_could_hold_before_anything_runs(lanes: object) -> None:
+    """A trace holds 1 to 8 lanes: explore and state_machine refuse any other number in one
+    line, as ``--concurrency`` does, and run nothing (no run directory of this process is
+    made: its name carries this process's pid)."""
+    import faultlab
+    from faultlab.base.errors import UsageError
+    from faultlab.stores.sqlite import scratch_directory
+
+    scratch = Path(scratch_directory() or tempfile.gettempdir())
+
+    def ours() -> set[str]:
+        return {p.name for p in scratch.iterdir()
+                if p.name.startswith((f"faultlab-{os.getpid()}-",
+                                      f"faultlab-lanes-{os.getpid()}-"))}
+
+    before = ours()
+    for call in (lambda: faultlab.explore("reference", concurrency=lanes, examples=1),
+                 lambda: faultlab.state_machine("reference", concurrency=lanes)):
+        with pytest.raises(UsageError, match="concurrency must be an integer from 1 to 8"):
+            call()
+    assert ours() == before

@@ -32,6 +32,9 @@ MAX_FILE_BYTES = 16 << 20
 MAX_DEPTH = 64
 MAX_INT_DIGITS = 100
 MAX_ID_LENGTH = 200
+#: The most lanes a trace may have: a file naming more is refused, and so is a run asked
+#: for more (``--concurrency``, :func:`faultlab.explore`).
+MAX_CONCURRENCY = 8
 
 
 def _refuse_constant(name: str) -> Any:

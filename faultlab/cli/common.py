@@ -14,6 +14,7 @@ from typing import Any, NoReturn, TypeAlias
 from faultlab import system as registry
 from faultlab.base import output
 from faultlab.base.errors import UsageError
+from faultlab.base.inputs import MAX_CONCURRENCY
 from faultlab.process.records import DEFAULT_DEADLINE, SPAWN_MODES
 from faultlab.system.contract import System
 
@@ -220,10 +221,6 @@ def jobs(text: str) -> int:
     if value > MAX_JOBS:
         raise argparse.ArgumentTypeError(f"at most {MAX_JOBS}: {text!r}")
     return value
-
-
-#: The most workers ``--concurrency`` lets be alive at once.
-MAX_CONCURRENCY = 8
 
 
 def concurrency(text: str) -> int:
