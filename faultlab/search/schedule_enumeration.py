@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from faultlab.base.errors import UsageError
+from faultlab.checks.invariants import Violation
 from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
 from faultlab.run.interleaving import ConcurrentExecution, LaneExecutor
 from faultlab.search.coverage import Coverage
@@ -111,19 +112,23 @@ def _run(system: System, prefix: list[LaneStep], choices: list[LaneStep], *, con
     ``coverage``."""
     with LaneExecutor(system, concurrency=concurrency, deduplication=deduplication,
                       spawn=spawn, deadline=deadline) as executor:
-        try:
-            for step in prefix + choices:
-                if executor.run(step).violations:
-                    return ConcurrentExecution(list(executor.observations), []), None, []
-            state = _state(executor)
-            following = _choices(executor, choices, crashes, ticks, operations, acceptors)
-            _, final = executor.settle()
-            return ConcurrentExecution(list(executor.observations), final), state, following
-        finally:
-            for observation in executor.observations:
-                coverage.observe(observation)
-            if "LIVE" in executor.checked:
-                coverage.live_checked()
+        for step in prefix + choices:
+            if executor.run(step).violations:
+                return _counted(executor, [], coverage), None, []
+        state = _state(executor)
+        following = _choices(executor, choices, crashes, ticks, operations, acceptors)
+        _, final = executor.settle()
+        return _counted(executor, final, coverage), state, following
+
+
+def _counted(executor: LaneExecutor, final: list[Violation], coverage: Coverage
+             ) -> ConcurrentExecution:
+    """The sequence's execution, its steps (recovery included) counted in ``coverage``."""
+    for observation in executor.observations:
+        coverage.observe(observation)
+    if "LIVE" in executor.checked:
+        coverage.live_checked()
+    return ConcurrentExecution(list(executor.observations), final)
 
 
 def enumerate_concurrent(
