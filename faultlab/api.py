@@ -119,8 +119,8 @@ def explore(
     from faultlab.process.spawn import spawner
     from faultlab.search.coverage import vacuity
 
-    chosen = _explorable(system)
     _check_concurrency(concurrency)
+    chosen = _explorable(system)
     if examples < 1 or steps < 1:
         raise UsageError("examples and steps must be at least 1")
     from faultlab.search.explore import explore as explore_system
@@ -228,8 +228,8 @@ def state_machine(system: str | Path | System, *, concurrency: int = 1,
     from faultlab.search.machine import machine_settings, outbox_machine
     from faultlab.search.schedules import concurrent_machine
 
-    chosen = _system(system)
     _check_concurrency(concurrency)
+    chosen = _system(system)
     machine: type[RuleBasedStateMachine] = concurrent_machine(
         chosen.ref, concurrency=concurrency, deduplication=deduplication, deadline=deadline,
         examples=examples, steps=steps,

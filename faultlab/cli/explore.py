@@ -293,6 +293,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
     from faultlab.report import tables as report
     from faultlab.search.explore import HYPOTHESIS_VERSION
     from faultlab.search.rounds import Plan, Totals, run_jobs, run_stream
+    from faultlab.search.shrink import length
     from faultlab.trace import from_document
 
     check_format(args.format)
@@ -396,7 +397,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
         saved = [sink.save(from_document(r.trace), system) for r in finders]
         verdict = trace.expected.describe() if trace.expected else "?"
         unit = "scheduling steps" if concurrent else "executed steps"
-        shrunk = None if replay is None else _executed(replay)
+        shrunk = None if replay is None else length(replay)
         print(f"\nFOUND: {verdict}, shrunk to {shrunk} {unit}; saved {saved[0]}")
         for extra in saved[1:]:
             print(f"another job found one too; saved {extra}")
@@ -461,18 +462,6 @@ def _finding_table(replay: Execution | ConcurrentExecution, fmt: str) -> list[st
 
     return [report.replay_table(replay, fmt), *report.violation_lines(replay),
             *report.worker_error_lines(replay)]
-
-
-def _executed(replay: Execution | ConcurrentExecution) -> int:
-    """Steps up to the failing check: executed steps (recovery included) of a sequential
-    trace, the trace's own scheduling choices of a concurrent one."""
-    from faultlab.run.interleaving import ConcurrentExecution
-
-    if isinstance(replay, ConcurrentExecution):
-        from faultlab.search.shrink import executed
-
-        return len(executed(replay))
-    return len(replay.executed_prefix())
 
 
 def _coverage(results: list[StreamResult]) -> Coverage:

@@ -49,7 +49,7 @@ from faultlab.search.machine import (
 )
 from faultlab.search.recorder import Recorder
 from faultlab.search.schedules import DEFAULT_SCHEDULER, concurrent_machine, scheduled_steps
-from faultlab.search.shrink import executed, minimise
+from faultlab.search.shrink import length, minimise
 from faultlab.system.contract import System
 from faultlab.trace import EXPECT_FLAKY, ConcurrentTrace, LaneStep, Step, Trace, Verdict
 
@@ -87,9 +87,7 @@ class Exploration:
     def shrunk_steps(self) -> int | None:
         """The finding's length: steps executed up to the failing check, recovery dispatches
         included; with lanes, its own scheduling choices (the recovery is implicit)."""
-        if isinstance(self.replay, ConcurrentExecution):
-            return len(executed(self.replay))
-        return None if self.replay is None else len(self.replay.executed_prefix())
+        return None if self.replay is None else length(self.replay)
 
     def stats(self) -> dict[str, Any]:
         r = self.recorder
@@ -253,10 +251,9 @@ def explore(
     # hypothesis_shrink); when that last run did not fail (Hypothesis calls it Flaky), the
     # first failing example is the one to re-run. With lanes it always is: Hypothesis's
     # re-run of the same choices may have been scheduled differently.
-    use_last = failed is None or (not lanes and not recorder.last_verdict.clean)
-    steps_of, verdict_of, violations_of = (
-        (recorder.last_steps, recorder.last_verdict, recorder.last_violations)
-        if use_last or failed is None else failed)
+    steps_of, verdict_of, violations_of = failed if failed is not None and (
+        lanes or recorder.last_verdict.clean) else (
+        recorder.last_steps, recorder.last_verdict, recorder.last_violations)
     meta: dict[str, Any] = {
         "found_by": "explore",
         "seed": seed_value,

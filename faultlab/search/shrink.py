@@ -85,6 +85,15 @@ def executed(execution: ConcurrentExecution) -> list[LaneStep]:
     return [o.step for o in execution.observations[:upto] if o.phase == "step"]
 
 
+def length(execution: Execution | ConcurrentExecution) -> int:
+    """A finding's length, as it is shrunk and reported: a sequential trace's steps executed
+    up to the failing check, recovery dispatches included; a concurrent trace's own
+    scheduling choices (its recovery is implicit, the same for every trace)."""
+    if isinstance(execution, ConcurrentExecution):
+        return len(executed(execution))
+    return len(execution.executed_prefix())
+
+
 def _key(steps: list[S]) -> tuple[str, ...]:
     return tuple(canonical_json(step.to_json()) for step in steps)
 
@@ -307,13 +316,12 @@ def _sequential_shrinker(run: Run) -> Shrinker[Step, Execution]:
         return result.executed_prefix() if result.verdict.step is not None \
             else list(candidate)
 
-    return Shrinker(run, lambda result: len(result.executed_prefix()), kept,
-                    machine_could_draw)
+    return Shrinker(run, length, kept, machine_could_draw)
 
 
 def _schedule_shrinker(run: LaneRun) -> Shrinker[LaneStep, ConcurrentExecution]:
-    return Shrinker(run, lambda result: len(executed(result)),
-                    lambda result, _candidate: executed(result), lanes_could_draw)
+    return Shrinker(run, length, lambda result, _candidate: executed(result),
+                    lanes_could_draw)
 
 
 @overload
