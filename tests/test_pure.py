@@ -9,15 +9,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from faultlab.checks.history import History
 from faultlab.checks.invariants import Model, Violation
 from faultlab.process.records import ProcessRecord
 from faultlab.run.executor import Execution, Observation
 from faultlab.run.interleaving import ConcurrentExecution, LaneObservation
-from faultlab.search.enumeration import state_key
+from faultlab.search.enumeration import history_for, state_key
 from faultlab.search.shrink import machine_could_draw, minimise
 from faultlab.stores.sqlite import Operation, Snapshot
+from faultlab.system import load_system
+from faultlab.system.builtin.reference import ReferenceOutbox
 from faultlab.trace import ConcurrentTrace, LaneStep, Step, Trace
 
+NO_HISTORY = History(ordering_key=None)
 RECORD = ProcessRecord(pid=1, exit_code=0, response=None, stdout="", stderr="", elapsed=0.0)
 
 
@@ -133,11 +137,61 @@ def test_state_key_sees_store_content_and_the_model_and_nothing_else(tmp_path: P
     (tmp_path / "b" / "caller.db-journal").write_bytes(b"left by a SIGKILL")
     model = Model(acknowledged={"op-1": "{}"}, submitted={"op-1"})
     started = time.perf_counter()
-    key_a = state_key(tmp_path / "a", model)
-    assert state_key(tmp_path / "b", model) == key_a  # a journal is not state
-    assert state_key(tmp_path / "c", model) != key_a  # a row's content is
-    assert state_key(tmp_path / "a", Model(submitted={"op-1"})) != key_a  # the model is
+    key_a = state_key(tmp_path / "a", model, NO_HISTORY)
+    assert state_key(tmp_path / "b", model, NO_HISTORY) == key_a  # a journal is not state
+    assert state_key(tmp_path / "c", model, NO_HISTORY) != key_a  # a row's content is
+    assert state_key(tmp_path / "a", Model(submitted={"op-1"}), NO_HISTORY) != key_a  # the model is
     assert time.perf_counter() - started < 0.5
+
+
+def _accepted(order: list[tuple[str, int, int]], *, key: str | None = "title",
+              direct: tuple[str, ...] = ()) -> History:
+    """A history in which each (operation, step its accept began, step it was acknowledged)."""
+    history = History(ordering_key=key)
+    history.began = {operation: began for operation, began, _ in order}
+    history.acknowledged_at = {operation: acked for operation, _, acked in order}
+    history.direct = set(direct)
+    return history
+
+
+def test_state_key_sees_which_acceptances_a_caller_saw_in_order(tmp_path: Path) -> None:
+    same = '{"title":"t"}'  # one ordering key
+    _store(tmp_path / "a", [("op-1", same), ("op-2", same)])
+    model = Model(acknowledged={"op-1": same, "op-2": same}, submitted={"op-1", "op-2"})
+    in_order = _accepted([("op-1", 1, 1), ("op-2", 2, 2)])
+    # the same order at other steps is the same state: ORDER compares, it does not count
+    assert (state_key(tmp_path / "a", model, in_order)
+            == state_key(tmp_path / "a", model, _accepted([("op-1", 2, 3), ("op-2", 5, 5)])))
+    # op-1's accept began first, but was acknowledged only after op-2's: no order to keep
+    overlapping = _accepted([("op-1", 1, 3), ("op-2", 2, 2)])
+    assert state_key(tmp_path / "a", model, overlapping) != state_key(tmp_path / "a", model,
+                                                                      in_order)
+    # an operation delivered directly is exempt from ORDER: a different state
+    assert state_key(tmp_path / "a", model, _accepted([("op-1", 1, 1), ("op-2", 2, 2)],
+                                                      direct=("op-1",))) != state_key(
+        tmp_path / "a", model, in_order)
+    # two keys: ORDER never compares the two, so their order is no part of the state
+    apart = Model(acknowledged={"op-1": same, "op-2": '{"title":"u"}'},
+                  submitted={"op-1", "op-2"})
+    assert state_key(tmp_path / "a", apart, overlapping) == state_key(tmp_path / "a", apart,
+                                                                      in_order)
+    # a system without an ordering key: the order is nothing ORDER will ever read
+    assert (state_key(tmp_path / "a", model, _accepted([("op-1", 1, 3), ("op-2", 2, 2)], key=None))
+            == state_key(tmp_path / "a", model, NO_HISTORY))
+
+
+def test_an_enumeration_keeps_the_acceptance_order_only_where_two_operations_share_a_key(
+) -> None:
+    reference = load_system("reference")
+    # the reference orders by title, and enumerate gives each operation a title of its own
+    assert reference.ordering_key == "title"
+    assert history_for(reference, operations=3).ordering_key is None
+
+    class ByPriority(ReferenceOutbox):
+        ordering_key = "priority"  # every enumerated payload is "normal": one key
+
+    assert history_for(ByPriority(), operations=2).ordering_key == "priority"
+    assert history_for(ByPriority(), operations=1).ordering_key is None
 
 
 def _leases(directory: Path, rows: list[tuple[str, float]]) -> Path:
@@ -162,14 +216,17 @@ def test_state_key_sees_the_order_of_stored_wall_clock_times_not_their_values(
     tied = _leases(tmp_path / "tied", [("op-1", now - 0.1), ("op-2", now - 0.1)])
     running = _leases(tmp_path / "running", [("op-1", now - 0.5), ("op-2", now + 60)])
     running_too = _leases(tmp_path / "running-too", [("op-1", now - 0.5), ("op-2", now + 61)])
+    def key(directory: Path, *, exact: bool = False) -> str:
+        return state_key(directory, model, NO_HISTORY, since=None if exact else since)
+
     # a dispatch an instant later leaves the same state: the next worker runs later still
-    assert state_key(early, model, since=since) == state_key(later, model, since=since)
-    assert state_key(early, model) != state_key(later, model)  # without since: exact values
+    assert key(early) == key(later)
+    assert key(early, exact=True) != key(later, exact=True)  # without since: exact values
     # which lease is older, and which are equal, a worker can tell apart
-    assert state_key(swapped, model, since=since) != state_key(later, model, since=since)
-    assert state_key(tied, model, since=since) != state_key(later, model, since=since)
+    assert key(swapped) != key(later)
+    assert key(tied) != key(later)
     # a lease still running is kept exact
-    assert state_key(running, model, since=since) != state_key(running_too, model, since=since)
+    assert key(running) != key(running_too)
 
 
 # -- the same shrinker over scheduling choices (a concurrent trace), still without processes

@@ -3,7 +3,12 @@ each says of itself: plain data, no process runs here."""
 
 from __future__ import annotations
 
-from faultlab.checks.invariants import HISTORY_INVARIANTS, STEP_INVARIANTS, Violation
+from faultlab.checks.invariants import (
+    HISTORY_INVARIANTS,
+    STEP_INVARIANTS,
+    UNCLAIMED_HISTORY,
+    Violation,
+)
 from faultlab.process.records import ProcessRecord
 from faultlab.run.executor import Observation
 from faultlab.run.interleaving import LaneObservation
@@ -27,7 +32,7 @@ def test_a_one_lane_step_counts_its_sigkills_checks_and_fired_point() -> None:
     step = Step("dispatch", crash="after_downstream_commit")
     recorder.observe(Observation(1, step, killed, Snapshot(), Snapshot(), ()))
     assert (recorder.steps, recorder.sigkills) == (1, 2)
-    assert recorder.checks == len(STEP_INVARIANTS)
+    assert recorder.checks == len(STEP_INVARIANTS) + len(UNCLAIMED_HISTORY)  # TERM, ORDER
     assert (recorder.held, recorder.blocked) == (0, 0)
     assert recorder.crash_hits["after_downstream_commit"] == 1
     assert recorder.actions == {"dispatch": 1}

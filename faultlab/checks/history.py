@@ -1,4 +1,4 @@
-"""Invariants over the history of a concurrent trace, not only its latest snapshot.
+"""Invariants over the history of a trace, not only its latest snapshot.
 
 Most concurrency bugs still leave "one ticket per operation" true when the
 receiver deduplicates; what they break is how the stores change over time and
@@ -25,6 +25,11 @@ who changed them. These checks keep a little state across steps:
   ``LIVE`` (judged once, over acknowledged operations, after recovery) it names
   the relay that passed the row over, counts rows whose acceptor never replied,
   and is judged at every idle relay, recovery's included.
+
+Every executor keeps a :class:`History`, sequential and in lanes alike. ``TERM`` and
+``ORDER`` need only the snapshots and the model, so a sequential trace checks them too;
+``EXCL``, ``FENCE`` and ``SKIP`` read the claims workers announce, which only lanes
+collect, so they check nothing in a sequential trace.
 
 Each has a vacuity rule, judged per step (:attr:`HistoryStep.active`) and per
 trace (:meth:`History.vacuous`): ``TERM`` has nothing to check until some
@@ -96,6 +101,41 @@ class History:
     def accept_begins(self, operation_id: str) -> None:
         """An accept of ``operation_id`` starts in the step being run now."""
         self.began.setdefault(operation_id, self.steps + 1)
+
+    def state(self, acknowledged: Mapping[str, str]) -> tuple[tuple[str, ...],
+                                                             tuple[tuple[str, str], ...]]:
+        """What later checks of ``ORDER`` depend on beyond the stores and the model: the
+        operations delivered directly, and each pair (earlier, later) whose acceptances a
+        caller saw in order (``earlier`` acknowledged before ``later``'s accept began),
+        among operations that share an ordering key or may yet (an acceptance not yet
+        acknowledged has no key so far); an operation whose payload has no key is never
+        ordered, and is left out. ``TERM``'s terminal results are the stores'
+        complete rows in any trace still clean, and a sequential trace announces no claims.
+        Two prefixes that agree on this, the stores and the model are one state to an
+        enumerator (it keys states with it). ``acknowledged``: the model's."""
+        if self.ordering_key is None:
+            return (), ()
+        unknown = object()  # the key of an acceptance not acknowledged yet
+        keys: dict[str, Any] = {}
+        for operation_id in {*self.began, *self.acknowledged_at}:
+            if operation_id not in acknowledged:
+                keys[operation_id] = unknown
+            elif (key := self._key(acknowledged[operation_id])) is not None:
+                keys[operation_id] = canonical_key(key)  # unkeyed: never ordered
+
+        def related(one: str, other: str) -> bool:
+            return (one != other and one in keys and other in keys
+                    and (keys[one] is unknown or keys[other] is unknown
+                         or keys[one] == keys[other]))
+
+        pairs = tuple(sorted((earlier, later) for earlier in self.acknowledged_at
+                             for later in self.began
+                             if related(earlier, later) and self._precedes(earlier, later)))
+        # a direct delivery exempts the operation from ORDER against any operation of its
+        # key, those accepted later included: kept for every operation that may have one
+        direct = tuple(sorted(operation_id for operation_id in self.direct
+                              if operation_id in keys))
+        return direct, pairs
 
     def claim(self, claim: Claim, *, alive: set[int]) -> None:
         """Record a claim; ``alive`` are the workers still running when it was taken."""

@@ -81,8 +81,8 @@ class Check:
     deduplication: bool
     #: After a power step: why each store that no longer opens does not (``OPEN``).
     unopenable: tuple[str, ...] = ()
-    #: In a concurrent trace, what its history found at this step (the history
-    #: invariants' input); None for a sequential step, to which they do not apply.
+    #: What the trace's history found at this step (the history invariants' input); None
+    #: where no history is kept (a scenario's hand-built check).
     history: HistoryStep | None = None
 
 
@@ -314,10 +314,12 @@ class Invariant:
     ``vacuous`` says the step gave it nothing to check (for coverage reports).
     ``fault`` names the fault a run must draw for the invariant to apply at all (``power``:
     only traces with power steps can lose unsynced writes); coverage reports leave it out of
-    runs without that fault rather than call it vacuous there. ``history``: judged over a
-    concurrent trace's history (:mod:`faultlab.checks.history`, the step's
-    :attr:`Check.history`), once a step, not once per worker that ended; a sequential
-    trace has no history, and coverage reports leave these out of it.
+    runs without that fault rather than call it vacuous there. ``history``: judged over the
+    trace's history (:mod:`faultlab.checks.history`, the step's :attr:`Check.history`),
+    once a step, not once per worker that ended, in every trace. ``claims``: a history
+    invariant that reads the claims workers announce, which only lanes collect (a
+    sequential step's worker has no schedule pipe to announce on): it has nothing to
+    check in a sequential trace, and coverage reports leave it out of one.
     Adding an invariant is adding one entry to :data:`INVARIANTS`.
     """
 
@@ -327,6 +329,7 @@ class Invariant:
     vacuous: Callable[[Check], bool] = _never
     fault: str | None = None
     history: bool = False
+    claims: bool = False
 
     @property
     def final(self) -> bool:
@@ -375,17 +378,20 @@ INVARIANTS: tuple[Invariant, ...] = (
         "completion and every ticket a dispatcher got a receipt for is still recorded",
         check_durable, _not_durability_fault, fault="power",
     ),
-    *(Invariant(name, meaning, _history_check(name), _history_vacuous(name), history=True)
-      for name, meaning in (
-        ("TERM", "a complete operation (and its outbox row) stays complete with the same "
-                 "result"),
-        ("EXCL", "no worker claims an operation while another live worker holds an unexpired "
-                 "lease on it"),
-        ("ORDER", "the operations of one ordering key get their tickets in acceptance order"),
-        ("FENCE", "a dispatcher whose claim was superseded never changes the caller store "
-                  "afterwards, nor reports completing the operation"),
-        ("SKIP", "no committed outbox row is skipped for good: a relay alone never reports "
-                 "idle while a committed row is pending that no unexpired lease holds"),
+    *(Invariant(name, meaning, _history_check(name), _history_vacuous(name), history=True,
+                claims=claims)
+      for name, claims, meaning in (
+        ("TERM", False, "a complete operation (and its outbox row) stays complete with the "
+                        "same result"),
+        ("EXCL", True, "no worker claims an operation while another live worker holds an "
+                       "unexpired lease on it"),
+        ("ORDER", False, "the operations of one ordering key get their tickets in acceptance "
+                         "order"),
+        ("FENCE", True, "a dispatcher whose claim was superseded never changes the caller "
+                        "store afterwards, nor reports completing the operation"),
+        ("SKIP", True, "no committed outbox row is skipped for good: a relay alone never "
+                       "reports idle while a committed row is pending that no unexpired "
+                       "lease holds"),
     )),
     Invariant("LIVE", "after recovery every accepted operation is complete with exactly one "
               "ticket", None),
@@ -394,8 +400,10 @@ BY_NAME: dict[str, Invariant] = {invariant.name: invariant for invariant in INVA
 #: Judged per worker that ended at a step (and after each fault).
 STEP_INVARIANTS: tuple[Invariant, ...] = tuple(i for i in INVARIANTS
                                                if not i.final and not i.history)
-#: Judged once a step over a concurrent trace's history.
+#: Judged once a step over the trace's history.
 HISTORY_INVARIANTS: tuple[Invariant, ...] = tuple(i for i in INVARIANTS if i.history)
+#: The history invariants a sequential trace can check: those that need no announced claims.
+UNCLAIMED_HISTORY: tuple[Invariant, ...] = tuple(i for i in HISTORY_INVARIANTS if not i.claims)
 if tuple(i.name for i in HISTORY_INVARIANTS) != HISTORY_NAMES:  # one list, in one order
     raise ImportError("faultlab.checks: the history invariants' table and names disagree")
 
@@ -410,7 +418,7 @@ def check_step(c: Check) -> list[Violation]:
 
 
 def check_history(c: Check) -> list[Violation]:
-    """Every history invariant, in a stable order (nothing for a sequential step)."""
+    """Every history invariant, in a stable order (nothing where no history is kept)."""
     return [
         Violation(invariant.name, message)
         for invariant in HISTORY_INVARIANTS if invariant.check is not None

@@ -259,7 +259,7 @@ def _enumerate_lanes(args: argparse.Namespace) -> int:
     ]
     print(report.table(rows, ["enumerate", "value"], args.format))
     print()
-    report.print_coverage(result.coverage, system, args.format, history=True)
+    report.print_coverage(result.coverage, system, args.format, lanes=True)
     if result.finding is None or result.execution is None:
         return _nothing_found(
             vacuity(result.coverage, system, result.sequences, concurrency=args.concurrency,

@@ -475,12 +475,12 @@ def _coverage(results: list[StreamResult]) -> Coverage:
 def _print_coverage(results: list[StreamResult], system: System, plan: Plan,
                     fmt: str) -> None:
     """Crash points armed and fired, invariants checked non-vacuously, in steps (the
-    history invariants too when the run had lanes)."""
+    history invariants that read claims too when the run had lanes)."""
     from faultlab.report import tables as report
 
     report.print_coverage(_coverage(results), system, fmt,
                           faults=("power",) if plan.power_loss else (),
-                          history=plan.concurrency > 1)
+                          lanes=plan.concurrency > 1)
 
 
 def _vacuity(results: list[StreamResult], system: System, plan: Plan,

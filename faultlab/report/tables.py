@@ -248,11 +248,11 @@ def worker_error_lines(execution: Execution | ConcurrentExecution) -> list[str]:
 
 
 def print_coverage(coverage: Coverage, system: System, fmt: str,
-                   faults: Collection[str] = (), *, history: bool = False) -> None:
+                   faults: Collection[str] = (), *, lanes: bool = False) -> None:
     """Which crash points fired and which invariants had something to check, in steps
     (those of a fault, e.g. ``power``, only when the run drew it; the history invariants
-    only when it had lanes, ``history``)."""
+    that read announced claims only when it had ``lanes``)."""
     print(table(coverage.crash_rows(system), ["crash point", "armed", "fired"], fmt))
     print()
-    print(table(coverage.invariant_rows(faults, history=history),
+    print(table(coverage.invariant_rows(faults, lanes=lanes),
                 ["invariant", "steps that checked it non-vacuously"], fmt))

@@ -34,11 +34,14 @@ from faultlab.base.clock import SETTLE_HORIZON, VirtualClock
 from faultlab.base.errors import EXIT_USAGE, ExecutionError, UsageError
 from faultlab.base.messages import worker_message
 from faultlab.base.wall_clock import WallClock
+from faultlab.checks.history import History
 from faultlab.checks.invariants import (
     STEP_INVARIANTS,
+    UNCLAIMED_HISTORY,
     Check,
     Model,
     Violation,
+    check_history,
     check_live,
     check_step,
     covered,
@@ -103,8 +106,9 @@ class Observation:
 
     @property
     def checks(self) -> int:
-        """Invariant checks run after the step: every per-step invariant once."""
-        return len(STEP_INVARIANTS)
+        """Invariant checks run after the step: every per-step invariant once, and each
+        history invariant that needs no announced claims (``TERM``, ``ORDER``) once."""
+        return len(STEP_INVARIANTS) + len(UNCLAIMED_HISTORY)
 
     #: One lane: never held at a point while another moves, never blocked on its lock.
     held = 0
@@ -207,6 +211,9 @@ class Executor:
         self._temporary = directory is None
         self.directory = Path()
         self.model = Model()
+        #: What earlier steps established (``TERM``'s terminal results, ``ORDER``'s
+        #: acceptance order): the history invariants a sequential trace can check.
+        self.history = History(ordering_key=system.ordering_key)
         self.snapshot = Snapshot()
         self.observations: list[Observation] = []
         #: The trace's virtual clock and libfaketime's file, for virtual_wall_clock systems.
@@ -247,11 +254,12 @@ class Executor:
     @classmethod
     def resume(
         cls, system: System, spawner: Spawner, directory: Path, model: Model,
-        snapshot: Snapshot, *, deduplication: bool = True, deadline: float = DEFAULT_DEADLINE,
-        power: bool = False, baseline: Mapping[str, str] | None = None,
+        snapshot: Snapshot, history: History, *, deduplication: bool = True,
+        deadline: float = DEFAULT_DEADLINE, power: bool = False,
+        baseline: Mapping[str, str] | None = None,
     ) -> Executor:
         """Continue from stores already in ``directory`` (a branch the caller owns and removes),
-        with a copy of the model that produced them.
+        with a copy of the model and of the history that produced them.
 
         ``power``: the branch records (its log was copied and relocated with its stores, see
         :func:`faultlab.stores.vfs.relocate`); run its steps inside :meth:`recording`.
@@ -263,6 +271,7 @@ class Executor:
         executor._temporary = False
         executor.directory = directory
         executor.model = copy.deepcopy(model)
+        executor.history = copy.deepcopy(history)
         executor.snapshot = snapshot
         executor._start_clock(existing=True)  # the clock file was copied with the stores
         return executor
@@ -359,6 +368,10 @@ class Executor:
             deadline=self.deadline,
             environment=self._environment(),
         )
+        if step.action == "service" and step.operation_id is not None:
+            self.history.direct.add(step.operation_id)  # the caller's own delivery
+        if step.action == "accept" and step.operation_id is not None:
+            self.history.accept_begins(step.operation_id)
         record = self.system.run_step(spec, self.spawner)
         if record.exit_code != 0:  # not the step's doing if the server died under it
             check_server_alive(self.system)
@@ -370,18 +383,27 @@ class Executor:
         if record.exit_code == EXIT_USAGE:
             last = worker_message(record.stderr, record.response)
             raise ExecutionError(f"{where} refused its input (exit 2): {last}")
-        before = self.snapshot
         after = self.system.snapshot(self.directory)
         self.model.observe(step.action, spec.operation_id, payload, record)
+        return self._observe(step, phase, after, record, spec.operation_id, payload)
+
+    def _observe(self, step: Step, phase: str, after: Snapshot, record: ProcessRecord,
+                 operation_id: str | None = None, payload: str | None = None,
+                 unopenable: tuple[str, ...] = ()) -> Observation:
+        """Check the step that left the stores as ``after``: every per-step invariant, then
+        the history (no worker announced a claim: only ``TERM`` and ``ORDER`` have input)."""
+        before = self.snapshot
+        found = self.history.check(before, after, alone=None, exited=[],
+                                   acknowledged=self.model.acknowledged)
         check = Check(
             model=self.model, before=before, after=after, action=step.action,
-            operation_id=spec.operation_id, payload=payload, record=record,
-            deduplication=self.deduplication,
+            operation_id=operation_id, payload=payload, record=record,
+            deduplication=self.deduplication, unopenable=unopenable, history=found,
         )
         self.snapshot = after
         observation = Observation(
             len(self.observations) + 1, step, record, before, after,
-            tuple(check_step(check)), phase, check,
+            (*check_step(check), *check_history(check)), phase, check,
         )
         self.observations.append(observation)
         return observation
@@ -405,20 +427,8 @@ class Executor:
             self.system, self.directory, self._power_log(), step.choice or {},
             self.unrecorded_baseline, f"power step {step.describe()}")
         self._readers.enter_context(readers_kept_open())
-        before = self.snapshot
-        after = before if unopenable else self.system.snapshot(self.directory)
-        check = Check(
-            model=self.model, before=before, after=after, action=POWER, operation_id=None,
-            payload=None, record=NO_PROCESS, deduplication=self.deduplication,
-            unopenable=unopenable,
-        )
-        self.snapshot = after
-        observation = Observation(
-            len(self.observations) + 1, step, NO_PROCESS, before, after,
-            tuple(check_step(check)), phase, check,
-        )
-        self.observations.append(observation)
-        return observation
+        after = self.snapshot if unopenable else self.system.snapshot(self.directory)
+        return self._observe(step, phase, after, NO_PROCESS, unopenable=unopenable)
 
     def _server_crash(self, step: Step, phase: str) -> Observation:
         """The private PostgreSQL server crashes now and restarts (the previous worker has
@@ -429,20 +439,7 @@ class Executor:
 
         seconds = pgstores.crash_server()
         self.server_crash_seconds.append(seconds)
-        before = self.snapshot
-        after = self.system.snapshot(self.directory)
-        check = Check(
-            model=self.model, before=before, after=after, action=SERVER_CRASH,
-            operation_id=None, payload=None, record=NO_PROCESS,
-            deduplication=self.deduplication,
-        )
-        self.snapshot = after
-        observation = Observation(
-            len(self.observations) + 1, step, NO_PROCESS, before, after,
-            tuple(check_step(check)), phase, check,
-        )
-        self.observations.append(observation)
-        return observation
+        return self._observe(step, phase, self.system.snapshot(self.directory), NO_PROCESS)
 
     def settle(self) -> tuple[list[Observation], list[Violation]]:
         """Recover to quiescence, then check LIVE.

@@ -70,13 +70,14 @@ class Coverage:
         return [[name, self.armed[name], self.fired[name]] for name in names]
 
     def invariant_rows(self, faults: Collection[str] = (), *,
-                       history: bool = False) -> list[list[Any]]:
+                       lanes: bool = False) -> list[list[Any]]:
         """Rows: invariant, times it had something to check; an invariant that applies only
         under a fault the run did not draw (``Invariant.fault``) is left out, and so are the
-        history invariants unless the run had lanes (``history``)."""
+        history invariants that read announced claims unless the run had lanes (``lanes``:
+        a sequential worker announces none)."""
         return [[invariant.name, self.checked[invariant.name]] for invariant in INVARIANTS
                 if (invariant.fault is None or invariant.fault in faults)
-                and (history or not invariant.history)]
+                and (lanes or not invariant.claims)]
 
 
 #: Invariants grouped by what the run must have done for any of them to check something

@@ -74,6 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from faultlab.base.canonical import canonical_json
+from faultlab.checks.history import History
 from faultlab.checks.invariants import Model
 from faultlab.process.records import DEFAULT_DEADLINE
 from faultlab.process.spawn import Spawner
@@ -95,6 +96,22 @@ def operation_id(number: int) -> str:
 
 def payload_for(operation: str) -> dict[str, Any]:
     return {"title": f"task {operation}", "priority": "normal"}
+
+
+def history_for(system: System, operations: int) -> History:
+    """The history an enumeration starts from: the system's ordering key, unless no two of
+    the enumeration's operations can share it. Every payload an enumeration accepts for an
+    operation is :func:`payload_for` or a changed version of it (only ``revision`` differs),
+    so when those carry a key of their own per operation (the reference's title) ``ORDER``
+    has nothing it could ever compare, and keeping the acceptance order in the state key
+    would only split states that behave alike."""
+    key = system.ordering_key
+    if key is None or key == "revision":
+        return History(ordering_key=key)
+    values = [payload_for(operation_id(n)).get(key) for n in range(1, operations + 1)]
+    shared = len({repr(value) for value in values if value is not None}) < len(
+        [value for value in values if value is not None])
+    return History(ordering_key=key if shared else None)
 
 
 # --- results -------------------------------------------------------------------------------------
@@ -179,6 +196,7 @@ class _Node:
     steps: tuple[Step, ...]
     directory: Path
     model: Model
+    history: History
     snapshot: Snapshot
     key: str
     crashes_left: int
@@ -247,8 +265,10 @@ def _normal(value: Any, ranks: dict[Any, int]) -> Any:
     return value
 
 
-def state_key(directory: Path, model: Model, *, since: float | None = None) -> str:
-    """Every table of every SQLite database in the run directory, plus the model.
+def state_key(directory: Path, model: Model, history: History, *,
+              since: float | None = None) -> str:
+    """Every table of every SQLite database in the run directory, plus the model and what
+    the history's later checks depend on (:meth:`~faultlab.checks.history.History.state`).
 
     ``since``: the wall-clock time (``time.time()``) before the stores were created.
     A number between it and now is a time a worker read from the real clock (a
@@ -285,6 +305,7 @@ def state_key(directory: Path, model: Model, *, since: float | None = None) -> s
             digest.update(repr(normal).encode() + b"\n")
     digest.update(canonical_json(sorted(model.acknowledged.items())).encode())
     digest.update(canonical_json(sorted(model.submitted)).encode())
+    digest.update(canonical_json(history.state(model.acknowledged)).encode())
     return digest.hexdigest()
 
 
@@ -348,13 +369,13 @@ class _Walk:
         """An executor that continues from ``node`` on the stores copied into ``directory``
         (recording, with power cuts, unless ``power`` is False: a recovery no cut follows)."""
         return Executor.resume(
-            self.system, spawner, directory, node.model, node.snapshot,
+            self.system, spawner, directory, node.model, node.snapshot, node.history,
             deduplication=self.deduplication, deadline=self.deadline,
             power=self.power and power, baseline=node.baseline,
         )
 
-    def _key(self, directory: Path, model: Model) -> str:
-        key = state_key(directory, model, since=self.since)
+    def _key(self, directory: Path, model: Model, history: History) -> str:
+        key = state_key(directory, model, history, since=self.since)
         if not self.power:
             return key
         # equal content with different unsynced changes is not one state under a power cut
@@ -366,14 +387,16 @@ class _Walk:
         directory.mkdir()
         self.system.initialise(directory)  # durable: nothing records it yet
         model = Model()
+        history = history_for(self.system, self.operations)
         if not self.power:
-            return _Node((), directory, model, self.system.snapshot(directory),
-                         self._key(directory, model), self.result.crashes, ())
+            return _Node((), directory, model, history, self.system.snapshot(directory),
+                         self._key(directory, model, history), self.result.crashes, ())
         baseline = store_digests(self.system, directory)
         vfs.install(directory / POWER_LOG)
         try:
-            return _Node((), directory, model, self.system.snapshot(directory),
-                         self._key(directory, model), self.result.crashes, (), baseline)
+            return _Node((), directory, model, history, self.system.snapshot(directory),
+                         self._key(directory, model, history), self.result.crashes, (),
+                         baseline)
         finally:
             vfs.uninstall()
 
@@ -501,7 +524,7 @@ class _Walk:
                 observation = executor.run(step)
                 fired = step.crash is None or observation.crashed
                 if fired and not observation.violations:
-                    key = self._key(directory, executor.model)
+                    key = self._key(directory, executor.model, executor.history)
             expansion.steps_executed += 1
             expansion.coverage.observe(observation)
             child = _Child(step, fired=fired)
@@ -517,8 +540,8 @@ class _Walk:
                 expansion.skipped += 1
                 return child
             child.node = _Node(
-                (*node.steps, step), directory, executor.model, observation.snapshot, child.key,
-                crashes_left, (), executor.unrecorded_baseline,
+                (*node.steps, step), directory, executor.model, executor.history,
+                observation.snapshot, child.key, crashes_left, (), executor.unrecorded_baseline,
             )
             keep = True
             return child

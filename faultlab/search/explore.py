@@ -112,7 +112,7 @@ class Exploration:
                 "held_steps": r.held,
                 "actions": dict(sorted(r.actions.items())),
                 "checked": {name: count for name, count in r.coverage.invariant_rows(
-                    r.faults, history=True)},
+                    r.faults, lanes=True)},
                 "crash_points_armed": dict(sorted(r.coverage.armed.items())),
                 "crash_points_fired": dict(sorted(r.coverage.fired.items())),
             })

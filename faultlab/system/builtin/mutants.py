@@ -29,6 +29,7 @@ from faultlab.stores import sqlite as stores
 from faultlab.system.builtin.reference import (
     CALLER,
     CALLER_SCHEMA,
+    CLAIM_SKIP_LOCKED_SQL,
     DOWNSTREAM,
     DOWNSTREAM_SCHEMA,
     REFERENCE_POINTS,
@@ -36,6 +37,12 @@ from faultlab.system.builtin.reference import (
 )
 from faultlab.system.contract import CrashPoint, WorkerContext
 from faultlab.trace import Step
+
+#: The reference's claim without its per-key condition, newest first.
+NEWEST_FIRST_SQL = CLAIM_SKIP_LOCKED_SQL.replace("ORDER BY rowid LIMIT 1",
+                                                 "ORDER BY rowid DESC LIMIT 1")
+if NEWEST_FIRST_SQL == CLAIM_SKIP_LOCKED_SQL:
+    raise ImportError("faultlab.system.builtin.mutants: the newest-first claim is the reference's")
 
 OP = "op-1"
 PAYLOAD: dict[str, Any] = {"title": "backlog", "priority": "normal"}
@@ -302,6 +309,43 @@ class IdleResend(Mutant):
         return None if row is None else (row[0], row[1])
 
 
+class RetryReopens(Mutant):
+    name = "retry-reopens"
+    description = (
+        "a resubmission of an accepted operation re-opens it (an upsert that resets its "
+        "state): a completed operation goes back to pending and is sent again"
+    )
+    # Only TERM sees it: both rows go back to pending together (PAIR holds), the payload is
+    # unchanged (ACK), and recovery completes it again with the receipt's ticket (LIVE).
+    caught_by = ("TERM",)
+    minimal_steps = 3
+    minimal_trace = (Step("accept", OP, PAYLOAD), Step("dispatch"), Step("accept", OP, PAYLOAD))
+
+    def accept(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        connection = context.connect(CALLER)
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            existing = connection.execute(
+                "SELECT payload, state FROM operations WHERE id = ?", (operation_id,)
+            ).fetchone()
+            if existing is None:
+                self.insert_operation(context, connection, operation_id, payload)
+            elif existing[0] != payload:
+                connection.execute("ROLLBACK")
+                return self.accept_existing(operation_id, payload, existing[0], existing[1])
+            else:
+                connection.execute(
+                    "UPDATE operations SET state = 'pending', result = NULL WHERE id = ?",
+                    (operation_id,))
+                connection.execute(
+                    "UPDATE outbox SET state = 'pending', lease_until = 0 "
+                    "WHERE operation_id = ?", (operation_id,))
+            connection.execute("COMMIT")
+        finally:
+            connection.close()
+        return {"accepted": True, "operation_id": operation_id, "state": "pending"}
+
+
 class SharedKey(Mutant):
     name = "shared-key"
     description = (
@@ -446,6 +490,31 @@ class NoPayloadCheck(Mutant):
 
 
 # --- data and depth: bugs that hide in ids, payload values and long traces ----------
+
+
+class NewestFirst(Mutant):
+    name = "newest-first"
+    description = (
+        "the relay takes the newest pending entry first (ORDER BY rowid DESC): a key's "
+        "later operation is delivered before its earlier one"
+    )
+    # Only ORDER sees it: every operation still gets exactly one ticket. Enumerate's
+    # payloads give each operation a title of its own, so no two share an ordering key.
+    caught_by = ("ORDER",)
+    minimal_steps = 3
+    minimal_trace = (Step("accept", OP, PAYLOAD), Step("accept", "op-2", PAYLOAD),
+                     Step("dispatch"))
+    enumerable = False
+
+    def next_pending(self, connection: sqlite3.Connection) -> tuple[str, str] | None:
+        now, until = self.window
+        rows = connection.execute(NEWEST_FIRST_SQL, (until, now)).fetchall()
+        if not rows:
+            return None
+        operation_id, attempt, payload = rows[0]
+        self.claim = (operation_id, int(attempt))
+        return operation_id, payload
+
 
 
 class CaseInsensitiveKey(Mutant):

@@ -31,10 +31,10 @@ BUILTINS: tuple[type[System], ...] = (
     seq.NoDedup, seq.SplitAccept, seq.SplitAcceptOutboxFirst, seq.SplitComplete,
     seq.SplitCompleteOutboxFirst, seq.SplitReceipt, seq.FreshKeyOnRecovery,
     seq.NoPayloadCheck, seq.CallerOverwrite, seq.CompleteBeforeSend, seq.ErrorCompletes,
-    seq.IdleResend, seq.NonCanonicalRetry, seq.SharedKey,
+    seq.IdleResend, seq.NonCanonicalRetry, seq.SharedKey, seq.RetryReopens,
     # sequential, caught by drawn data or depth (explore only)
-    seq.CaseInsensitiveKey, seq.TruncatedKey, seq.LossyNumbers, seq.UnicodeNormalising,
-    seq.Utf8mb3Column, seq.Float32Amounts, seq.BoundedReceipts,
+    seq.NewestFirst, seq.CaseInsensitiveKey, seq.TruncatedKey, seq.LossyNumbers,
+    seq.UnicodeNormalising, seq.Utf8mb3Column, seq.Float32Amounts, seq.BoundedReceipts,
     # two lanes
     race.NoFencing, race.EagerRescue, race.FinishAndFail, race.StaleRescue, race.SkipLocked,
     race.RacyDedup, race.LeaseTimeFence, race.RelayCursor,
