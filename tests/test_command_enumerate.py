@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import ROOT
+
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
 
 SYSTEM = "examples/standalone_outbox/system.json"
 

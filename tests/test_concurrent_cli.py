@@ -17,6 +17,8 @@ from faultlab.system.builtin import registry
 from faultlab.system.builtin.race_mutants import ConcurrencyMutant
 from faultlab.trace import ConcurrentTrace, load
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 
 def cli(*args: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()

@@ -22,6 +22,8 @@ from faultlab.run.interleaving import LaneExecutor
 from faultlab.system import load_system
 from faultlab.trace import LaneStep
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 ROOT = Path(__file__).resolve().parent.parent
 UNMODIFIED = ROOT / "examples" / "unmodified_outbox"
 P = {"title": "backlog"}

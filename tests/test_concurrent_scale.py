@@ -19,6 +19,8 @@ from conftest import ROOT
 
 from faultlab.trace import ConcurrentTrace, load
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 
 def faultlab(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "faultlab", *args], cwd=ROOT,

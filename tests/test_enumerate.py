@@ -20,6 +20,8 @@ from faultlab.system.builtin import registry
 from faultlab.system.builtin.mutants import Mutant
 from faultlab.trace import Trace
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 
 @pytest.fixture(scope="module")
 def spawners() -> Iterator[list[Spawner]]:

@@ -18,6 +18,8 @@ from test_power_vfs import lost, rows_present, run_child
 
 from faultlab.stores import vfs
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 
 def faultlab(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "faultlab", *args], cwd=cwd,

@@ -17,6 +17,8 @@ from faultlab.search.machine import SUITE_WEIGHTS, InvariantFailure, outbox_mach
 from faultlab.system import System
 from faultlab.trials.scenarios import SCENARIOS
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(

@@ -19,6 +19,8 @@ from conftest import TESTS
 
 from faultlab.base.errors import EXIT_FLAKY
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 pytest_plugins = ["pytester"]
 
 SYSTEM = "systems_for_tests:OnceForgetfulOutbox"

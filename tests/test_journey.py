@@ -27,6 +27,8 @@ import pytest
 
 import faultlab
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 TESTS = Path(__file__).resolve().parent
 JOURNEY = TESTS / "journey"
 ROOT = TESTS.parent

@@ -21,6 +21,8 @@ from faultlab.system.builtin.race_mutants import OP, ConcurrencyMutant, NoFencin
 from faultlab.system.builtin.reference import LEASE_TICKS
 from faultlab.trace import ConcurrentTrace, LaneStep, Trace, Verdict, load
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 ROOT = Path(__file__).resolve().parent.parent
 P = {"title": "backlog"}
 

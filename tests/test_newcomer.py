@@ -27,6 +27,8 @@ import tabulate
 from faultlab.process.spawn import child_environment
 from faultlab.system import load_system
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 STANDALONE = ROOT / "examples" / "standalone_outbox"

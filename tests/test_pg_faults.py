@@ -32,6 +32,8 @@ from faultlab.stores.pgserver import PrivateServer
 from faultlab.system import load_system
 from faultlab.trace import DROP_CONNECTION, SERVER_CRASH, ConcurrentTrace, LaneStep, Step, Trace
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 PAYLOAD = {"title": "invoice", "count": 3}
 REPLAYS = 20 if os.environ.get("FAULTLAB_SLOW_TESTS") else 3
 

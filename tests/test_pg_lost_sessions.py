@@ -34,6 +34,8 @@ from faultlab.stores.pgserver import PrivateServer
 from faultlab.system import load_system
 from faultlab.trace import SERVER_CRASH, Step
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 PAYLOAD = {"title": "invoice", "count": 3}
 
 

@@ -29,6 +29,8 @@ from faultlab.system import concurrency_mutant_names, load_system
 from faultlab.system.builtin.reference import LEASE_TICKS
 from faultlab.trace import LaneStep
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 PAYLOAD = {"title": "invoice", "count": 3}
 
 

@@ -22,7 +22,7 @@ from faultlab.run.executor import Executor
 from faultlab.system.command import load_command_system
 from faultlab.trace import Step
 
-pytestmark = pytest.mark.usefixtures("server")
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("server")]
 
 SYSTEM = ROOT / "examples" / "postgres_outbox" / "system.json"
 PAYLOAD = {"title": "invoice", "count": 3}

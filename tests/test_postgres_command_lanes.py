@@ -28,7 +28,7 @@ from faultlab.stores import postgres as pgstores
 from faultlab.system import load_system
 from faultlab.trace import LaneStep
 
-pytestmark = pytest.mark.usefixtures("server")
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("server")]
 
 EXAMPLE = ROOT / "examples" / "postgres_outbox"
 PAYLOAD = {"title": "invoice", "count": 3}

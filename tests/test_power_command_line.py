@@ -21,6 +21,8 @@ from faultlab.process.records import POWER_LOG_VARIABLE
 from faultlab.stores import vfs
 from faultlab.trace import load
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 ROOT = Path(__file__).resolve().parent.parent
 UNMODIFIED = ROOT / "examples" / "unmodified_outbox"
 PRELUDE = "import faultlab\nfaultlab.record_power_loss()\n\n"

@@ -17,6 +17,8 @@ from faultlab.run.interleaving import LaneExecutor, execute_concurrent
 from faultlab.system import load_system
 from faultlab.trace import ConcurrentTrace, LaneStep, load
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 P = {"title": "backlog"}
 DROP_ALL = {"kind": "drop_all"}
 

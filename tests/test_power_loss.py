@@ -23,6 +23,8 @@ from faultlab.system import is_builtin, load_system
 from faultlab.system.builtin import registry
 from faultlab.trace import Step, Trace, load
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 POWER_MUTANTS = registry.names(fault_drawn="power")
 SEQUENTIAL = registry.names(lanes=1, fault_drawn="")
 

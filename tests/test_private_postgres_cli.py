@@ -13,6 +13,8 @@ import time
 import pytest
 from conftest import ROOT, require_private_postgres
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 
 @pytest.fixture(autouse=True)
 def _private_server_possible() -> None:

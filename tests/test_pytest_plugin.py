@@ -17,6 +17,8 @@ import pytest
 
 from faultlab.process.spawn import child_environment
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 pytest_plugins = ["pytester"]
 
 ROOT = Path(__file__).resolve().parent.parent

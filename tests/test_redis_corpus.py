@@ -21,6 +21,8 @@ from conftest import ROOT, lock_redis_database, require_service
 from faultlab.base.errors import UsageError
 from faultlab.corpus.redis_store import parse_url
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 HOST, PORT = "127.0.0.1", 6379
 
 

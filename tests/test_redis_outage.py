@@ -36,6 +36,8 @@ from faultlab.corpus.redis_store import (
     RedisCorpus,
 )
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 HOST, PORT = "127.0.0.1", 6379
 SHARD = "faultlab:shard:0/1"
 

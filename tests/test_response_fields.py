@@ -30,6 +30,8 @@ from faultlab.system.fields import (
     resolve,
 )
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "unmodified_outbox"
 MAPPED = EXAMPLE / "system.json"

@@ -24,6 +24,8 @@ from faultlab.system import load_system
 from faultlab.system.builtin.race_mutants import ConcurrencyMutant
 from faultlab.trace import ConcurrentTrace, load
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 MUTANT = "eager-rescue"  # found by PCT within a few examples of seed 0
 
 

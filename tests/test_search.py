@@ -23,6 +23,8 @@ from faultlab.search.rounds import Plan, run_jobs
 from faultlab.search.streams import Shard, parse_shard, round_seed
 from faultlab.system import System
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "faultlab", *args], cwd=ROOT,

@@ -22,6 +22,8 @@ from faultlab.run.interleaving import BLOCK_BOUND, LaneExecutor
 from faultlab.system import load_system
 from faultlab.trace import LaneStep
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 P = {"title": "slow"}
 SLEEP = BLOCK_BOUND + 0.5
 

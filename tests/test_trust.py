@@ -23,6 +23,8 @@ import pytest
 
 from faultlab.process.spawn import child_environment
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "standalone_outbox"
 CORPUS = ROOT / "corpus"

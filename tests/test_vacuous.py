@@ -22,6 +22,8 @@ from faultlab.base.errors import EXIT_FOUND, EXIT_OK, EXIT_RUN_FAILED, EXIT_USAG
 from faultlab.search.coverage import Coverage, vacuity
 from faultlab.system import load_system
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 STANDALONE = ROOT / "examples" / "standalone_outbox" / "system.json"
 
 

@@ -16,6 +16,8 @@ from faultlab.search.explore import explore
 from faultlab.system import load_system
 from faultlab.system.builtin import registry
 
+pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
+
 MUTANTS = registry.names(lanes=1, fault_drawn="", postgres=False)
 
 QUICK = [

@@ -82,7 +82,8 @@ class Check:
     #: After a power step: why each store that no longer opens does not (``OPEN``).
     unopenable: tuple[str, ...] = ()
     #: What the trace's history found at this step (the history invariants' input); None
-    #: where no history is kept (a scenario's hand-built check).
+    #: in the check of one lane worker that ended, whose step's history is judged once,
+    #: apart from its workers' checks.
     history: HistoryStep | None = None
 
 
