@@ -120,8 +120,11 @@ if what == "concurrent":
 
 seconds, seed, system_ref = float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 system = load_system(system_ref)
+# an earlier tree's Plan named sequential statement points statement_crashes
+points = ("statement_crashes" if "statement_crashes" in Plan.__dataclass_fields__
+          else "statement_points")
 plan = Plan(system=system_ref, deduplication=True, seed=seed, examples=20, steps=10,
-            statement_crashes=True, hypothesis_shrink=False, spawn="fork", duration=seconds)
+            hypothesis_shrink=False, spawn="fork", duration=seconds, **{points: True})
 own, children = usage()
 spawning = sys.modules[spawner.__module__]  # count the workers exec'd, not forked
 real_exec, execs = spawning.exec_worker, [0]

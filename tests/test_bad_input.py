@@ -499,7 +499,7 @@ def test_bad_input_a_job_finds_is_carried_out_as_exit_2() -> None:
     from faultlab.search.rounds import Plan, run_jobs
 
     plan = Plan(system="no-such-module-anywhere:SYSTEM", deduplication=True, seed=0,
-                examples=2, steps=2, statement_crashes=True, hypothesis_shrink=False,
+                examples=2, steps=2, statement_points=True, hypothesis_shrink=False,
                 spawn="fork", jobs=2)
     with pytest.raises(UsageError, match="no-such-module-anywhere"):
         run_jobs(plan)

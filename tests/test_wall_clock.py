@@ -208,7 +208,7 @@ def test_a_virtual_wall_clock_system_explores_in_fork_mode(
     monkeypatch.setattr(spawn, "exec_worker", _no_exec)
     system = load_system("systems_for_tests:WallClockRetryOutbox")
     plan = Plan(system=system.ref, deduplication=True, seed=0, examples=5, steps=6,
-                statement_crashes=True, hypothesis_shrink=False, spawn="fork")
+                statement_points=True, hypothesis_shrink=False, spawn="fork")
     with spawner("fork") as runner:
         result, _ = run_stream(system, runner, plan, 0)
         mode = runner.mode

@@ -315,10 +315,10 @@ def cmd_explore(args: argparse.Namespace) -> int:
     plan = Plan(
         system=system.ref, deduplication=args.deduplication, seed=args.seed,
         examples=args.examples, steps=args.steps,
-        statement_crashes=statement_points and system.supports_statement_points,
+        statement_points=statement_points and system.supports_statement_points,
         hypothesis_shrink=args.hypothesis_shrink, spawn=args.spawn, deadline=args.deadline,
         duration=args.duration, jobs=args.jobs, shard=args.shard,
-        concurrency=args.concurrency, statement_points=concurrent and statement_points,
+        concurrency=args.concurrency,
         scheduler=args.scheduler or defaults.SCHEDULER,
         pin=args.pin,
         power_loss=args.power_loss,

@@ -232,7 +232,7 @@ def explore(
         machine = outbox_machine(
             system.ref, deduplication=deduplication, spawner=spawner, deadline=deadline,
             examples=examples, steps=steps, recorder=recorder,
-            statement_crashes=statement_points is not False, weights=weights,
+            statement_points=statement_points is not False, weights=weights,
             power_loss=power_loss,
         )
         base = machine_settings(examples, steps)

@@ -460,14 +460,14 @@ def outbox_machine(
     examples: int = defaults.TESTCASE_EXAMPLES,
     steps: int = defaults.STEPS,
     recorder: Recorder[Step] | None = None,
-    statement_crashes: bool = True,
+    statement_points: bool = True,
     weights: Weights = WEIGHTS,
     power_loss: bool = False,
 ) -> type[OutboxMachine]:
     """Build the state machine for one system; its ``TestCase`` runs under pytest/unittest."""
     system = load_system(system_ref)
     system.require_deduplication_switch(deduplication)
-    statement_crashes = statement_crashes and system.supports_statement_points
+    statement_points = statement_points and system.supports_statement_points
     accept_points = tuple(p.name for p in system.points_for("accept"))
     dispatch_points = tuple(p.name for p in system.points_for("dispatch"))
 
@@ -533,12 +533,12 @@ def outbox_machine(
             self.execute(Step("dispatch", crash=point))
             return held
 
-        @precondition(lambda self: statement_crashes)
+        @precondition(lambda self: statement_points)
         @rule(target=operations, data=st.data(), crash=st.sampled_from(STATEMENT_POINTS))
         def accept_statement_crash(self, data: st.DataObject, crash: str) -> Any:
             return self.accept_new(data, crash)
 
-        @precondition(lambda self: statement_crashes and self.has_pending_work())
+        @precondition(lambda self: statement_points and self.has_pending_work())
         @rule(crash=st.sampled_from(STATEMENT_POINTS))
         def dispatch_statement_crash(self, crash: str) -> None:
             self.execute(Step("dispatch", crash=crash))

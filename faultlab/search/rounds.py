@@ -58,7 +58,9 @@ class Plan:
     seed: int
     examples: int
     steps: int
-    statement_crashes: bool
+    #: Statement points (sql:K, commit:K): sequential traces also arm crashes there, lanes
+    #: also hold there (``--statement-points``; the command line applies each mode's default).
+    statement_points: bool
     hypothesis_shrink: bool
     spawn: SpawnMode
     deadline: float = DEFAULT_DEADLINE
@@ -67,8 +69,6 @@ class Plan:
     shard: Shard = Shard()
     #: Lanes: 1 explores sequential traces, 2 or more concurrent ones.
     concurrency: int = 1
-    #: Concurrent traces also hold workers at sql:K / commit:K.
-    statement_points: bool = False
     #: How concurrent traces draw the lane that moves (``--scheduler``, SCHEDULERS).
     scheduler: str = DEFAULT_SCHEDULER
     #: Traces also draw power cuts (``--power-loss``, :mod:`faultlab.stores.vfs`).
@@ -240,12 +240,11 @@ def explore_round(
 ) -> Exploration:
     """One round: one exploration with the plan's lanes (a concurrent one's workers run in
     the spawner's mode)."""
-    lanes = plan.concurrency > 1
     return explore(
         system, spawner, concurrency=plan.concurrency, deduplication=plan.deduplication,
         examples=examples, steps=plan.steps, seed_value=seed, deadline=plan.deadline,
         progress=progress, stop=stop, on_failure=on_failure,
-        statement_points=plan.statement_points if lanes else plan.statement_crashes,
+        statement_points=plan.statement_points,
         hypothesis_shrink=plan.hypothesis_shrink, scheduler=plan.scheduler,
         power_loss=plan.power_loss,
     )
