@@ -97,6 +97,7 @@ class History:
     acknowledged_at: dict[str, int] = field(default_factory=dict)
     _exclusion: list[str] = field(default_factory=list)
     _contested_seen: int = 0  # contested, as of the last step checked
+    _keys: dict[str, str | None] = field(default_factory=dict)  # acknowledged operations' keys
 
     def accept_begins(self, operation_id: str) -> None:
         """An accept of ``operation_id`` starts in the step being run now."""
@@ -261,6 +262,14 @@ class History:
                          f"committed outbox row {operation_id} was pending and unleased")
         return found
 
+    def _acknowledged_key(self, operation_id: str, payload: str) -> str | None:
+        """The canonical ordering key of an acknowledged operation, parsed once: what a
+        caller acknowledged never changes (the model keeps the first acknowledgement)."""
+        if operation_id not in self._keys:
+            key = self._key(payload)
+            self._keys[operation_id] = None if key is None else canonical_key(key)
+        return self._keys[operation_id]
+
     def _key(self, payload: str) -> Any:
         try:
             value = json.loads(payload)
@@ -293,9 +302,9 @@ class History:
             first[ticket.operation_id] = min(first.get(ticket.operation_id, ticket.id), ticket.id)
         keyed: dict[str, list[str]] = {}
         for operation_id, payload in acknowledged.items():
-            key = self._key(payload)
+            key = self._acknowledged_key(operation_id, payload)
             if key is not None and operation_id not in self.direct:
-                keyed.setdefault(canonical_key(key), []).append(operation_id)
+                keyed.setdefault(key, []).append(operation_id)
         found = []
         ordered = False
         for key, operations in keyed.items():
