@@ -8,7 +8,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from faultlab.base.errors import EXIT_FLAKY, EXIT_FOUND, EXIT_OK, EXIT_VACUOUS, UsageError
 from faultlab.cli.common import (
@@ -24,6 +24,10 @@ from faultlab.cli.common import (
 )
 from faultlab.corpus.files import DEFAULT_CORPUS, check_corpus_directory
 from faultlab.search import defaults
+
+if TYPE_CHECKING:
+    from faultlab.search.coverage import Coverage
+    from faultlab.system.contract import System
 
 MAX_JOBS = 8
 
@@ -139,9 +143,7 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
         for runner in spawners:
             runner.close()
 
-    dedup = "" if args.deduplication else " (deduplication off)"
     rows: list[list[Any]] = [
-        ["system", f"{system.ref}{dedup}"],
         ["budget", f"{args.operations} operations, {args.crashes} "
                    f"{'crashes or power cuts' if args.power_loss else 'crashes'}, "
                    f"{max_steps} steps"],
@@ -156,10 +158,8 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
         ["longest trace", result.depth],
         ["wall time (s)", round(result.seconds, 2)],
     ]
-    print(report.table(rows, ["enumerate", "value"], args.format))
-    print()
-    report.print_coverage(result.coverage, system, args.format,
-                          faults=("power",) if args.power_loss else ())
+    _print_summary(system, args, rows, result.coverage,
+                   faults=("power",) if args.power_loss else ())
     if not confirmed:
         return _nothing_found(vacuity(result.coverage, system, result.traces),
                               result.traces, "traces")
@@ -247,7 +247,6 @@ def _enumerate_lanes(args: argparse.Namespace) -> int:
         deadline=args.deadline, progress=None if args.quiet else _progress,
     )
     rows: list[list[Any]] = [
-        ["system", f"{system.ref}{'' if args.deduplication else ' (deduplication off)'}"],
         ["budget", f"{args.concurrency} lanes, {args.operations} operations, "
                    f"{args.crashes} kills, 1 tick, {ACCEPTORS} held acceptors, "
                    f"{max_steps} choices"],
@@ -257,9 +256,7 @@ def _enumerate_lanes(args: argparse.Namespace) -> int:
         ["steps executed", result.steps],
         ["wall time (s)", round(result.seconds, 2)],
     ]
-    print(report.table(rows, ["enumerate", "value"], args.format))
-    print()
-    report.print_coverage(result.coverage, system, args.format, lanes=True)
+    _print_summary(system, args, rows, result.coverage, lanes=True)
     if result.finding is None or result.execution is None:
         return _nothing_found(
             vacuity(result.coverage, system, result.sequences, concurrency=args.concurrency,
@@ -295,6 +292,18 @@ def _enumerate_lanes(args: argparse.Namespace) -> int:
         print(line)
     print(f"replay with: {corpus.replay_command(path, system.ref)}")
     return EXIT_FOUND
+
+
+def _print_summary(system: System, args: argparse.Namespace, rows: list[list[Any]],
+                   coverage: Coverage, *, faults: tuple[str, ...] = (),
+                   lanes: bool = False) -> None:
+    """Either enumerator's figures under one system row, then the coverage tables."""
+    from faultlab.report import tables as report
+
+    system_row = ["system", f"{system.ref}{'' if args.deduplication else ' (deduplication off)'}"]
+    print(report.table([system_row, *rows], ["enumerate", "value"], args.format))
+    print()
+    report.print_coverage(coverage, system, args.format, faults, lanes=lanes)
 
 
 def _nothing_found(vacuous: str | None, count: int, unit: str) -> int:
