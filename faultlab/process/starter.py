@@ -115,12 +115,16 @@ class Starter:
         """One message; a notice is recorded as it is read (and returned too)."""
         if timeout is not None and not select.select([self._socket], [], [], timeout)[0]:
             return b""
-        message = self._socket.recv(_MESSAGE)
+        # deferred: a notice read is a notice recorded. A SIGTERM raised between the two
+        # lost a worker's end for good, and the executor's cleanup then waited out the
+        # deadline, twice, for a notice the helper had already sent
+        with interrupt.deferred():
+            message = self._socket.recv(_MESSAGE)
+            if message.startswith(b"exited "):
+                _, pid, status = message.split()
+                self._ended[int(pid)] = int(status)
         if not message:
             raise OSError("its socket closed")
-        if message.startswith(b"exited "):
-            _, pid, status = message.split()
-            self._ended[int(pid)] = int(status)
         return message
 
     def close(self) -> None:

@@ -353,11 +353,14 @@ class LaneExecutor:
         with interrupt.deferred():
             if self.power and vfs.installed_directory() == str(self.directory / POWER_LOG):
                 vfs.uninstall()
-            for lane in list(self.lanes.values()):
+            lanes = list(self.lanes.values())
+            for lane in lanes:  # every lane is killed first: they die together, not in turn
                 if lane.alive:
                     self._signal(lane, signal.SIGKILL)
                     if lane.paused:
                         self._signal(lane, signal.SIGCONT)
+            for lane in lanes:
+                if lane.alive:
                     self._wait_exit(lane)
                 # a service child reparented to this process; a killed group may take a
                 # while to die on a loaded machine (returns as soon as it is gone)
