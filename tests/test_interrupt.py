@@ -441,3 +441,32 @@ def test_a_signal_held_back_while_the_lanes_directory_is_made_leaves_no_director
         monkeypatch.undo()
     assert len(made) == 1 and f"faultlab-lanes-{os.getpid()}-" in made[0], made
     assert not Path(made[0]).exists(), made
+
+
+def test_after_a_signal_no_lane_step_runs() -> None:
+    """A real SIGTERM lands while a concurrent trace runs (the state machine's body): the
+    teardown that follows must not settle the trace, which would resume, finish and recover
+    the lanes after the interrupt (a worker waiting on a paused lane's lock held that up to
+    its deadline: an interrupted ``explore --jobs`` took 15 s to stop). The next step
+    raises at once and starts no worker, as a sequential step does."""
+    from faultlab.run import interleaving
+    from faultlab.system import load_system
+    from faultlab.trace import LaneStep
+
+    try:
+        with interleaving.LaneExecutor(load_system("reference"), concurrency=2) as ex:
+            ex.run(LaneStep("start", 1, "accept", "op-1", '{"title":"a"}'))
+            held = ex.lanes[1].pid
+            with interrupt.handling():
+                with pytest.raises(interrupt.Interrupted):
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(1)  # the handler raises here, as in a step's wait
+                with pytest.raises(interrupt.Interrupted):
+                    ex.run(LaneStep("start", 2, "dispatch"))
+                with pytest.raises(interrupt.Interrupted):
+                    ex.settle()
+            assert ex.workers == 1 and list(ex.lanes) == [1]
+            assert ex.lanes[1].status == "held" and ex.lanes[1].pid == held
+    finally:
+        interrupt.reset()
+    assert not Path(f"/proc/{held}").exists()  # close() killed and reaped it

@@ -98,7 +98,7 @@ def test_lane_workers_are_not_forked_by_the_executors_process(reference: System)
         ex.run(LaneStep("start", 1, "accept", "op-1", payload))
         ex.run(LaneStep("start", 2, "dispatch"))
         pids = [lane.pid for lane in ex.lanes.values()]
-        helper = ex._starter
+        helper = ex._launcher._starter
         assert helper is not None and len(pids) == 2
         assert [_parent_of(pid) for pid in pids] == [helper.pid, helper.pid]
         ex.run(LaneStep("finish", 1))
