@@ -334,3 +334,13 @@ class HangingDispatchOutbox(ReferenceOutbox):
     def dispatch(self, context: WorkerContext) -> dict[str, Any]:
         time.sleep(3600)
         raise AssertionError("unreachable: the deadline kills this worker")
+
+
+class UnreleasableOutbox(ReferenceOutbox):
+    """Its stores cannot be released when a trace ends (as when the PostgreSQL server that
+    held its databases has died): the run directory must go all the same."""
+
+    def release(self, directory: Any) -> None:
+        from faultlab.stores.sqlite import StoreError
+
+        raise StoreError(f"cannot release the stores of {directory}: the server is gone")

@@ -420,7 +420,7 @@ def test_a_signal_held_back_while_the_lanes_directory_is_made_leaves_no_director
     left behind in about 7 % of interrupts landing at the start of a concurrent example)."""
     import tempfile
 
-    from faultlab.run import interleaving
+    from faultlab.run import directory, interleaving
     from faultlab.system import load_system
 
     made: list[str] = []
@@ -431,7 +431,7 @@ def test_a_signal_held_back_while_the_lanes_directory_is_made_leaves_no_director
         os.kill(os.getpid(), signal.SIGINT)  # held back: the deferred block is still open
         return made[-1]
 
-    monkeypatch.setattr(interleaving.tempfile, "mkdtemp", mkdtemp_then_signal)
+    monkeypatch.setattr(directory.tempfile, "mkdtemp", mkdtemp_then_signal)
     try:
         with interrupt.handling(), pytest.raises(interrupt.Interrupted):
             with interleaving.LaneExecutor(load_system("reference"), concurrency=2):

@@ -249,7 +249,7 @@ def test_a_stopped_round_cleans_up_and_reports_nothing(
     directory behind, counts no unfinished example and reports no finding."""
     import tempfile
 
-    from faultlab.run import executor
+    from faultlab.run import directory
 
     made: list[str] = []
     real = tempfile.mkdtemp
@@ -259,7 +259,7 @@ def test_a_stopped_round_cleans_up_and_reports_nothing(
         made.append(path)
         return path
 
-    monkeypatch.setattr(executor.tempfile, "mkdtemp", recording)
+    monkeypatch.setattr(directory.tempfile, "mkdtemp", recording)
     asked = [0]
 
     def stop() -> bool:

@@ -17,10 +17,7 @@ comes due instead of being reported lost.
 from __future__ import annotations
 
 import copy
-import hashlib
 import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -53,18 +50,16 @@ from faultlab.process.records import (
     WorkerSpec,
 )
 from faultlab.process.spawn import Spawner
+from faultlab.run.directory import POWER_LOG, RunDirectory, store_digests
 from faultlab.stores import vfs
 from faultlab.stores.sqlite import (
     Snapshot,
     kept_connections,
     readers_kept_open,
-    scratch_directory,
 )
 from faultlab.system.contract import System, check_crash_point
 from faultlab.trace import ACTIONS, POWER, SERVER_CRASH, Step, Verdict
 
-#: The run directory's subdirectory the recording VFS logs into for a trace with power steps.
-POWER_LOG = "power-log"
 #: How a power step shows as a process record: no process ran.
 NO_PROCESS = ProcessRecord(pid=0, exit_code=0, response=None, stdout="", stderr="", elapsed=0.0)
 
@@ -207,8 +202,10 @@ class Executor:
         self.spawner = spawner
         self.deduplication = deduplication
         self.deadline = deadline
-        self._requested_directory = directory
-        self._temporary = directory is None
+        #: The trace's stores, made at enter and gone at close; None for a resumed branch,
+        #: whose directory its caller owns.
+        self._run: RunDirectory | None = RunDirectory(system, "faultlab-", power=power,
+                                                      requested=directory)
         self.directory = Path()
         self.model = Model()
         #: What earlier steps established (``TERM``'s terminal results, ``ORDER``'s
@@ -268,7 +265,7 @@ class Executor:
         executor = cls(system, spawner, deduplication=deduplication, deadline=deadline,
                        power=power)
         executor.unrecorded_baseline = dict(baseline or {})
-        executor._temporary = False
+        executor._run = None
         executor.directory = directory
         executor.model = copy.deepcopy(model)
         executor.history = copy.deepcopy(history)
@@ -304,19 +301,13 @@ class Executor:
 
     def __enter__(self) -> Executor:
         try:
-            with interrupt.deferred():  # the directory is created and known, or neither
-                if self._requested_directory is None:
-                    # the pid in the name tells whose run directory it is (tests check)
-                    self.directory = Path(tempfile.mkdtemp(prefix=f"faultlab-{os.getpid()}-",
-                                                           dir=scratch_directory()))
-                else:
-                    self.directory = self._requested_directory
-                    self.directory.mkdir(parents=True)
-            self.system.initialise(self.directory)  # durable: nothing records it yet
-            if self.power:
-                self.unrecorded_baseline = self._store_digests()
-                # before the readers open: their recovery of a hot journal is recorded too
-                vfs.install(self._power_log())
+            if self._run is None:
+                raise ExecutionError("a resumed executor runs in its caller's directory; "
+                                     "it is not entered")
+            # with power, recording starts before the readers open: their recovery of a
+            # hot journal is recorded too
+            self.directory = self._run.open()
+            self.unrecorded_baseline = self._run.baseline
             self._readers.enter_context(readers_kept_open())
             self._start_clock(existing=False)
             self.snapshot = self.system.snapshot(self.directory)
@@ -334,15 +325,10 @@ class Executor:
     def close(self) -> None:
         with interrupt.deferred():  # a signal must not leave half a run directory
             self._readers.close()  # before the stores go
-            if self.power and vfs.installed_directory() == str(self._power_log()):
+            if self._run is not None:
+                self._run.close()
+            elif self.power and vfs.installed_directory() == str(self._power_log()):
                 vfs.uninstall()
-            owned = self._temporary or self._requested_directory is not None  # not resumed
-            try:
-                if owned and self.directory != Path():
-                    self.system.release(self.directory)  # PostgreSQL databases never outlive
-            finally:  # a trace; its directory goes even when releasing failed (a dead server)
-                if self._temporary and self.directory != Path():
-                    shutil.rmtree(self.directory, ignore_errors=True)
 
     @property
     def steps(self) -> list[Step]:
@@ -501,19 +487,6 @@ def cut_power(system: System, directory: Path, log: Path, choice: Mapping[str, A
     return unopenable, after
 
 
-def store_digests(system: System, directory: Path) -> dict[str, str]:
-    """Each store's bytes with its journal and WAL (a WAL-mode writer may leave the main
-    file untouched), as one digest per store file name: what a power step compares to
-    tell a store written without a recorded write (:attr:`Executor.unrecorded_baseline`)."""
-    digests: dict[str, str] = {}
-    for path in system.store_files(directory):
-        digest = hashlib.sha256()
-        for part in (path, *(path.with_name(path.name + s) for s in ("-journal", "-wal"))):
-            digest.update(part.name.encode() + b"\0")
-            if part.is_file():
-                digest.update(part.read_bytes())
-        digests[path.name] = digest.hexdigest()
-    return digests
 
 
 @dataclass

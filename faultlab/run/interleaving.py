@@ -28,10 +28,7 @@ from __future__ import annotations
 import json
 import os
 import selectors
-import shutil
 import signal
-import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +55,7 @@ from faultlab.checks.invariants import (
 from faultlab.nemesis.announce import CONTINUE as ANNOUNCE_CONTINUE
 from faultlab.nemesis.announce import ProtocolError, channel_environment, parse_announcement
 from faultlab.nemesis.schedule import CONTINUE, RETRY_SIGNAL, SCHEDULE_ENV, STATEMENTS_ENV
-from faultlab.process import starter
+from faultlab.process.launch import Launcher, Running
 from faultlab.process.records import (
     DEFAULT_DEADLINE,
     POWER_LOG_VARIABLE,
@@ -67,21 +64,15 @@ from faultlab.process.records import (
     WorkerSpec,
     parse_response,
 )
-from faultlab.process.spawn import (
-    child_environment,
-    child_main,
-    lead_own_group,
-    reap_group,
-    tree_activity,
-)
+from faultlab.process.spawn import child_environment, reap_group, tree_activity
 
 # Imported here, not in the forked child: a child that imported a module from disk would
 # run whatever the file holds at that moment, not what this run loaded.
-from faultlab.run.executor import POWER_LOG, check_server_crash, cut_power, store_digests
+from faultlab.run.directory import POWER_LOG, RunDirectory
+from faultlab.run.executor import check_server_crash, cut_power
 from faultlab.run.worker import run_worker
 from faultlab.stores import postgres as pgstores
-from faultlab.stores import vfs
-from faultlab.stores.sqlite import Snapshot, readers_are_kept, scratch_directory
+from faultlab.stores.sqlite import Snapshot, readers_are_kept
 from faultlab.system.contract import Program, System, check_crash_point
 from faultlab.trace import DROP_CONNECTION, POWER, SERVER_CRASH, STARTS, LaneStep, Verdict
 
@@ -152,10 +143,10 @@ class Lane:
     number: int
     worker: int
     spec: WorkerSpec
-    pid: int
-    decide: int
+    #: The worker's process (its pid, its pipes), started by the process layer.
+    process: Running
+    #: The read ends of its pipes not yet at their end (announce, stdout, stderr).
     fds: dict[int, str]
-    started: float
     go: bytes = CONTINUE  # what lets this lane's worker continue from a point
     status: str = "running"  # running, held, blocked, exited
     paused: bool = False
@@ -170,11 +161,13 @@ class Lane:
     solitary: bool = True
     #: The system's own program running the worker (None: faultlab's worker).
     program: Program | None = None
-    #: What forked the worker and reaps it (None: this process is its parent).
-    starter: starter.Starter | None = None
     #: It broke its protocol: killed, and whatever else it wrote is not read as an
     #: announcement (close() drains its pipes; the run has already failed).
     broken: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
 
     @property
     def alive(self) -> bool:
@@ -258,6 +251,17 @@ def _run_lane_worker(spec: WorkerSpec, environment: dict[str, str],
     return run_worker(spec)
 
 
+def _program_environment(program: Program, decide: int, announce: int) -> dict[str, str]:
+    """A system's own program's environment, as the system gave it; one that speaks the
+    announcement protocol also finds its channel there (and holds at every point it
+    announces, ``reached POINT PID``, until faultlab answers ``continue``); any other runs
+    free between start and end (it can still be paused, resumed and killed)."""
+    environment = dict(program.env)
+    if program.announces:
+        environment.update(channel_environment(announce_fd=announce, resume_fd=decide))
+    return environment
+
+
 class LaneExecutor:
     """Runs a concurrent trace's steps on one set of fresh stores, with its own clock."""
 
@@ -289,6 +293,8 @@ class LaneExecutor:
         #: A Python system's workers sleep only in SQLite's busy handler (waiting for a
         #: lock); a command-line program may sleep for reasons of its own.
         self.fast_blocking = system.sleeps_only_on_locks
+        #: The trace's stores, made at enter (named by this process's pid) and gone at close.
+        self._run = RunDirectory(system, "faultlab-lanes-", power=power)
         self.directory = Path()
         self.clock: VirtualClock | None = None
         self.wall: WallClock | None = None  # libfaketime's file, for virtual_wall_clock
@@ -302,8 +308,9 @@ class LaneExecutor:
         self.workers = 0
         self.processes = 0
         self._selector = selectors.DefaultSelector()
-        #: Forks this trace's faultlab workers (made at the first one; closed with the trace).
-        self._starter: starter.Starter | None = None
+        #: Starts this trace's workers (the process layer's; closed with the trace).
+        self._launcher = Launcher(_run_lane_worker)
+        self._notices_watched = False
         self._exited: list[tuple[int, ProcessRecord]] = []
         #: Why each store does not open after the power cut of the step being observed.
         self._unopenable: tuple[str, ...] = ()
@@ -314,15 +321,8 @@ class LaneExecutor:
         try:
             # inside the try: a signal held back while the directory is made is raised
             # as the deferred block ends, and close() must then remove the directory
-            with interrupt.deferred():  # the directory is created and known, or neither
-                # the pid in the name tells whose run directory it is, as for sequential
-                # traces
-                self.directory = Path(tempfile.mkdtemp(
-                    prefix=f"faultlab-lanes-{os.getpid()}-", dir=scratch_directory()))
-            self.system.initialise(self.directory)
-            if self.power:  # before the first snapshot: its recovery of a journal is recorded
-                self.unrecorded_baseline = store_digests(self.system, self.directory)
-                vfs.install(self.directory / POWER_LOG)
+            self.directory = self._run.open()
+            self.unrecorded_baseline = self._run.baseline
             self.clock = VirtualClock(self.directory)
             self._set_server_clock()
             if getattr(self.system, "virtual_wall_clock", False):
@@ -351,29 +351,26 @@ class LaneExecutor:
         Under deferred signals: a SIGINT that lands here (at the end of an example) must
         not leave the run directory behind; it is raised once the directory is gone."""
         with interrupt.deferred():
-            if self.power and vfs.installed_directory() == str(self.directory / POWER_LOG):
-                vfs.uninstall()
-            lanes = list(self.lanes.values())
-            for lane in lanes:  # every lane is killed first: they die together, not in turn
-                if lane.alive:
-                    self._signal(lane, signal.SIGKILL)
-                    if lane.paused:
-                        self._signal(lane, signal.SIGCONT)
-            for lane in lanes:
-                if lane.alive:
-                    self._wait_exit(lane)
-                # a service child reparented to this process; a killed group may take a
-                # while to die on a loaded machine (returns as soon as it is gone)
-                reap_group(lane.pid, wait=2.0)
-            self._selector.close()
-            if self._starter is not None:
-                self._starter.close()
-                self._starter = None
-            if self.directory != Path():
-                # PostgreSQL databases (and their snapshot connection) never outlive a trace: a
-                # long concurrent run would otherwise exhaust the server's connections
-                self.system.release(self.directory)
-                shutil.rmtree(self.directory, ignore_errors=True)
+            try:
+                lanes = list(self.lanes.values())
+                for lane in lanes:  # every lane is killed first: they die together
+                    if lane.alive:
+                        self._signal(lane, signal.SIGKILL)
+                        if lane.paused:
+                            self._signal(lane, signal.SIGCONT)
+                for lane in lanes:
+                    if lane.alive:
+                        self._wait_exit(lane)
+                    # a service child reparented to this process; a killed group may take
+                    # a while to die on a loaded machine (returns as soon as it is gone)
+                    reap_group(lane.pid, wait=2.0)
+            finally:  # the stores go whatever happened above (the helper kills the rest)
+                self._selector.close()
+                self._launcher.close()
+                # PostgreSQL databases (and their snapshot connection) never outlive a
+                # trace: a long concurrent run would otherwise exhaust the server's
+                # connections
+                self._run.close()
                 self.directory = Path()
 
     # -- processes -----------------------------------------------------------------------
@@ -391,93 +388,43 @@ class LaneExecutor:
         if forks and readers_are_kept():  # needs an exec; SQLite: no open connection may
             raise ExecutionError("cannot fork a lane while snapshot connections are kept "
                                  "open (a sequential executor is open in this process)")
-        if forks and self._starter is None and starter.available():
-            # faultlab's workers are forked by the starter's helper, not by this process
-            # (see faultlab.process.starter); made before this lane's pipes, closed with
-            # the trace
-            with interrupt.deferred():  # started and known, or neither
-                self._starter = starter.Starter(_run_lane_worker)
-                self._selector.register(self._starter.fileno(), selectors.EVENT_READ, None)
-        decide_r, decide_w = os.pipe()
-        announce_r, announce_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        environment = {SCHEDULE_ENV: f"{decide_r},{announce_w}", **dict(spec.environment)}
+        variables = dict(spec.environment)
         if self.statement_points:
-            environment[STATEMENTS_ENV] = "1"
-        started = time.monotonic()
+            variables[STATEMENTS_ENV] = "1"
+
+        def scheduled(decide: int, announce: int) -> dict[str, str]:
+            """faultlab's worker finds its channel (as numbered in the child) here."""
+            return {SCHEDULE_ENV: f"{decide},{announce}", **variables}
+
         go = CONTINUE
-        started_by: starter.Starter | None = None
-        try:
-            if program is not None:
-                pid = self._spawn_program(program, (decide_r, announce_w), out_w, err_w)
-                go = ANNOUNCE_CONTINUE
-                if program.backend_tag is not None:  # its backends are a live worker's
-                    pgstores.command_worker_started(program.backend_tag, pid)
-            elif forks and self._starter is not None:  # forked by its helper, not here
-                with interrupt.deferred():  # a started worker is always known by its pid
-                    pid = self._starter.start(spec, environment,
-                                              (decide_r, announce_w, out_w, err_w))
-                    started_by = self._starter
-            elif forks:
-                pid = os.fork()
-                if pid == 0:  # child: never returns
-                    for fd in (decide_w, announce_r, out_r, err_r):
-                        os.close(fd)
-                    child_main(out_w, err_w, new_group=True, read_spec=lambda: spec,
-                               run=lambda spec: _run_lane_worker(
-                                   spec, environment, (decide_r, announce_w)),
-                               keep=(decide_r, announce_w))
-                lead_own_group(pid)  # a kill right after the fork must reach it
-            else:
-                child = subprocess.Popen(
-                    spec.argv(), stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
-                    env={**child_environment(), **environment}, pass_fds=(decide_r, announce_w),
-                    start_new_session=True,
-                )
-                pid = child.pid
-                child.returncode = 0  # reaped by this executor, not by Popen
-        except BaseException:
-            for fd in (decide_w, announce_r, out_r, err_r):
-                os.close(fd)
-            raise
-        finally:
-            for fd in (decide_r, announce_w, out_w, err_w):
-                os.close(fd)
+        if program is not None:
+            running = self._launcher.start_command(
+                program.argv, lambda decide, announce: _program_environment(
+                    program, decide, announce), cwd=program.cwd, control=program.announces)
+            go = ANNOUNCE_CONTINUE
+            if program.backend_tag is not None:  # its backends are a live worker's
+                pgstores.command_worker_started(program.backend_tag, running.pid)
+        elif forks:  # by the starter's helper where it can be (see faultlab.process.launch)
+            running = self._launcher.start_worker(spec, scheduled)
+            notices = self._launcher.notices()
+            if notices is not None and not self._notices_watched:
+                self._selector.register(notices, selectors.EVENT_READ, None)
+                self._notices_watched = True
+        else:
+            running = self._launcher.start_command(
+                spec.argv(), lambda decide, announce: {**child_environment(),
+                                                       **scheduled(decide, announce)})
         self.workers += 1
         self.processes += 1
-        fds = {announce_r: "announce", out_r: "stdout", err_r: "stderr"}
         others = [other for other in self.lanes.values() if other.alive]
         for other in others:
             other.solitary = False
-        lane = Lane(number, self.workers, spec, pid, decide_w, fds, started, go=go,
+        lane = Lane(number, self.workers, spec, running, dict(running.outputs), go=go,
                     chunks={"stdout": [], "stderr": []}, start_snapshot=self.snapshot,
-                    solitary=not others, program=program, starter=started_by)
-        for fd in fds:
-            os.set_blocking(fd, False)
+                    solitary=not others, program=program)
+        for fd in lane.fds:
             self._selector.register(fd, selectors.EVENT_READ, lane)
         return lane
-
-    def _spawn_program(self, program: Program, channel: tuple[int, int], out_w: int,
-                       err_w: int) -> int:
-        """Start a system's own program for the role, as the system gave it. One that speaks
-        the announcement protocol gets the control pipe and holds at every point it
-        announces (``reached POINT PID``) until faultlab answers ``continue``; any other
-        runs free between start and end (it can still be paused, resumed and killed)."""
-        env = dict(program.env)
-        if program.announces:
-            env.update(channel_environment(announce_fd=channel[1], resume_fd=channel[0]))
-        try:
-            child = subprocess.Popen(
-                program.argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, env=env,
-                cwd=program.cwd, pass_fds=channel if program.announces else (),
-                start_new_session=True,
-            )
-        except OSError as error:
-            raise ExecutionError(f"cannot run {program.argv[0]}: {error.strerror or error}"
-                                 ) from None
-        child.returncode = 0  # reaped by this executor, not by Popen
-        return child.pid
 
     def _pump(self, timeout: float) -> None:
         """Read whatever any lane wrote; update held points, claims and ended lanes."""
@@ -485,9 +432,8 @@ class LaneExecutor:
             time.sleep(min(timeout, 0.01))
             return
         for key, _ in self._selector.select(timeout=max(timeout, 0.0)):
-            if key.data is None:  # the starter's notices of ended workers
-                if self._starter is not None:
-                    self._starter.collect()
+            if key.data is None:  # the process layer's notices of ended workers
+                self._launcher.collect()
                 continue
             lane: Lane = key.data
             fd = int(key.fd)
@@ -565,27 +511,12 @@ class LaneExecutor:
 
     def _reap(self, lane: Lane) -> None:
         """The lane's pipes are closed: its process is ending; wait for it (bounded)."""
-        end = time.monotonic() + self.deadline
-        if lane.starter is not None:  # the starter's helper reaps it and says so
-            ended = lane.starter.ended(lane.pid, self.deadline)
-            if ended is None:
-                self._signal(lane, signal.SIGKILL)
-                ended = lane.starter.ended(lane.pid, self.deadline)
-            if ended is None:
-                raise ExecutionError(f"lane {lane.number} pid {lane.pid} did not end")
-            status = ended
-        while lane.starter is None:
-            waited, status = os.waitpid(lane.pid, os.WNOHANG)
-            if waited:
-                break
-            if time.monotonic() > end:
-                self._signal(lane, signal.SIGKILL)
-                waited, status = os.waitpid(lane.pid, 0)
-                break
-            time.sleep(0.0005)
+        try:
+            status = lane.process.reap(self.deadline)
+        except ExecutionError as error:
+            raise ExecutionError(f"lane {lane.number}: {error}") from None
         if lane.program is not None and lane.program.backend_tag is not None:
             pgstores.command_worker_ended(lane.program.backend_tag)  # reaped: it has ended
-        os.close(lane.decide)
         if os.WIFSIGNALED(status):
             # killed with its group: a dispatcher's service that was running comes to this
             # process (a child subreaper) to be reaped; now, not when the trace ends, since
@@ -597,7 +528,7 @@ class LaneExecutor:
             pid=lane.pid, exit_code=os.waitstatus_to_exitcode(status),
             response=parse_response(stdout), stdout=stdout,
             stderr=b"".join(lane.chunks["stderr"]).decode("utf-8", "replace"),
-            elapsed=time.monotonic() - lane.started,
+            elapsed=time.monotonic() - lane.process.started,
         ))
         if (lane.record.response or {}).get("service"):
             self.processes += 1  # the service child the dispatcher started
@@ -670,10 +601,7 @@ class LaneExecutor:
             self._pump(0.1)
 
     def _signal(self, lane: Lane, signum: int) -> None:
-        try:
-            os.killpg(lane.pid, signum)
-        except ProcessLookupError:
-            pass
+        lane.process.signal(signum)
 
     def _settle_blocked(self, moved: Lane | None) -> None:
         """After a step, give lanes that were blocked a chance to reach their next point."""
@@ -726,6 +654,10 @@ class LaneExecutor:
             raise UsageError(f"{step.describe()}: lane {step.lane} is not paused")
 
     def run(self, step: LaneStep, *, phase: str = "step") -> LaneObservation:
+        # after a SIGINT/SIGTERM no further step runs, as sequentially: a state machine's
+        # teardown would otherwise settle the interrupted trace (resume, finish, recover),
+        # and a worker left waiting on a lock held that up to its deadline
+        interrupt.check()
         self.check_step(step)
         self._exited = []
         sigkills = 0
@@ -753,7 +685,7 @@ class LaneExecutor:
             if moved.status == "blocked" and step.action in ("release", "finish"):
                 self._wait(moved, self.block_bound)  # still blocked: the step waits once more
             if step.action == "release" and moved.status == "held":
-                os.write(moved.decide, moved.go)
+                os.write(moved.process.decide, moved.go)
                 moved.status = "running"
                 self._wait(moved, self.block_bound)
             elif step.action == "finish":
@@ -773,8 +705,8 @@ class LaneExecutor:
                 self._wait_exit(moved)
                 sigkills = 1
             elif step.action == "pause":
+                moved.paused = True  # first: a lane stopped is always known as paused
                 self._signal(moved, signal.SIGSTOP)
-                moved.paused = True
                 self._stopped(moved)
             elif step.action == "resume":
                 self._signal(moved, signal.SIGCONT)
@@ -837,7 +769,7 @@ class LaneExecutor:
     def _finish(self, lane: Lane) -> None:
         """Release the lane point after point until it ends (or blocks on a lock)."""
         while lane.status == "held":
-            os.write(lane.decide, lane.go)
+            os.write(lane.process.decide, lane.go)
             lane.status = "running"
             self._wait(lane, self.block_bound)
 
