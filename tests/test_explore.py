@@ -259,3 +259,35 @@ def test_a_saved_finding_stays_a_finding_when_the_html_target_vanishes(tmp_path:
     assert "wrote " not in out
     assert "the finding is saved, but the --html page was not written" in stderr
     assert "Traceback" not in stderr
+
+
+def test_an_example_that_errors_is_neither_recovered_nor_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dispatcher refuses its input (exit 2: a run error, never a finding). The
+    sequential example stops there, as one in lanes does: no recovery starts another
+    dispatcher after the error, and the example is not counted (before, the sequential
+    frame recovered it, its dispatcher completed the work, and it counted as a clean
+    example of three steps)."""
+    from faultlab.base.errors import ExecutionError
+
+    from faultlab.process.spawn import spawner
+    from faultlab.trace import Step
+
+    flag = tmp_path / "refuse-once"
+    flag.write_text("")
+    monkeypatch.setenv("FAULTLAB_TEST_ONCE_FLAG", str(flag))
+    with spawner("fork") as runner:  # its fork server starts with the flag's variable
+        machine = outbox_machine("systems_for_tests:OnceRefusingOutbox", spawner=runner)
+        instance = machine()
+        with pytest.raises(ExecutionError, match="refused"):
+            try:
+                instance.execute(Step("accept", "op-1", {"title": "a"}))
+                instance.execute(Step("dispatch"))
+            finally:
+                instance.teardown()
+    assert not flag.exists()  # the dispatcher did refuse
+    assert isinstance(machine.recorder.run_error, ExecutionError)
+    assert [o.step.action for o in instance.executor.observations] == ["accept"]
+    assert machine.recorder.examples == 0 and machine.recorder.steps == 1
+    assert instance.executor.snapshot.pending_outbox()  # nothing dispatched it afterwards

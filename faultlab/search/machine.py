@@ -15,9 +15,9 @@ Use it from your own pytest suite::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from hypothesis import HealthCheck, Verbosity, assume, settings
 from hypothesis import strategies as st
@@ -184,21 +184,147 @@ class NewOperations:
         return data.draw(type(self).payload_source, label="payload")
 
 
-class OutboxMachine(NewOperations, RuleBasedStateMachine):
-    """Base class: :func:`outbox_machine` adds rules drawn from a system's crash points."""
+class TraceExecutor(Protocol):
+    """What the frame asks of an executor, sequential or in lanes: fresh stores opened, a
+    step run and judged, a recovery, the stores released."""
+
+    def __enter__(self) -> Any: ...
+
+    def run(self, step: Any, *, phase: str = "step") -> Any: ...
+
+    def settle(self) -> tuple[Sequence[Any], list[Violation]]: ...
+
+    def close(self) -> None: ...
+
+
+class TraceMachine(NewOperations, RuleBasedStateMachine):
+    """What every exploring machine does, whatever its concurrency: its example runs on
+    fresh stores its executor opens as the example starts; each drawn step runs there and
+    the first failed invariant ends the example; at its end the trace recovers (unless it
+    failed, stopped or errored), the stores go and the recorder is told. A run error (stores
+    that could not be made or released, a worker that could not run) is the recorder's,
+    never a finding: the example stops there, is not recovered and is not counted.
+
+    The sequential machine (:class:`OutboxMachine`) and the one in lanes
+    (:class:`faultlab.search.schedules.ConcurrentMachine`) differ in their rules and in
+    what their executor is; the example's frame is this one."""
 
     system_ref: ClassVar[str] = "reference"
     deduplication: ClassVar[bool] = True
     deadline: ClassVar[float] = DEFAULT_DEADLINE
-    spawner: ClassVar[Spawner | None] = None
-    recorder: ClassVar[Recorder[Step]]
-    operations_bundle: ClassVar[Bundle[str]] = Bundle("operations")
+    recorder: ClassVar[Recorder[Any]]
     payload_source: ClassVar[st.SearchStrategy[Any]] = generated.SIMPLE_PAYLOADS
     id_source: ClassVar[st.SearchStrategy[str] | None] = None
+    #: The system's named crash points a step of each kind may arm.
     accept_points: ClassVar[tuple[str, ...]] = ()
     dispatch_points: ClassVar[tuple[str, ...]] = ()
     #: ``explore --power-loss``: the stores are recorded and a ``power`` rule cuts power.
     power_loss: ClassVar[bool] = False
+
+    def _open(self, executor: TraceExecutor) -> None:
+        """Start the example: its state, then its executor's stores (last: once they exist,
+        nothing of the constructor is left to fail, and teardown removes them)."""
+        cls = type(self)
+        self.payloads: dict[str, Any] = {}
+        self.failure: InvariantFailure | None = None
+        self.stopped = False
+        #: this example's step (or its recovery) stopped with an error: no verdict
+        self.errored = False
+        # Swarm testing: an example's first crashing step enables a subset of the crash
+        # points for the whole example (drawn then, not in an @initialize rule: that rule
+        # made Hypothesis end examples early, 6 steps on average instead of 9).
+        self.all_points: tuple[str, ...] = cls.accept_points + cls.dispatch_points
+        self.enabled_points: tuple[str, ...] | None = None
+        try:
+            executor.__enter__()
+        except Exception as error:  # the stores could not be made: the run's error, not
+            self.recorder.run_error = self.recorder.run_error or error  # the example's
+            raise
+
+    @property
+    def trace_executor(self) -> TraceExecutor:
+        raise NotImplementedError
+
+    def should_stop(self) -> bool:
+        """Whether the exploration is over before this step: a time budget spent, or
+        another job found something."""
+        return should_stop(self.recorder.stop, self.recorder.first_failure_examples is not None)
+
+    def run_step(self, step: Any) -> Any:
+        """Run ``step`` on the example's stores; its observation, once every invariant
+        held (else :class:`InvariantFailure`)."""
+        if self.should_stop():
+            self.stopped = True
+            raise StopExploration
+        try:
+            observation = self.trace_executor.run(step)
+        except Exception as error:
+            self.errored = True
+            self.recorder.run_error = self.recorder.run_error or error
+            raise
+        self._observed(observation)
+        if observation.violations:
+            self.failure = InvariantFailure(observation.index, list(observation.violations))
+            raise self.failure
+        return observation
+
+    def _observed(self, observation: Any) -> None:
+        """A step (or a recovery step) was observed: the recorder counts it."""
+        self.recorder.observe(observation)
+
+    def _example(self, recovered: bool) -> tuple[Sequence[Any], int, bool]:
+        """The ended example's steps, the processes it started and whether LIVE was judged
+        (``recovered``: the recovery ran and failed nothing)."""
+        raise NotImplementedError
+
+    def teardown(self) -> None:
+        found: InvariantFailure | None = None
+        recovered = False
+        executor = self.trace_executor
+        try:
+            if self.failure is None and not self.stopped and not self.errored:
+                try:
+                    observations, final = executor.settle()
+                except Exception as error:
+                    self.errored = True
+                    self.recorder.run_error = self.recorder.run_error or error
+                    raise
+                for observation in observations:
+                    self._observed(observation)
+                failed = next((o for o in observations if o.violations), None)
+                if failed is not None:
+                    found = InvariantFailure(failed.index, list(failed.violations))
+                elif final:
+                    found = InvariantFailure(None, final)
+                recovered = failed is None
+                self.failure = found
+        finally:
+            # first: a signal landing anywhere later must not leave the run directory
+            try:
+                executor.close()
+            except Exception as error:  # releasing the stores failed: the run's error
+                self.recorder.run_error = self.recorder.run_error or error
+                raise
+            verdict, violations = Verdict(), []
+            if self.failure is not None:
+                violations = self.failure.violations
+                verdict = Verdict.of(self.failure.step, violations)
+            # an unfinished example is neither counted nor reported, and a failed run is
+            # not a finding
+            if not self.stopped and not self.errored:
+                steps, processes, live = self._example(recovered)
+                self.recorder.finish(steps, verdict, violations, processes=processes,
+                                     live=live)
+        if found is not None:
+            raise found
+
+
+class OutboxMachine(TraceMachine):
+    """Base class: :func:`outbox_machine` adds rules drawn from a system's crash points."""
+
+    spawner: ClassVar[Spawner | None] = None
+    recorder: ClassVar[Recorder[Step]]
+    operations_bundle: ClassVar[Bundle[str]] = Bundle("operations")
 
     def __init__(self) -> None:
         super().__init__()
@@ -210,38 +336,23 @@ class OutboxMachine(NewOperations, RuleBasedStateMachine):
             self.system, cls.spawner, deduplication=cls.deduplication, deadline=cls.deadline,
             power=cls.power_loss,
         )
-        try:
-            self.executor.__enter__()
-        except Exception as error:  # the stores could not be made: the run's error, not
-            self.recorder.run_error = self.recorder.run_error or error  # the example's
-            raise
-        self.payloads: dict[str, dict[str, Any]] = {}
-        self.failure: InvariantFailure | None = None
         self.fired: set[str] = set()
         self.unacknowledged: list[str] = []
-        self.stopped = False
         #: the last step was a dispatch that crashed nowhere and changed neither store
         self.idle = False
-        # Swarm testing: an example's first crashing step enables a subset of the crash
-        # points for the whole example (drawn then, not in an @initialize rule: that rule
-        # made Hypothesis end examples early, 6 steps on average instead of 9).
-        self.all_points: tuple[str, ...] = cls.accept_points + cls.dispatch_points
-        self.enabled_points: tuple[str, ...] | None = None
+        self._open(self.executor)
+
+    @property
+    def trace_executor(self) -> TraceExecutor:
+        return self.executor
 
     def execute(self, step: Step) -> Observation:
-        if should_stop(self.recorder.stop, self.recorder.first_failure_examples is not None):
-            self.stopped = True
-            raise StopExploration
-        try:
-            observation = self.executor.run(step)
-        except Exception as error:
-            self.recorder.run_error = self.recorder.run_error or error
-            raise
-        self._observed(observation)
-        if observation.violations:
-            self.failure = InvariantFailure(observation.index, list(observation.violations))
-            raise self.failure
+        observation: Observation = self.run_step(step)
         return observation
+
+    def _example(self, recovered: bool) -> tuple[Sequence[Any], int, bool]:
+        processes = sum(o.processes for o in self.executor.observations)
+        return self.executor.steps, processes, recovered
 
     def _observed(self, observation: Observation) -> None:
         self.recorder.observe(observation)
@@ -286,42 +397,6 @@ class OutboxMachine(NewOperations, RuleBasedStateMachine):
             op.id for op in self.executor.snapshot.operations
             if op.state == "complete" and op.id in self.payloads
         ]
-
-    def teardown(self) -> None:
-        found: InvariantFailure | None = None
-        live = False  # the recovery judged LIVE
-        try:
-            if self.failure is None and not self.stopped:
-                try:
-                    observations, final = self.executor.settle()
-                except Exception as error:
-                    self.recorder.run_error = self.recorder.run_error or error
-                    raise
-                for observation in observations:
-                    self._observed(observation)
-                failed = next((o for o in observations if o.violations), None)
-                if failed is not None:
-                    found = InvariantFailure(failed.index, list(failed.violations))
-                elif final:
-                    found = InvariantFailure(None, final)
-                live = failed is None
-                self.failure = found
-        finally:
-            try:
-                self.executor.close()
-            except Exception as error:  # releasing the stores failed: the run's error
-                self.recorder.run_error = self.recorder.run_error or error
-                raise
-            verdict, violations = Verdict(), []
-            if self.failure is not None:
-                violations = self.failure.violations
-                verdict = Verdict.of(self.failure.step, violations)
-            if not self.stopped:  # an unfinished example is neither counted nor reported
-                processes = sum(o.processes for o in self.executor.observations)
-                self.recorder.finish(self.executor.steps, verdict, violations,
-                                     processes=processes, live=live)
-        if found is not None:
-            raise found
 
 
 def run_example(machine: type[OutboxMachine], steps: Iterable[Step]) -> OutboxMachine:

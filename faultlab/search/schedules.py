@@ -18,12 +18,11 @@ replayed.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     precondition,
     rule,
@@ -39,13 +38,11 @@ from faultlab.search import defaults
 from faultlab.search.data import TITLES
 from faultlab.search.machine import (
     POWER_CHOICES,
-    InvariantFailure,
-    NewOperations,
-    StopExploration,
+    TraceExecutor,
+    TraceMachine,
     generated_key,
     machine_settings,
     server_crashes_possible,
-    should_stop,
     swarm,
 )
 from faultlab.search.recorder import Recorder
@@ -54,7 +51,6 @@ from faultlab.trace import (
     DROP_CONNECTION,
     SERVER_CRASH,
     LaneStep,
-    Verdict,
 )
 
 #: How many points a rescue's or overtake's holder is released past until it holds its
@@ -76,27 +72,17 @@ DEFAULT_SCHEDULER = defaults.SCHEDULER
 PCT_DEPTH = 3
 
 
-class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
+class ConcurrentMachine(TraceMachine):
     """Rules are scheduling choices over ``concurrency`` lanes (see the module docstring)."""
 
-    system_ref: ClassVar[str] = "reference"
     concurrency: ClassVar[int] = 2
-    deduplication: ClassVar[bool] = True
     spawn: ClassVar[SpawnMode] = "fork"
-    deadline: ClassVar[float] = DEFAULT_DEADLINE
     statement_points: ClassVar[bool] = False
-    #: ``explore --power-loss``: the stores are recorded and a ``power`` rule cuts power.
-    power_loss: ClassVar[bool] = False
     #: One of SCHEDULERS; ``steps`` is the example's length, where PCT's change points lie.
     scheduler: ClassVar[str] = "uniform"
     steps: ClassVar[int] = 10
     recorder: ClassVar[Recorder[LaneStep]]
     payload_source: ClassVar[st.SearchStrategy[Any]] = generated.default_payloads()
-    id_source: ClassVar[st.SearchStrategy[str] | None] = None
-    #: The system's named crash points a step of each kind may arm (a dispatcher also arms
-    #: its service's), as the sequential machine draws them.
-    accept_points: ClassVar[tuple[str, ...]] = ()
-    dispatch_points: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self) -> None:
         super().__init__()
@@ -106,57 +92,39 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
             deduplication=cls.deduplication, spawn=cls.spawn, deadline=cls.deadline,
             statement_points=cls.statement_points, power=cls.power_loss,
         )
-        self.payloads: dict[str, Any] = {}
-        self.failure: InvariantFailure | None = None
-        self.stopped = False
         self.titles: tuple[str, ...] | None = None  # the example's swarm, drawn when first used
-        # swarm testing of the crash points, as sequentially: an example's first armed step
-        # draws the subset its armed steps choose from
-        self.all_points: tuple[str, ...] = cls.accept_points + cls.dispatch_points
-        self.enabled_points: tuple[str, ...] | None = None
-        #: this example's step (or its recovery) stopped with an error: no verdict
-        self.errored = False
         # PCT (drawn by the ``schedule`` initialize rule): a priority per lane (None: any
         # held lane may move), and the change points: the holds (steps that leave the lane
         # they moved held at a point) after which that lane drops below the others
         self.priorities: dict[int, int] | None = None
         self.change_points: frozenset[int] = frozenset()
         self.holds = 0
-        # last: once its run directory exists, nothing of this constructor is left to fail
-        # (an exception here would skip teardown, and leave the directory behind)
-        try:
-            self.executor.__enter__()
-        except Exception as error:  # the stores could not be made (a system's init failed)
-            self.recorder.run_error = self.recorder.run_error or error
-            raise
+        self._open(self.executor)  # last (see TraceMachine._open)
 
     # -- helpers -----------------------------------------------------------------------
 
+    @property
+    def trace_executor(self) -> TraceExecutor:
+        return self.executor
+
+    def should_stop(self) -> bool:
+        # an example failed: that is the finding, whatever Hypothesis makes of it (it may
+        # have abandoned the example); nothing later is explored
+        return (self.recorder.first_failure is not None or self.recorder.run_error is not None
+                or super().should_stop())
+
+    def _example(self, recovered: bool) -> tuple[Sequence[Any], int, bool]:
+        steps = [o.step for o in self.executor.observations if o.phase == "step"]
+        return steps, self.executor.processes, "LIVE" in self.executor.checked
+
     def execute(self, step: LaneStep) -> None:
-        if self.recorder.first_failure is not None or self.recorder.run_error is not None:
-            # an example failed: that is the finding, whatever Hypothesis makes of it (it may
-            # have abandoned the example); nothing later is explored
-            self.stopped = True
-            raise StopExploration
-        if should_stop(self.recorder.stop, self.recorder.first_failure_examples is not None):
-            self.stopped = True
-            raise StopExploration  # a time budget spent, or another job found something
-        try:
-            observation = self.executor.run(step)
-        except Exception as error:
-            self.errored = True
-            self.recorder.run_error = self.recorder.run_error or error
-            raise
-        self.recorder.observe(observation)
+        self.run_step(step)
         moved = self.executor.lanes.get(step.lane) if step.lane is not None else None
         if self.priorities is not None and moved is not None and moved.alive \
                 and moved.status == "held":  # the lane moved to a point: one PCT may preempt
             self.holds += 1
             if self.holds in self.change_points:  # it drops below every other lane
                 self.priorities[moved.number] = min(self.priorities.values()) - 1
-        if observation.violations:
-            self.failure = InvariantFailure(observation.index, list(observation.violations))
-            raise self.failure
 
     def lanes_where(self, test: Callable[[Any], bool]) -> list[int]:
         lanes = self.executor.lanes
@@ -413,45 +381,6 @@ class ConcurrentMachine(NewOperations, RuleBasedStateMachine):
     def tick(self, ticks: int) -> None:
         """Time only matters while a worker is alive (a lease held, a delay pending)."""
         self.execute(LaneStep("tick", ticks=ticks))
-
-    def teardown(self) -> None:
-        found: InvariantFailure | None = None
-        try:
-            if self.failure is None and not self.stopped and not self.errored:
-                try:
-                    observations, final = self.executor.settle()
-                except Exception as error:
-                    self.errored = True
-                    self.recorder.run_error = self.recorder.run_error or error
-                    raise
-                for observation in observations:
-                    self.recorder.observe(observation)
-                failed = next((o for o in observations if o.violations), None)
-                if failed is not None:
-                    found = InvariantFailure(failed.index, list(failed.violations))
-                elif final:
-                    found = InvariantFailure(None, final)
-                self.failure = found
-        finally:
-            # first: a signal landing anywhere later must not leave the lanes' run directory
-            try:
-                self.executor.close()
-            except Exception as error:  # releasing the stores failed: the run's error
-                self.recorder.run_error = self.recorder.run_error or error
-                raise
-            steps = [o.step for o in self.executor.observations if o.phase == "step"]
-            processes = self.executor.processes
-            live = "LIVE" in self.executor.checked
-            verdict, violations = Verdict(), []
-            if self.failure is not None:
-                violations = self.failure.violations
-                verdict = Verdict.of(self.failure.step, violations)
-            if not self.stopped and not self.errored:  # an unfinished example is neither
-                self.recorder.finish(steps, verdict, violations,  # counted
-                                     processes=processes, live=live)
-                # nor reported, and a failed run is not a finding
-        if found is not None:
-            raise found
 
 
 def _schedule_rule(scheduler: str) -> Any:
