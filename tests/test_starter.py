@@ -119,10 +119,10 @@ class _SignalAfterRecv:
     def fileno(self) -> int:
         return int(self.wrapped.fileno())  # type: ignore[attr-defined]
 
-    def recv(self, size: int) -> bytes:
-        message: bytes = self.wrapped.recv(size)  # type: ignore[attr-defined]
+    def recvmsg(self, size: int, ancillary: int) -> object:
+        received = self.wrapped.recvmsg(size, ancillary)  # type: ignore[attr-defined]
         signal.raise_signal(signal.SIGTERM)
-        return message
+        return received
 
 
 def test_a_signal_as_a_notice_is_read_does_not_lose_the_workers_end() -> None:
