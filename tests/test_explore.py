@@ -270,7 +270,6 @@ def test_an_example_that_errors_is_neither_recovered_nor_counted(
     frame recovered it, its dispatcher completed the work, and it counted as a clean
     example of three steps)."""
     from faultlab.base.errors import ExecutionError
-
     from faultlab.process.spawn import spawner
     from faultlab.trace import Step
 

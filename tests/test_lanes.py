@@ -464,14 +464,41 @@ def _zombie_children() -> list[int]:
     return found
 
 
+def test_a_dispatcher_waiting_for_its_blocked_service_is_blocked_before_the_bound(
+    reference: System,
+) -> None:
+    """With a bound of 20 s: a dispatcher whose service waits for the downstream lock
+    (held by a direct delivery in lane 2, at its point inside the transaction) sleeps in
+    poll, waiting for its service, which sleeps in SQLite's busy handler. The lane's
+    process tree is looked at, so it is judged blocked in milliseconds, not at the bound
+    (a second per such step by default), and moves on once the holder finishes."""
+    with LaneExecutor(reference, concurrency=2, block_bound=20.0) as ex:
+        ex.run(LaneStep("run", 1, "accept", OP, P))
+        ex.run(LaneStep("start", 2, "service", OP, P))
+        while ex.lanes[2].point != "service_before_commit":
+            ex.run(LaneStep("release", 2))
+        ex.run(LaneStep("start", 1, "dispatch"))
+        began = time.monotonic()
+        while ex.lanes[1].status == "held":
+            ex.run(LaneStep("release", 1))
+        assert ex.lanes[1].status == "blocked", ex.lanes[1].points
+        assert time.monotonic() - began < 10.0
+        leader = ex.lanes[1].pid
+        assert Path(f"/proc/{leader}/task/{leader}/children").read_text().split()
+        ex.run(LaneStep("finish", 2))
+        ex.run(LaneStep("finish", 1))
+        assert [lane.status for lane in ex.lanes.values()] == ["exited", "exited"]
+        assert len(ex.snapshot.tickets) == 1
+
+
 def test_a_dispatcher_killed_while_its_service_waits_leaves_no_zombie(
     reference: System,
 ) -> None:
     """A dispatcher whose service waits for the downstream lock (held by a direct delivery
     in lane 2, at its point inside the transaction) is blocked; kill it: its service (same
-    group) dies too and, this process being a child subreaper as the faultlab program is,
-    comes here to be reaped. It must be reaped then, not only when the trace ends: the lane
-    starts another worker, and a long exploration would pile up zombies."""
+    group) dies too and is reaped at once (by the starter's helper, a child subreaper, or
+    by this process, a child subreaper as the faultlab program is), not only when the trace
+    ends: the lane starts another worker, and a long exploration would pile up zombies."""
     from faultlab.process.spawn import become_subreaper
 
     become_subreaper()

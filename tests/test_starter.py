@@ -150,3 +150,41 @@ def test_a_signal_as_a_notice_is_read_does_not_lose_the_workers_end() -> None:
     finally:
         chosen.close()
         interrupt.reset()  # the signal was this test's: later tests in this process start clean
+
+
+def _orphaning_body(spec: WorkerSpec, environment: dict[str, str],
+                    channel: tuple[int, int]) -> int:
+    """A worker that starts a child of its own (as a dispatcher starts its service), says
+    the child's pid, and waits."""
+    decide, announce = channel
+    child = os.fork()
+    if child == 0:
+        os.read(decide, 1)  # waits until killed
+        os._exit(0)
+    os.write(announce, f"{child}\n".encode())
+    os.read(decide, 1)
+    return 0
+
+
+def test_a_killed_workers_orphan_is_the_helpers_to_reap() -> None:
+    """The helper is a child subreaper: a killed worker's child (a dispatcher's service)
+    is reparented to it and reaped there, not left to whoever started faultlab (init, in
+    a container, may reap it late or never; the executor waited up to 2 s for it)."""
+    chosen = starter.Starter(_orphaning_body)
+    try:
+        worker, decide, announce, out = _start(chosen)
+        grandchild = int(os.read(announce, 100).split()[0])
+        assert _parent_of(grandchild) == worker
+        os.kill(worker, signal.SIGKILL)  # the worker only: its child lives on, orphaned
+        status = chosen.ended(worker, 10)
+        assert status is not None and os.WIFSIGNALED(status)
+        assert _parent_of(grandchild) == chosen.pid  # reparented to the helper
+        os.kill(grandchild, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while Path(f"/proc/{grandchild}").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not Path(f"/proc/{grandchild}").exists()  # reaped by the helper
+        for fd in (decide, announce, out):
+            os.close(fd)
+    finally:
+        chosen.close()

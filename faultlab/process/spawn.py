@@ -144,6 +144,21 @@ def _tree_stats(pid: int) -> Iterator[list[bytes]]:
         stack.extend(int(child) for child in children)
 
 
+def tree_pids(pid: int) -> Iterator[int]:
+    """``pid`` and then its descendants (a worker and the service child it started), found
+    through each process's ``children`` file, lazily: a caller that finds what it looks
+    for in the worker itself reads nothing more."""
+    stack = [pid]
+    while stack:
+        current = stack.pop()
+        yield current
+        try:
+            with open(f"/proc/{current}/task/{current}/children", "rb") as stream:
+                stack.extend(int(child) for child in stream.read().split())
+        except OSError:
+            continue
+
+
 def tree_activity(pid: int) -> tuple[bool, int]:
     """Whether ``pid`` or a descendant of it is on a CPU or waiting for one (state R, or
     D: in the kernel on its behalf), and their CPU time so far in clock ticks.

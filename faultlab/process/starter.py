@@ -53,13 +53,15 @@ from typing import NoReturn
 from faultlab.base import interrupt
 from faultlab.base.errors import ExecutionError
 from faultlab.process.records import WorkerSpec
-from faultlab.process.spawn import child_main, lead_own_group
+from faultlab.process.spawn import become_subreaper, child_main, lead_own_group
 
 #: The body of a started worker: the spec, the environment variables it must set, and its
 #: two control descriptors as numbered in the child (decisions in, announcements out).
 StartedMain = Callable[[WorkerSpec, dict[str, str], tuple[int, int]], int]
 _MESSAGE = 1 << 20  # bytes: a request is a spec and an environment, far below this
 _NOTICE = 256  # bytes: "spare PID", "exited PID STATUS", "took"
+#: While orphans it has taken in are still alive, the helper looks again this often (ms).
+ORPHAN_POLL_MS = 5
 
 
 def available() -> bool:
@@ -252,6 +254,10 @@ def _helper(channel: socket.socket, run: StartedMain) -> NoReturn:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_IGN)
         _batch(True)
+        # a killed worker's orphans (a dispatcher's service child) come here, not to
+        # whoever started faultlab (init, in a container, may reap them late or never)
+        become_subreaper()
+        orphans = False  # some are still alive: look again soon
         poller = select.poll()
         poller.register(channel.fileno(), select.POLLIN)
 
@@ -263,7 +269,7 @@ def _helper(channel: socket.socket, run: StartedMain) -> NoReturn:
 
         fork_spare()
         while True:
-            for fd, _ in poller.poll():
+            for fd, _ in poller.poll(ORPHAN_POLL_MS if orphans else None):
                 if fd != channel.fileno():
                     pid = children.pop(fd)
                     poller.unregister(fd)
@@ -276,6 +282,7 @@ def _helper(channel: socket.socket, run: StartedMain) -> NoReturn:
                     raise EOFError
                 if message == b"took":
                     fork_spare()
+            orphans = _reap_orphans(set(children.values()))
     except (EOFError, OSError):
         pass  # the caller closed the channel or went away
     except BaseException:  # noqa: BLE001 - the helper must still end its children
@@ -288,6 +295,27 @@ def _helper(channel: socket.socket, run: StartedMain) -> NoReturn:
         os.waitpid(pid, 0)
         os.close(pidfd)
     os._exit(code)
+
+
+def _reap_orphans(tracked: set[int]) -> bool:
+    """Reap the helper's children it did not fork (orphans of killed workers, reparented
+    to it as a child subreaper); whether any of them is still alive."""
+    me = os.getpid()
+    try:
+        with open(f"/proc/{me}/task/{me}/children", "rb") as stream:
+            found = [int(pid) for pid in stream.read().split()]
+    except OSError:
+        return False
+    alive = False
+    for pid in found:
+        if pid in tracked:
+            continue
+        try:
+            waited, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            continue
+        alive = alive or not waited
+    return alive
 
 
 def _max_descriptor() -> int:

@@ -64,7 +64,7 @@ from faultlab.process.records import (
     WorkerSpec,
     parse_response,
 )
-from faultlab.process.spawn import child_environment, reap_group, tree_activity
+from faultlab.process.spawn import child_environment, reap_group, tree_activity, tree_pids
 
 # Imported here, not in the forked child: a child that imported a module from disk would
 # run whatever the file holds at that moment, not what this run loaded.
@@ -112,6 +112,18 @@ def _lock_waiting(pid: int) -> bool:
         return Path(f"/proc/{pid}/wchan").read_text() in SLEEPING
     except OSError:
         return False
+
+
+def _lock_sleeper(pid: int) -> int | None:
+    """The process of a lane asleep in nanosleep() now: the worker, or, while the worker
+    waits for a service child it started, that child (a dispatcher's service waiting for
+    the receiver's lock while another lane holds it at a point; the dispatcher itself
+    sleeps in poll, and the lane was judged blocked only at :data:`BLOCK_BOUND`, a
+    second later). None when none is."""
+    for member in tree_pids(pid):
+        if _lock_waiting(member):
+            return member
+    return None
 
 
 def _sleeps(pid: int) -> int:
@@ -544,12 +556,13 @@ class LaneExecutor:
         unless its processes are still working (see :func:`_still_working`): then it gets
         another slice, up to the deadline. Before the bound, a faultlab worker seen sleeping
         for :data:`LOCK_WAIT` on end, not working, while another lane is alive, is blocked
-        at once (see :func:`_lock_waiting`)."""
+        at once (see :func:`_lock_sleeper`: the worker, or the service child it waits for)."""
         began = now = time.monotonic()
         end = began + bound
         cpu = tree_activity(lane.pid)[1]
-        # since when, the CPU used then, and its sleeps once woken to retry its lock
-        sleeping: tuple[float, int, int] | None = None
+        # since when, the CPU used then, its sleeps once woken to retry its lock, and which
+        # of the lane's processes sleeps (the worker, or the service child it waits for)
+        sleeping: tuple[float, int, int, int] | None = None
         watch = self.fast_blocking and self._others_alive(lane)
         while lane.status in ("running", "blocked"):
             alone = not self._others_alive(lane)
@@ -576,12 +589,13 @@ class LaneExecutor:
             now = time.monotonic()
             if not watch or lane.status not in ("running", "blocked") or lane.paused:
                 continue
-            if not _lock_waiting(lane.pid):
+            sleeper = _lock_sleeper(lane.pid)
+            if sleeper is None:
                 sleeping = None
-            elif sleeping is None:
-                sleeping = (now, tree_activity(lane.pid)[1], _sleeps(lane.pid))
-                _wake(lane.pid)
-            elif _sleeps(lane.pid) > sleeping[2] >= 0 or now - sleeping[0] >= LOCK_WAIT:
+            elif sleeping is None or sleeping[3] != sleeper:
+                sleeping = (now, tree_activity(lane.pid)[1], _sleeps(sleeper), sleeper)
+                _wake(sleeper)
+            elif _sleeps(sleeper) > sleeping[2] >= 0 or now - sleeping[0] >= LOCK_WAIT:
                 working, _ = _still_working(lane.pid, sleeping[1])
                 if not working:
                     lane.status = "blocked"
