@@ -188,3 +188,17 @@ def test_a_killed_workers_orphan_is_the_helpers_to_reap() -> None:
             os.close(fd)
     finally:
         chosen.close()
+
+
+def test_orphans_of_the_workers_it_kills_as_it_closes_are_reaped_too() -> None:
+    """Closing the starter kills the workers still alive with their groups; a worker's own
+    child (a dispatcher's service) dies with it and is reaped by the helper before it
+    exits, not handed on as a zombie to whoever is above."""
+    chosen = starter.Starter(_orphaning_body)
+    worker, decide, announce, out = _start(chosen)
+    grandchild = int(os.read(announce, 100).split()[0])
+    chosen.close()
+    assert not Path(f"/proc/{worker}").exists()
+    assert not Path(f"/proc/{grandchild}").exists()
+    for fd in (decide, announce, out):
+        os.close(fd)

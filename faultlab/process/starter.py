@@ -294,6 +294,11 @@ def _helper(channel: socket.socket, run: StartedMain) -> NoReturn:
             pass
         os.waitpid(pid, 0)
         os.close(pidfd)
+    # their orphans died with their groups and came here: reaped, not passed on as
+    # zombies to whoever is above (bounded: a group member killed is gone in moments)
+    end = time.monotonic() + 1.0
+    while _reap_orphans(set()) and time.monotonic() < end:
+        time.sleep(0.005)
     os._exit(code)
 
 
