@@ -487,8 +487,6 @@ def cut_power(system: System, directory: Path, log: Path, choice: Mapping[str, A
     return unopenable, after
 
 
-
-
 @dataclass
 class Execution:
     """A whole trace executed: every observation, the final LIVE check, the verdict."""

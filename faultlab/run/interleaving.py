@@ -322,7 +322,6 @@ class LaneExecutor:
         self._selector = selectors.DefaultSelector()
         #: Starts this trace's workers (the process layer's; closed with the trace).
         self._launcher = Launcher(_run_lane_worker)
-        self._notices_watched = False
         self._exited: list[tuple[int, ProcessRecord]] = []
         #: Why each store does not open after the power cut of the step being observed.
         self._unopenable: tuple[str, ...] = ()
@@ -419,9 +418,8 @@ class LaneExecutor:
         elif forks:  # by the starter's helper where it can be (see faultlab.process.launch)
             running = self._launcher.start_worker(spec, scheduled)
             notices = self._launcher.notices()
-            if notices is not None and not self._notices_watched:
+            if notices is not None and notices not in self._selector.get_map():
                 self._selector.register(notices, selectors.EVENT_READ, None)
-                self._notices_watched = True
         else:
             running = self._launcher.start_command(
                 spec.argv(), lambda decide, announce: {**child_environment(),
