@@ -235,15 +235,14 @@ class TraceMachine(NewOperations, RuleBasedStateMachine):
         # made Hypothesis end examples early, 6 steps on average instead of 9).
         self.all_points: tuple[str, ...] = cls.accept_points + cls.dispatch_points
         self.enabled_points: tuple[str, ...] | None = None
+        #: The executor as the frame sees it (a subclass keeps its own, typed, as
+        #: ``executor``).
+        self.trace_executor: TraceExecutor = executor
         try:
             executor.__enter__()
         except Exception as error:  # the stores could not be made: the run's error, not
             self.recorder.run_error = self.recorder.run_error or error  # the example's
             raise
-
-    @property
-    def trace_executor(self) -> TraceExecutor:
-        raise NotImplementedError
 
     def should_stop(self) -> bool:
         """Whether the exploration is over before this step: a time budget spent, or
@@ -341,10 +340,6 @@ class OutboxMachine(TraceMachine):
         #: the last step was a dispatch that crashed nowhere and changed neither store
         self.idle = False
         self._open(self.executor)
-
-    @property
-    def trace_executor(self) -> TraceExecutor:
-        return self.executor
 
     def execute(self, step: Step) -> Observation:
         observation: Observation = self.run_step(step)

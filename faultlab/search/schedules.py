@@ -38,7 +38,6 @@ from faultlab.search import defaults
 from faultlab.search.data import TITLES
 from faultlab.search.machine import (
     POWER_CHOICES,
-    TraceExecutor,
     TraceMachine,
     generated_key,
     machine_settings,
@@ -102,10 +101,6 @@ class ConcurrentMachine(TraceMachine):
         self._open(self.executor)  # last (see TraceMachine._open)
 
     # -- helpers -----------------------------------------------------------------------
-
-    @property
-    def trace_executor(self) -> TraceExecutor:
-        return self.executor
 
     def should_stop(self) -> bool:
         # an example failed: that is the finding, whatever Hypothesis makes of it (it may
