@@ -58,10 +58,22 @@ def handles_sigterm(pid: int) -> bool:
     return False
 
 
-def run_directories(*pids: int) -> list[str]:
-    places = ["/dev/shm", tempfile.gettempdir()]
+PLACES = ["/dev/shm", tempfile.gettempdir()]
+
+
+def existing_directories() -> set[str]:
+    """Every faultlab run directory there is now, whoever made it."""
+    return {p for place in PLACES for p in glob.glob(f"{place}/faultlab-*")}
+
+
+def run_directories(*pids: int, before: frozenset[str] = frozenset()) -> list[str]:
+    """The run directories of ``pids``, except those there before the command started:
+    pids wrap (pid_max is often 32768), so a process below faultlab may carry the pid of
+    an earlier, unrelated process whose directory was left behind; that is not a leftover
+    of this run."""
     patterns = [f"faultlab-{pid}-*" for pid in pids] + [f"faultlab-lanes-{pid}-*" for pid in pids]
-    return sorted(p for place in places for name in patterns for p in glob.glob(f"{place}/{name}"))
+    return sorted(p for place in PLACES for name in patterns for p in glob.glob(f"{place}/{name}")
+                  if p not in before)
 
 
 def descendants(root: int) -> set[int]:
@@ -88,6 +100,7 @@ def main() -> None:
     libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     me = os.getpid()
     started = time.monotonic()
+    before = frozenset(existing_directories())
     child = subprocess.Popen(config["argv"], cwd=config["cwd"], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
     assert child.stdout is not None and child.stderr is not None
@@ -120,7 +133,7 @@ def main() -> None:
         if sent_at is None and triggered_at is None:
             if (trigger == "ready" and handles_sigterm(child.pid)) or (
                 trigger == "stderr" and text.encode() in output["stderr"]
-            ) or (trigger == "rundir" and run_directories(child.pid)):
+            ) or (trigger == "rundir" and run_directories(child.pid, before=before)):
                 triggered_at = time.monotonic()
         if triggered_at is not None and sent_at is None:
             if time.monotonic() - triggered_at >= float(config.get("delay", 0)):
@@ -134,7 +147,7 @@ def main() -> None:
         child.wait()
     exited_at = time.monotonic()
     left = children(me)  # anything faultlab left behind is ours now
-    directories = run_directories(*sorted(seen))
+    directories = run_directories(*sorted(seen), before=before)
     # clean up after a failing run, so the next test starts clean: what is killed here
     # may leave its own children to us, so repeat until nothing is left (bounded)
     end = time.monotonic() + 10

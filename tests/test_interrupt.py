@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import interrupt_harness
 import pytest
 from conftest import ROOT, TESTS
 
@@ -63,6 +64,46 @@ def assert_stopped_cleanly(result: dict[str, Any], sig: str, corpus: Path) -> No
     assert not corpus.exists(), list(corpus.iterdir())
     assert result["leftovers"] == {}, result
     assert result["run_directories"] == [], result
+
+
+def harness(argv: list[str]) -> dict[str, Any]:
+    config = {"argv": argv, "cwd": str(ROOT), "signal": "TERM", "trigger": "rundir",
+              "delay": 0.0, "limit": 20.0}
+    done = subprocess.run(
+        [sys.executable, str(TESTS / "interrupt_harness.py"), json.dumps(config)],
+        capture_output=True, text=True, env=child_environment(), timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def test_the_harness_reports_a_directory_left_by_the_run_but_not_one_from_before() -> None:
+    """The negative control of ``run_directories``: a process that makes its run directory
+    and dies by the signal is reported; a directory that was there before the command
+    started (an earlier process with the same pid, since pids wrap) is not."""
+    leaves = ("import os, time; os.mkdir(f'/dev/shm/faultlab-{os.getpid()}-control'); "
+              "time.sleep(30)")
+    result = harness([sys.executable, "-c", leaves])
+    try:
+        assert result["signalled"] and result["returncode"] == -signal.SIGTERM, result
+        (left,) = result["run_directories"]
+        assert left.startswith("/dev/shm/faultlab-") and left.endswith("-control"), result
+    finally:
+        for path in result["run_directories"]:
+            os.rmdir(path)
+    # pids wrap: a directory an earlier process with the same pid left is not this run's
+    pid = os.getpid()
+    old, new = Path(f"/dev/shm/faultlab-{pid}-old"), Path(f"/dev/shm/faultlab-{pid}-new")
+    old.mkdir()
+    try:
+        before = frozenset(interrupt_harness.existing_directories())
+        new.mkdir()
+        assert interrupt_harness.run_directories(pid, before=before) == [new.as_posix()]
+        assert interrupt_harness.run_directories(pid) == [new.as_posix(), old.as_posix()]
+    finally:
+        old.rmdir()
+        new.rmdir()
 
 
 @pytest.mark.parametrize("sig", ["INT", pytest.param("TERM", marks=pytest.mark.slow)])
