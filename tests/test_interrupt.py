@@ -511,3 +511,50 @@ def test_after_a_signal_no_lane_step_runs() -> None:
     finally:
         interrupt.reset()
     assert not Path(f"/proc/{held}").exists()  # close() killed and reaped it
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_a_signal_before_hypothesis_tears_the_example_down_leaves_no_directory(
+    concurrency: int,
+) -> None:
+    """A real SIGTERM the moment a machine has opened its example's stores, before
+    Hypothesis enters the block that calls its teardown (it makes the machine a few
+    statements earlier): the search closes those stores itself. Before, the run directory
+    was left in /dev/shm (seen once in a few CI runs of an interrupted ``explore --jobs``)."""
+    from faultlab.process.spawn import spawner
+    from faultlab.search.explore import _search
+    from faultlab.search.machine import machine_settings, outbox_machine
+    from faultlab.search.recorder import Recorder
+    from faultlab.search.schedules import concurrent_machine
+
+    recorder: Recorder[Any] = Recorder()
+    prefix = "faultlab-lanes-" if concurrency > 1 else "faultlab-"
+    mine = f"/dev/shm/{prefix}{os.getpid()}-*"
+    before = set(glob_paths(mine))
+    with spawner("fork") as runner:
+        base: Any = (concurrent_machine("reference", concurrency=2, recorder=recorder)
+                     if concurrency > 1 else
+                     outbox_machine("reference", spawner=runner, recorder=recorder))
+
+        class SignalledOnceOpen(base):  # type: ignore[misc,valid-type]
+            def __init__(self) -> None:
+                super().__init__()  # the stores exist now
+                made.extend(set(glob_paths(mine)) - before)
+                os.kill(os.getpid(), signal.SIGTERM)  # raised here, at once
+
+        made: list[str] = []
+        try:
+            with interrupt.handling(), pytest.raises(interrupt.Interrupted):
+                _search(SignalledOnceOpen, machine_settings(5, 5), 0, recorder,
+                        hypothesis_shrink=False)
+        finally:
+            interrupt.reset()
+    assert len(made) == 1, made  # the example's run directory, made by this process
+    assert not Path(made[0]).exists(), made
+    assert recorder.open_example is None
+
+
+def glob_paths(pattern: str) -> list[str]:
+    import glob
+
+    return glob.glob(pattern)

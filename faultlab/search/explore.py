@@ -306,6 +306,14 @@ def explore(
     return result
 
 
+def close_open_example(recorder: Recorder[Step] | Recorder[LaneStep]) -> None:
+    """Close the stores of an example whose teardown never ran: a signal that landed
+    between Hypothesis making the machine and entering the block that tears it down."""
+    leftover, recorder.open_example = recorder.open_example, None
+    if leftover is not None:
+        leftover()
+
+
 def _search(machine: type[RuleBasedStateMachine], base: Settings, seed_value: int,
             recorder: Recorder[Step] | Recorder[LaneStep], *, hypothesis_shrink: bool
             ) -> tuple[BaseException | None, bool, float]:
@@ -333,6 +341,8 @@ def _search(machine: type[RuleBasedStateMachine], base: Settings, seed_value: in
         if recorder.run_error is not None:
             raise recorder.run_error from None  # the step's own error, not Hypothesis's report
         raise
+    finally:
+        close_open_example(recorder)
     interrupt.check()  # an interrupted search reports nothing
     if recorder.run_error is not None:
         raise recorder.run_error  # a run that failed is not a finding, whatever it showed

@@ -238,6 +238,7 @@ class TraceMachine(NewOperations, RuleBasedStateMachine):
         #: The executor as the frame sees it (a subclass keeps its own, typed, as
         #: ``executor``).
         self.trace_executor: TraceExecutor = executor
+        self.recorder.open_example = executor.close  # before the stores exist
         try:
             executor.__enter__()
         except Exception as error:  # the stores could not be made: the run's error, not
@@ -304,6 +305,8 @@ class TraceMachine(NewOperations, RuleBasedStateMachine):
             except Exception as error:  # releasing the stores failed: the run's error
                 self.recorder.run_error = self.recorder.run_error or error
                 raise
+            finally:
+                self.recorder.open_example = None
             verdict, violations = Verdict(), []
             if self.failure is not None:
                 violations = self.failure.violations

@@ -109,6 +109,11 @@ class Recorder(Generic[S]):
     #: protocol, a refused input, a store that could not be read): a run failure, never a
     #: finding, whatever Hypothesis makes of it.
     run_error: Exception | None = None
+    #: What closes the example under way (its executor's ``close``): set as the machine
+    #: opens its stores, cleared once its teardown has closed them. Hypothesis makes the
+    #: machine a few statements before the block that runs its teardown, so a signal
+    #: landing there would leave the stores behind; the search closes them then.
+    open_example: Callable[[], None] | None = None
     _last_progress: float = 0.0
 
     @property
