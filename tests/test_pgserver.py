@@ -223,8 +223,13 @@ def test_stop_after_a_crash_removes_what_the_killed_server_left() -> None:
         assert all(not Path(f"/proc/{pid}").exists() for pid in backends)
         assert pgserver.shared_memory_segments(key) == []
         assert not (running.data / "postmaster.pid").exists()
+        # under libfaketime, the killed processes used the server's area, not their own
+        shared = [f"/dev/shm/{name}_{pid}" for pid in backends
+                  for name in ("faketime_shm", "sem.faketime_sem")]
+        assert [path for path in shared if Path(path).exists()] == []
     assert directory is not None
     assert_nothing_left(directory, key, before)
+    assert list(Path("/dev/shm").glob(f"*faultlab-faketime-{os.getpid()}-*")) == []
 
 
 _OWNER = textwrap.dedent("""

@@ -11,6 +11,7 @@ retry lies beyond the horizon is still reported lost.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import NoReturn
@@ -243,3 +244,35 @@ def test_a_fork_server_under_libfaketime_follows_its_library_until_a_child_names
     fixed = dict(spawn.server_environment(environment) or ())
     assert fixed[wall_clock.FOLLOW_VARIABLE] == "/lib/libfaketime.so.1"
     assert fixed["FAKETIME"] == "%x0"
+
+
+def _libfaketime_files(*pids: int) -> list[str]:
+    """What libfaketime leaves in /dev/shm when a process that made its own area dies
+    without exiting normally (its names carry the pid), and faultlab's areas of this
+    process."""
+    names = [f"faketime_shm_{pid}" for pid in pids] + [
+        f"sem.faketime_sem_{pid}" for pid in pids]
+    left = [name for name in names if Path("/dev/shm", name).exists()]
+    return left + sorted(p.name for p in Path("/dev/shm").glob(
+        f"*faultlab-faketime-{os.getpid()}-*"))
+
+
+@pytest.mark.parametrize("mode", ["lanes", "exec", "fork"])
+def test_a_killed_worker_under_libfaketime_leaves_nothing_in_dev_shm(
+        faketime: None, mode: str) -> None:
+    """Each worker started under libfaketime uses an area faultlab made (FAKETIME_SHARED)
+    and removes with the trace or the fork server: before, an exec'd worker SIGKILLed at a
+    crash point left libfaketime's own semaphore and memory, named by its pid, in /dev/shm
+    (two more files for every such crash)."""
+    system = load_system("systems_for_tests:WallClockRetryOutbox")
+    servers: list[int] = []
+    if mode == "lanes":
+        lanes = execute_concurrent(system, TRACE, concurrency=2)
+        killed = lanes.observations[2].exited[0][1]
+    else:
+        with spawner(mode) as runner:
+            sequential = execute(system, SEQUENTIAL, runner, settle=True)
+            servers = list(runner.server_pids)
+        killed = sequential.observations[1].record
+    assert killed.killed and killed.pid > 0
+    assert _libfaketime_files(killed.pid, *servers) == []

@@ -30,11 +30,21 @@ server that was itself started under libfaketime (:data:`LOAD_VARIABLES`,
 :func:`server_variables`), and each points libfaketime at the trace's clock file
 itself (:data:`FOLLOW_VARIABLE`, read on every clock read), or are exec'd in exec
 mode.
+
+Every process faultlab starts under libfaketime uses an area of libfaketime's
+(:class:`SharedArea`, named by ``FAKETIME_SHARED``) that faultlab makes and removes: a
+trace's (:class:`WallClock`) for the workers it execs, a fork server's for the workers
+it forks, a private PostgreSQL server's for its processes. Left to itself, each such
+process makes its own semaphore and shared memory in ``/dev/shm``, named by its pid, and
+removes them only when it exits normally: every worker killed at a crash point, and
+every crashed PostgreSQL server, left two files behind.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
+import struct
 from pathlib import Path
 
 from faultlab.base.errors import UsageError
@@ -51,8 +61,12 @@ SETTINGS: dict[str, str] = {
     "FAKETIME_NO_CACHE": "1",
     "FAKETIME_DONT_FAKE_MONOTONIC": "1",
 }
+#: libfaketime's variable naming the shared area a process uses instead of making its own
+#: ("SEMAPHORE MEMORY", :class:`SharedArea`).
+SHARED_VARIABLE = "FAKETIME_SHARED"
 #: What libfaketime reads once, as the process starts: a fork server started with these
-#: passes them on to every child it forks (the library is mapped, its settings are read).
+#: passes them on to every child it forks (the library is mapped, its settings are read;
+#: the server's own shared area, not a trace's, see :func:`under_library`).
 LOAD_VARIABLES = ("LD_PRELOAD", *SETTINGS)
 #: What it reads again on every clock read (FAKETIME_NO_CACHE), so a forked worker can set
 #: it itself: the file whose modification time is the clock.
@@ -115,13 +129,97 @@ def server_variables(load: dict[str, str]) -> dict[str, str]:
     return {FOLLOW_VARIABLE: load["LD_PRELOAD"].split()[0]}
 
 
+class SharedArea:
+    """libfaketime's shared area, made by faultlab: a named semaphore and a shared memory
+    object in ``/dev/shm`` (``sem.faultlab-faketime-PID-...`` and
+    ``faultlab-faketime-PID-...``).
+
+    A process that loads libfaketime with :data:`SHARED_VARIABLE` naming an existing area
+    uses it and never removes it, so a SIGKILL leaves nothing; :meth:`remove` does, once.
+    The memory is initialised as libfaketime initialises its own (no ticks, no file
+    index, start times unset). ``owner`` (uid, gid) gives both to another account (a
+    private PostgreSQL server's)."""
+
+    #: struct ft_shared_s: ticks, file_idx, then CLOCK_REALTIME, MONOTONIC, MONOTONIC_RAW
+    #: and BOOTTIME start times, each a timespec whose tv_nsec -1 means "not set yet".
+    LAYOUT = struct.Struct("=QQ" + "qq" * 4)
+
+    def __init__(self, owner: tuple[int, int] | None = None) -> None:
+        import ctypes  # here: only a process that starts libfaketime'd ones needs it
+
+        self.creator = os.getpid()
+        name = f"/faultlab-faketime-{self.creator}-{secrets.token_hex(4)}"
+        self.semaphore, self.memory = f"{name}-sem", f"{name}-shm"
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._libc.sem_open.restype = ctypes.c_void_p
+        self._libc.sem_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint,
+                                        ctypes.c_uint]
+        self._libc.sem_close.argtypes = [ctypes.c_void_p]
+        self._libc.sem_unlink.argtypes = [ctypes.c_char_p]
+        handle = self._libc.sem_open(self.semaphore.encode(), os.O_CREAT | os.O_EXCL,
+                                     0o600, 1)
+        if not handle:
+            number = ctypes.get_errno()
+            raise OSError(number, f"sem_open {self.semaphore}: {os.strerror(number)}")
+        self._libc.sem_close(handle)
+        try:
+            descriptor = os.open(f"/dev/shm{self.memory}",
+                                 os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            try:
+                page = self.LAYOUT.pack(0, 0, *(0, -1) * 4)
+                os.write(descriptor, page.ljust(os.sysconf("SC_PAGE_SIZE"), b"\0"))
+                if owner is not None:
+                    os.fchown(descriptor, *owner)
+            finally:
+                os.close(descriptor)
+            if owner is not None:
+                os.chown(self.files[0], *owner)
+        except BaseException:
+            self.remove()
+            raise
+
+    @property
+    def variable(self) -> str:
+        """The value of :data:`SHARED_VARIABLE` that names this area."""
+        return f"{self.semaphore} {self.memory}"
+
+    @property
+    def files(self) -> tuple[str, str]:
+        """Where both live (what a process other than the maker removes, if it must)."""
+        return f"/dev/shm/sem.{self.semaphore[1:]}", f"/dev/shm{self.memory}"
+
+    def remove(self) -> None:
+        """Remove both objects (idempotent; only in the process that made them)."""
+        if os.getpid() != self.creator:
+            return
+        self._libc.sem_unlink(self.semaphore.encode())
+        try:
+            os.unlink(f"/dev/shm{self.memory}")
+        except FileNotFoundError:
+            pass
+
+
+def under_library(environment: dict[str, str]) -> bool:
+    """Whether a process started with ``environment`` runs under libfaketime (and so needs
+    a :class:`SharedArea` from whoever starts it)."""
+    return "FAKETIME" in environment and bool(environment.get("LD_PRELOAD"))
+
+
 class WallClock:
-    """The clock file of one trace, kept equal to its virtual clock."""
+    """The clock file of one trace, kept equal to its virtual clock, and the libfaketime
+    area its exec'd workers share (removed by :meth:`close`)."""
 
     def __init__(self, directory: Path, ticks: int = 0) -> None:
         self.library = require_library()
         self.path = directory / CLOCK_FILE
         self.set(ticks)
+        self.area: SharedArea | None = SharedArea()
+
+    def close(self) -> None:
+        """Remove the shared area (idempotent); the clock file goes with its directory."""
+        if self.area is not None:
+            self.area.remove()
+            self.area = None
 
     def set(self, ticks: int) -> None:
         set_file(self.path, ticks)
@@ -131,5 +229,6 @@ class WallClock:
         return {
             "LD_PRELOAD": f"{self.library}{' ' + preload if preload else ''}",
             **SETTINGS,
+            **({SHARED_VARIABLE: self.area.variable} if self.area is not None else {}),
             FOLLOW_VARIABLE: str(self.path),
         }

@@ -31,7 +31,14 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 from faultlab.base import interrupt
 from faultlab.base.clock import CLOCK_ENV
 from faultlab.base.errors import ExecutionError
-from faultlab.base.wall_clock import FOLLOW_VARIABLE, LOAD_VARIABLES, server_variables
+from faultlab.base.wall_clock import (
+    FOLLOW_VARIABLE,
+    LOAD_VARIABLES,
+    SHARED_VARIABLE,
+    SharedArea,
+    server_variables,
+    under_library,
+)
 from faultlab.process.records import (
     DEFAULT_DEADLINE,
     POWER_LOG_VARIABLE,
@@ -731,13 +738,23 @@ class ForkServer:
         itself (a preload its workers inherit: :func:`server_environment`)."""
         import subprocess
 
-        self._process = subprocess.Popen(
-            [sys.executable, "-c", _bootstrap(entry), json.dumps(sys.path)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            start_new_session=True,
-            env={**os.environ, **environment} if environment else None,
-        )
+        #: libfaketime's area for a server under it and every worker it forks
+        #: (:class:`faultlab.base.wall_clock.SharedArea`), removed at close
+        self._area = SharedArea() if environment and under_library(dict(environment)) \
+            else None
+        extra = {SHARED_VARIABLE: self._area.variable} if self._area is not None else {}
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", _bootstrap(entry), json.dumps(sys.path)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                start_new_session=True,
+                env={**os.environ, **environment, **extra} if environment else None,
+            )
+        except BaseException:
+            if self._area is not None:
+                self._area.remove()
+            raise
         self.pid = self._process.pid
         self._requests = 0
         self._in_flight = False  # a request was written and its reply not yet read
@@ -796,6 +813,9 @@ class ForkServer:
                 process.wait()
             if process.stdout is not None:
                 process.stdout.close()
+            if self._area is not None:  # the server and its workers are gone
+                self._area.remove()
+                self._area = None
 
 
 def server_environment(
@@ -815,6 +835,8 @@ def server_environment(
     for name, value in environment:
         if name in _SERVER_VARIABLES:
             fixed.append((name, value))
+        elif name == SHARED_VARIABLE:
+            continue  # a forked child uses its server's libfaketime area (ForkServer)
         elif name not in _CHILD_VARIABLES:
             return None
     fixed.extend(server_variables(dict(fixed)).items())

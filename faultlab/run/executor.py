@@ -325,6 +325,8 @@ class Executor:
     def close(self) -> None:
         with interrupt.deferred():  # a signal must not leave half a run directory
             self._readers.close()  # before the stores go
+            if self.wall is not None:
+                self.wall.close()
             if self._run is not None:
                 self._run.close()
             elif self.power and vfs.installed_directory() == str(self._power_log()):

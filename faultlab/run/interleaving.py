@@ -378,6 +378,8 @@ class LaneExecutor:
             finally:  # the stores go whatever happened above (the helper kills the rest)
                 self._selector.close()
                 self._launcher.close()
+                if self.wall is not None:
+                    self.wall.close()
                 # PostgreSQL databases (and their snapshot connection) never outlive a
                 # trace: a long concurrent run would otherwise exhaust the server's
                 # connections

@@ -441,6 +441,11 @@ while reap():
 clean()
 if orphaned:
     shutil.rmtree(spec["directory"], ignore_errors=True)
+    for path in spec["shared"]:  # libfaketime's area, made by the owner for the server
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 code = os.waitstatus_to_exitcode(status) if status is not None else 0
 sys.exit(code if code >= 0 else 128 - code)
 """
@@ -469,6 +474,9 @@ class PrivateServer:
         self.start_deadline = start_deadline
         self._want_clock = virtual_clock
         self._library: Path | None = None
+        #: libfaketime's shared area for the server's processes (a crashed postmaster
+        #: would otherwise leave its own in /dev/shm)
+        self._faketime_area: wall_clock.SharedArea | None = None
         self.directory: Path | None = None
         self.port = 0
         self.postmaster_pid: int | None = None
@@ -636,6 +644,8 @@ class PrivateServer:
             shutil.copyfile(library, copy)
             copy.chmod(0o755)
             self._library = copy
+            self._faketime_area = wall_clock.SharedArea(
+                owner=(account[0], account[1]) if account is not None else None)
             self.set_clock(0)
         if account is not None:
             uid, gid, _ = account
@@ -655,6 +665,8 @@ class PrivateServer:
                 # latch waits, wal_writer_delay and the postmaster's own sleeps work
                 **wall_clock.SETTINGS,
                 wall_clock.FOLLOW_VARIABLE: str(self._path(CLOCK_FILE)),
+                **({wall_clock.SHARED_VARIABLE: self._faketime_area.variable}
+                   if self._faketime_area is not None else {}),
                 # file times stay real (nothing in the server should see them move)
                 "NO_FAKE_STAT": "1",
             })
@@ -684,7 +696,8 @@ class PrivateServer:
         uid, gid, groups = account if account is not None else (None, None, [])
         spec = {"data": str(self.data), "directory": str(self._path()), "argv": argv,
                 "env": self._environment(), "uid": uid, "gid": gid, "groups": groups,
-                "parent": os.getpid()}
+                "parent": os.getpid(),
+                "shared": list(self._faketime_area.files) if self._faketime_area else []}
         with open(self.log_path, "ab") as log:
             self._keeper = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", _KEEPER, json.dumps(spec)],
@@ -790,6 +803,9 @@ class PrivateServer:
             self.postmaster_pid = None
             with _live_lock:
                 _live.discard(self)
+            if self._faketime_area is not None:
+                self._faketime_area.remove()
+                self._faketime_area = None
             if self.directory is not None:
                 shutil.rmtree(self.directory, ignore_errors=True)
                 if self.directory.exists():
