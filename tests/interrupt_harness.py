@@ -4,7 +4,8 @@ Run as a separate process (``python interrupt_harness.py CONFIG_JSON``): it make
 a child subreaper, so any process faultlab leaves behind (a worker, the fork server, a
 zombie) is reparented to the harness, where it can be seen, counted and then killed and
 reaped. Prints one JSON object: the exit status, stdout, stderr, when the signal was
-sent, the processes left behind and the run directories (``faultlab-<pid>-*``) left, of
+sent, the processes left behind and the run directories (``faultlab-<pid>-*``, and
+libfaketime areas ``faultlab-faketime-<pid>-*``) left, of
 faultlab and of every process seen below it (a ``--jobs`` run's jobs name their own).
 
 CONFIG: ``argv``, ``cwd``, ``signal`` ("INT" or "TERM"), ``trigger`` ("ready": the
@@ -63,7 +64,8 @@ PLACES = ["/dev/shm", tempfile.gettempdir()]
 
 def existing_directories() -> set[str]:
     """Every faultlab run directory there is now, whoever made it."""
-    return {p for place in PLACES for p in glob.glob(f"{place}/faultlab-*")}
+    return {p for place in PLACES for pattern in ("faultlab-*", "sem.faultlab-*")
+            for p in glob.glob(f"{place}/{pattern}")}
 
 
 def run_directories(*pids: int, before: frozenset[str] = frozenset()) -> list[str]:
@@ -71,7 +73,9 @@ def run_directories(*pids: int, before: frozenset[str] = frozenset()) -> list[st
     pids wrap (pid_max is often 32768), so a process below faultlab may carry the pid of
     an earlier, unrelated process whose directory was left behind; that is not a leftover
     of this run."""
-    patterns = [f"faultlab-{pid}-*" for pid in pids] + [f"faultlab-lanes-{pid}-*" for pid in pids]
+    patterns = [f"{kind}{pid}-*" for pid in pids
+                for kind in ("faultlab-", "faultlab-lanes-", "faultlab-faketime-",
+                             "sem.faultlab-faketime-")]
     return sorted(p for place in PLACES for name in patterns for p in glob.glob(f"{place}/{name}")
                   if p not in before)
 
