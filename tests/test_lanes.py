@@ -324,6 +324,29 @@ def test_command_line_system_without_announcements_runs_free() -> None:
         assert ex.run(LaneStep("pause", 1)).lanes == ("exit 0", "-")  # ended: nothing to do
 
 
+def test_skip_judges_a_relay_by_the_rows_and_leases_it_could_have_seen(
+        reference: System) -> None:
+    """The reference, a relay blocked behind an acceptance's lock while the clock passes the
+    lease of a crashed dispatcher's claim: it was started at tick 0 (op-1 leased, op-2 not
+    yet committed) and reports idle after both changed. SKIP reported that as a skip (a
+    false alarm, found by ``explore --concurrency 2`` at seed 0); it judges a relay by
+    the rows committed, and leases lapsed, when it started."""
+    steps = [LaneStep("run", 2, "accept", "op-1", {}),
+             LaneStep("run", 1, "dispatch", crash="during_completion"),
+             LaneStep("start", 1, "accept", "op-2", {}), LaneStep("start", 2, "dispatch"),
+             LaneStep("pause", 2), LaneStep("tick", ticks=10)]
+    with LaneExecutor(reference, concurrency=2) as ex:
+        for step in steps:
+            assert not ex.run(step).violations, step
+        assert ex.lanes[2].status == "blocked" and ex.lanes[2].paused
+        observations, final = ex.settle()
+        resumed = next(o for o in observations if o.step.action == "resume")
+        (_, relay), = resumed.exited
+        assert relay.response == {"idle": True}  # it read the outbox as it was at tick 0
+        assert not any(o.violations for o in ex.observations) and not final
+        assert {op.state for op in ex.snapshot.operations} == {"complete"}
+
+
 def test_skip_names_the_row_a_relay_cursor_passes_over(reference: System) -> None:
     """SKIP, not LIVE, reports relay-cursor: the recovery's relay reports idle while op-1
     (committed below its high-water mark) is pending. The reference, given the same

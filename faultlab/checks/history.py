@@ -19,9 +19,12 @@ who changed them. These checks keep a little state across steps:
   changes the caller store afterwards, and never reports completing that
   operation. Claims are what workers announce with ``context.claimed``.
 * ``SKIP``: no committed outbox row is skipped for good. A relay (dispatcher)
-  that reports it found nothing to do, while it was the only worker alive,
-  leaves no committed outbox row pending that it could have claimed: one with
-  no unexpired lease, whose ordering key no unexpired lease holds. Unlike
+  that reports it found nothing to do, and was the only worker alive from its start
+  to its exit, leaves no outbox row pending that it could have claimed: one
+  committed before it started, with no lease unexpired when it started, whose
+  ordering key no such lease holds. (Its read of the outbox and of the clock may
+  fall anywhere in its run: a row committed later, or a lease that lapsed only
+  while it ran, it may rightly not have seen.) Unlike
   ``LIVE`` (judged once, over acknowledged operations, after recovery) it names
   the relay that passed the row over, counts rows whose acceptor never replied,
   and is judged at every idle relay, recovery's included.
@@ -76,6 +79,16 @@ class Claim:
     token: int
     lease_until: float | None = None
     at: int = 0  # the virtual clock when the claim was announced
+
+
+@dataclass(frozen=True)
+class LoneRun:
+    """A worker that was the only one alive from its start to its exit: the stores as it
+    found them and the virtual clock when it started (what ``SKIP`` judges it by)."""
+
+    worker: int
+    started: Snapshot
+    at: float
 
 
 @dataclass
@@ -180,12 +193,13 @@ class History:
     def check(
         self, before: Snapshot, after: Snapshot, *, alone: int | None,
         exited: list[tuple[int, ProcessRecord]], acknowledged: dict[str, str] | None = None,
-        now: float | None = None, solitary: bool = False,
+        now: float | None = None, lone: tuple[LoneRun, ...] = (),
     ) -> HistoryStep:
         """Check one step. ``alone`` is the worker that was the only one running during the
         step (so a change of the stores is its doing), ``exited`` the workers that ended;
-        ``solitary`` says no other worker was alive at all (not even held or paused), so
-        every claim on the stores was announced; ``now`` is the virtual clock."""
+        ``lone`` those of them that no other worker was alive beside at any moment of
+        their run (not even held or paused), so every claim on the stores was announced;
+        ``now`` is the virtual clock."""
         self.steps += 1
         for operation_id in acknowledged or {}:
             self.acknowledged_at.setdefault(operation_id, self.steps)
@@ -227,29 +241,30 @@ class History:
         if not self.vacuous("FENCE"):
             active.add("FENCE")
         idle_before = self.idle_with_pending
-        found["SKIP"] = tuple(self._skipped(before, after, alone, exited, now)
-                              if solitary and now is not None else ())
+        found["SKIP"] = tuple(message for run in lone
+                              for message in self._skipped(run, after, exited))
         if self.idle_with_pending > idle_before:
             active.add("SKIP")
         self._remember(after)
         return HistoryStep(found, frozenset(active))
 
-    def _skipped(self, before: Snapshot, after: Snapshot, alone: int | None,
-                 exited: list[tuple[int, ProcessRecord]], now: float) -> list[str]:
-        """Rows a lone relay passed over: pending before and after its idle run, no
-        unexpired lease on them or on their ordering key."""
-        idle = [worker for worker, record in exited
-                if worker == alone and record.exit_code == 0
-                and (record.response or {}).get("idle") is True]
+    def _skipped(self, run: LoneRun, after: Snapshot,
+                 exited: list[tuple[int, ProcessRecord]]) -> list[str]:
+        """Rows a relay alone for its whole run passed over: pending when it started and
+        after it ended, no lease on them or on their ordering key unexpired when it
+        started."""
+        idle = any(worker == run.worker and record.exit_code == 0
+                   and (record.response or {}).get("idle") is True
+                   for worker, record in exited)
         still = {row.operation_id for row in after.pending_outbox()}
-        pending = [row.operation_id for row in before.pending_outbox()
+        pending = [row.operation_id for row in run.started.pending_outbox()
                    if row.operation_id in still]
         if not idle or not pending or not self.claims:
             return []  # a system that announces no claims tells faultlab of no lease
         self.idle_with_pending += 1
         payloads = {row.id: row.payload for row in after.operations}
         leased = {c.operation_id for c in self.claims
-                  if c.lease_until is None or c.lease_until > now}
+                  if c.lease_until is None or c.lease_until > run.at}
         held_keys = {canonical_key(self._key(payloads[op])) for op in leased
                      if op in payloads and op in pending and self.ordering_key is not None}
         found = []
@@ -258,8 +273,9 @@ class History:
                    if operation_id in payloads and self.ordering_key is not None else None)
             if operation_id in leased or (key is not None and key in held_keys):
                 continue
-            found.append(f"a relay (worker {idle[0]}) reported idle at tick {now:g} while "
-                         f"committed outbox row {operation_id} was pending and unleased")
+            found.append(f"a relay (worker {run.worker}) started at tick {run.at:g} and "
+                         f"reported idle while committed outbox row {operation_id} was "
+                         f"pending and unleased")
         return found
 
     def _acknowledged_key(self, operation_id: str, payload: str) -> str | None:

@@ -390,9 +390,10 @@ INVARIANTS: tuple[Invariant, ...] = (
                          "order"),
         ("FENCE", True, "a dispatcher whose claim was superseded never changes the caller "
                         "store afterwards, nor reports completing the operation"),
-        ("SKIP", True, "no committed outbox row is skipped for good: a relay alone never "
-                       "reports idle while a committed row is pending that no unexpired "
-                       "lease holds"),
+        ("SKIP", True, "no committed outbox row is skipped for good: a relay alone from "
+                       "its start to its end never reports idle while a row committed "
+                       "before it started is pending that no lease unexpired at its start "
+                       "holds"),
     )),
     Invariant("LIVE", "after recovery every accepted operation is complete with exactly one "
               "ticket", None),

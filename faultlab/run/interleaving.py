@@ -40,7 +40,7 @@ from faultlab.base.clock import SETTLE_HORIZON, VirtualClock
 from faultlab.base.errors import EXIT_USAGE, ExecutionError, UsageError
 from faultlab.base.messages import printable, worker_message
 from faultlab.base.wall_clock import WallClock
-from faultlab.checks.history import Claim, History
+from faultlab.checks.history import Claim, History, LoneRun
 from faultlab.checks.invariants import (
     BY_NAME,
     HISTORY_INVARIANTS,
@@ -171,6 +171,8 @@ class Lane:
     #: from start to exit (then a dispatch's QUIET can be judged as in a sequential trace).
     start_snapshot: Snapshot = field(default_factory=Snapshot)
     solitary: bool = True
+    #: The virtual clock when it started.
+    started_at: int = 0
     #: The system's own program running the worker (None: faultlab's worker).
     program: Program | None = None
     #: It broke its protocol: killed, and whatever else it wrote is not read as an
@@ -433,7 +435,7 @@ class LaneExecutor:
             other.solitary = False
         lane = Lane(number, self.workers, spec, running, dict(running.outputs), go=go,
                     chunks={"stdout": [], "stderr": []}, start_snapshot=self.snapshot,
-                    solitary=not others, program=program)
+                    solitary=not others, program=program, started_at=self.clock.ticks)
         for fd in lane.fds:
             self._selector.register(fd, selectors.EVENT_READ, lane)
         return lane
@@ -825,11 +827,13 @@ class LaneExecutor:
             for lane in self.lanes.values()
         )
         alone = moved.worker if moved is not None and not others_moving else None
-        solitary = moved is not None and not any(
-            lane is not moved and lane.alive for lane in self.lanes.values())
+        ended = {worker for worker, _ in exited}
+        lone = tuple(LoneRun(lane.worker, lane.start_snapshot, lane.started_at)
+                     for lane in self.lanes.values()
+                     if lane.worker in ended and lane.solitary)
         found = self.history.check(
             before, after, alone=alone, exited=exited, acknowledged=self.model.acknowledged,
-            now=self.clock.ticks if self.clock is not None else None, solitary=solitary)
+            now=self.clock.ticks if self.clock is not None else None, lone=lone)
         judged = Check(model=self.model, before=before, after=after, action=step.action,
                        operation_id=None, payload=None, record=_dummy_record(),
                        deduplication=self.deduplication, history=found)
