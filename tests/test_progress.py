@@ -59,3 +59,28 @@ def test_a_pipe_gets_plain_lines_and_no_bar(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "%|" not in result.stderr
     assert "explore: " in result.stderr and " examples, " in result.stderr
+
+
+def test_a_bar_starts_no_thread() -> None:
+    """tqdm starts a monitor thread with its first bar unless told not to; faultlab forks
+    from this process, and a fork from a threaded process may deadlock the child."""
+    import threading
+
+    pytest.importorskip("tqdm")
+    from faultlab.report.progress import Progress
+
+    leader, follower = os.openpty()
+    os.set_blocking(leader, False)
+    try:
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        with open(follower, "w", closefd=False) as terminal:
+            before = {thread.name for thread in threading.enumerate()}
+            progress = Progress(examples=10, duration=None, label="explore", stream=terminal)
+            assert progress.drawing
+            progress.update(examples=1, seconds=0.1, line="", postfix="")
+            after = {thread.name for thread in threading.enumerate()}
+            progress.close()
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert after == before, after - before
