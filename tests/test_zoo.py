@@ -100,3 +100,19 @@ def test_mutants_bad_input(tmp_path: Path, args: list[str], message: str) -> Non
     assert done.returncode == 2
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not corpus.exists() and not output.exists()
+
+
+def test_mutants_reports_the_concurrency_mutants_median(tmp_path: Path) -> None:
+    """The line the concurrency target is read from: examples until found by the mutants
+    judged with two lanes, and their median; in the JSON too."""
+    output = tmp_path / "mutants.json"
+    done = run_cli("mutants", "--only", "eager-rescue", "--only", "split-accept", "--output",
+                   str(output), "--corpus", str(tmp_path / "corpus"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads(output.read_text())
+    found = {row["system"]: row["examples_until_found"] for row in data["systems"]}
+    lanes = data["concurrency"]
+    assert lanes["examples"] == {"eager-rescue": found["eager-rescue"]}  # not split-accept
+    assert lanes["median"] == lanes["sqlite_median"] == found["eager-rescue"] > 0
+    assert (f"concurrency mutants: median {found['eager-rescue']} examples until found "
+            "over 1\n") in done.stdout

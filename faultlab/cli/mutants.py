@@ -82,6 +82,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
         REFERENCE_POWER,
         Budget,
         Judgement,
+        concurrency_examples,
         judge_all,
         timing_summary,
     )
@@ -133,6 +134,15 @@ def cmd_mutants(args: argparse.Namespace) -> int:
           f"{timings['enumerate_median_seconds']} s, worst "
           f"{timings['enumerate_worst_seconds']} s; wall {seconds:.1f} s with "
           f"{plural(min(args.jobs, len(names)), 'job')}")
+    lanes = concurrency_examples(judgements)
+    if lanes["examples"]:
+        def shown(value: float | None) -> str:
+            return "- (one was missed)" if value is None else f"{value:g}"
+
+        print(f"concurrency mutants: median {shown(lanes['median'])} examples until found "
+              f"over {len(lanes['examples'])}"
+              + (f" ({shown(lanes['sqlite_median'])} over the {lanes['sqlite']} on SQLite)"
+                 if lanes["sqlite"] and lanes["sqlite"] != len(lanes["examples"]) else ""))
     passed = all(j.ok for j in judgements)
     unjudged = [j.system for j in judgements if j.unjudged is not None]
     mutants = [j for j in judgements if not j.reference and j.unjudged is None]
@@ -153,6 +163,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
             "budget": vars(budget),
             "seconds": round(seconds, 3),
             "timings": timings,
+            "concurrency": lanes,
             "systems": [j.to_json() for j in judgements],
         })
     return EXIT_OK if passed else EXIT_FOUND

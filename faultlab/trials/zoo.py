@@ -48,6 +48,8 @@ class Judgement:
     #: Why the system was not judged at all (a server-crash mutant on a machine that cannot
     #: start faultlab's own PostgreSQL server); None when it was.
     unjudged: str | None = None
+    #: The lanes the system was explored with (2 for a concurrency mutant).
+    lanes: int = 1
 
     @property
     def ok(self) -> bool:
@@ -144,6 +146,7 @@ def _on_private_server(name: str, budget: Budget, *, lanes: int,
         seconds_until_found=None, shrunk_steps=None, explore_seconds=0.0, explore_steps=0,
         corpus_file=None, enumerable=False,
         unjudged=f"needs --postgres private, which cannot start here: {reason}",
+        lanes=lanes,
     )
 
 
@@ -224,6 +227,7 @@ def _judge(name: str, budget: Budget, *, lanes: int, power_loss: bool) -> Judgem
         explore_steps=recorder.steps,
         corpus_file=saved,
         enumerable=enumerable,
+        lanes=lanes,
     )
 
 
@@ -259,6 +263,27 @@ def judge_all(
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     return [results[name] for name in names]
+
+
+def concurrency_examples(judgements: Sequence[Judgement]) -> dict[str, Any]:
+    """Examples until found by the mutants judged with lanes (a miss counts as None and
+    keeps the median from being reported: it has none); their median over all, and over
+    those on SQLite (the ones ``bench/scheduler.py`` measures)."""
+    concurrent = [j for j in judgements if not j.reference and j.lanes > 1
+                  and j.unjudged is None]
+    counts = {j.system: j.examples_until_found for j in concurrent}
+
+    def median(names: list[str]) -> float | None:
+        values = [counts[name] for name in names]
+        if not values or any(value is None for value in values):
+            return None
+        return statistics.median(v for v in values if v is not None)
+
+    from faultlab.system.builtin import registry
+
+    sqlite = [name for name in registry.names(lanes=2, postgres=False) if name in counts]
+    return {"examples": counts, "median": median(list(counts)),
+            "sqlite_median": median(sqlite), "sqlite": len(sqlite)}
 
 
 def timing_summary(judgements: Sequence[Judgement]) -> dict[str, float | None]:
