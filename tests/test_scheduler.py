@@ -153,3 +153,40 @@ def test_the_overtake_rule_starts_a_second_relay_on_the_held_claims_key(held: bo
 
     overtake_once()
     assert len(seen) == 5
+
+
+def test_the_nemesis_kills_a_blocked_lane_but_never_pauses_it() -> None:
+    """A blocked lane is inside SQLite's busy loop, taking and dropping a shared lock on
+    every retry: a SIGSTOP landing while it holds one leaves the lock held (a committer
+    then waits on it and the stores cannot be read: a run failed with "database is
+    locked" under load), and whether it does is a matter of microseconds, so the trace
+    would not replay alike. The nemesis may kill it; it may pause a held lane."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from faultlab.search.recorder import Recorder
+    from faultlab.search.schedules import concurrent_machine
+    from faultlab.trace import LaneStep
+
+    machine = concurrent_machine("reference", concurrency=2, examples=1, steps=8,
+                                 recorder=Recorder())
+    done: dict[str, set[str]] = {"blocked": set(), "held": set()}
+
+    @settings(max_examples=30, database=None, deadline=None, derandomize=True)
+    @given(st.data())
+    def nemesis_once(data: st.DataObject) -> None:
+        state = machine()
+        try:
+            state.payloads["op-1"] = {"title": "backlog"}
+            state.execute(LaneStep("start", 1, "accept", "op-1", {"title": "backlog"}))
+            state.execute(LaneStep("start", 2, "accept", "op-2", {"title": "backlog"}))
+            lanes = state.executor.lanes
+            assert (lanes[1].status, lanes[2].status) == ("held", "blocked")
+            state.nemesis(data)
+            step = state.executor.observations[-1].step
+            done["blocked" if step.lane == 2 else "held"].add(step.action)
+        finally:
+            state.teardown()
+
+    nemesis_once()
+    assert done == {"blocked": {"kill"}, "held": {"kill", "pause"}}, done
