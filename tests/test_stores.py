@@ -105,6 +105,22 @@ def test_connect_refuses_missing_foreign_and_garbage_files(tmp_path: Path) -> No
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
+def test_a_store_locked_past_the_busy_timeout_is_said_to_be_locked(tmp_path: Path) -> None:
+    """Not "not an SQLite database": a process holds its lock (another connection's
+    exclusive transaction here), and the message says so."""
+    store = tmp_path / "caller.sqlite"
+    initialise(store, "CREATE TABLE t (x INTEGER)")
+    holder = sqlite3.connect(store, isolation_level=None)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        with pytest.raises(StoreError, match=r"cannot be read: database is locked \(a process "
+                                             r"holds its lock past the 0.1 s busy timeout\)"):
+            connect(store, timeout=0.1)
+    finally:
+        holder.close()
+    connect(store, timeout=0.1).close()  # released: it opens
+
+
 def test_a_snapshot_writes_nothing(tmp_path: Path, reference: System) -> None:
     reference.initialise(tmp_path)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}

@@ -183,6 +183,9 @@ def connect(path: Path, *, timeout: float = BUSY_TIMEOUT) -> sqlite3.Connection:
         marker = connection.execute("PRAGMA application_id").fetchone()[0]
     except sqlite3.DatabaseError as error:
         connection.close()
+        if _busy(error):
+            raise StoreError(f"{path}: cannot be read: {error} (a process holds its lock "
+                             f"past the {timeout:g} s busy timeout)") from None
         raise StoreError(f"{path}: not an SQLite database: {error}") from None
     if marker != APPLICATION_ID:
         connection.close()
@@ -192,6 +195,15 @@ def connect(path: Path, *, timeout: float = BUSY_TIMEOUT) -> sqlite3.Connection:
     # acknowledged commit (tests/test_power_vfs.py); EXTRA syncs the directory too.
     connection.execute("PRAGMA synchronous=EXTRA")
     return connection
+
+
+def _busy(error: sqlite3.Error) -> bool:
+    """SQLITE_BUSY or SQLITE_LOCKED: another connection holds the lock (the error code is
+    there from Python 3.11; 3.10 has only the message)."""
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (extended codes too)
+    return "locked" in str(error)
 
 
 def query(path: Path, queries: dict[str, str]) -> dict[str, list[tuple[Any, ...]]]:
