@@ -324,27 +324,28 @@ def test_command_line_system_without_announcements_runs_free() -> None:
         assert ex.run(LaneStep("pause", 1)).lanes == ("exit 0", "-")  # ended: nothing to do
 
 
-def test_skip_judges_a_relay_by_the_rows_and_leases_it_could_have_seen(
-        reference: System) -> None:
-    """The reference, a relay blocked behind an acceptance's lock while the clock passes the
-    lease of a crashed dispatcher's claim: it was started at tick 0 (op-1 leased, op-2 not
-    yet committed) and reports idle after both changed. SKIP reported that as a skip (a
-    false alarm, found by ``explore --concurrency 2`` at seed 0); it judges a relay by
-    the rows committed, and leases lapsed, when it started."""
-    steps = [LaneStep("run", 2, "accept", "op-1", {}),
-             LaneStep("run", 1, "dispatch", crash="during_completion"),
-             LaneStep("start", 1, "accept", "op-2", {}), LaneStep("start", 2, "dispatch"),
-             LaneStep("pause", 2), LaneStep("tick", ticks=10)]
-    with LaneExecutor(reference, concurrency=2) as ex:
-        for step in steps:
+def test_skip_judges_a_relay_by_the_leases_it_could_have_seen(reference: System) -> None:
+    """The reference's relay reads the clock as it starts (tick 0, op-1 leased by a
+    crashed dispatcher until tick 10), holds before its claim statement while the clock
+    passes the lease, then reports idle. SKIP called that a skip (a false alarm: its read
+    may fall anywhere in its run, and at tick 0 op-1 was leased); it judges a relay by
+    the leases unexpired when it started. The same relay started after the lease lapsed
+    claims op-1 (the control: what it could have seen, it takes)."""
+    crashed = [LaneStep("run", 1, "accept", "op-1", {}),
+               LaneStep("run", 1, "dispatch", crash="during_completion")]
+    with LaneExecutor(reference, concurrency=2, statement_points=True) as ex:
+        for step in [*crashed, LaneStep("start", 2, "dispatch"), LaneStep("tick", ticks=10)]:
             assert not ex.run(step).violations, step
-        assert ex.lanes[2].status == "blocked" and ex.lanes[2].paused
-        observations, final = ex.settle()
-        resumed = next(o for o in observations if o.step.action == "resume")
-        (_, relay), = resumed.exited
-        assert relay.response == {"idle": True}  # it read the outbox as it was at tick 0
-        assert not any(o.violations for o in ex.observations) and not final
-        assert {op.state for op in ex.snapshot.operations} == {"complete"}
+        assert ex.lanes[2].point == "sql:1" and ex.clock is not None and ex.clock.ticks == 10
+        finished = ex.run(LaneStep("finish", 2))
+        (_, relay), = finished.exited
+        assert relay.response == {"idle": True}  # it read the clock at tick 0
+        assert not finished.violations
+        assert not ex.history.vacuous("SKIP")  # judged (a lone idle relay, op-1 pending)
+    with LaneExecutor(reference, concurrency=2, statement_points=True) as ex:
+        for step in [*crashed, LaneStep("tick", ticks=10), LaneStep("run", 2, "dispatch")]:
+            ex.run(step)
+        assert ex.observations[-1].exited[0][1].response["operation_id"] == "op-1"
 
 
 def test_skip_names_the_row_a_relay_cursor_passes_over(reference: System) -> None:

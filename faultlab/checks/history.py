@@ -193,13 +193,12 @@ class History:
     def check(
         self, before: Snapshot, after: Snapshot, *, alone: int | None,
         exited: list[tuple[int, ProcessRecord]], acknowledged: dict[str, str] | None = None,
-        now: float | None = None, lone: tuple[LoneRun, ...] = (),
+        lone: tuple[LoneRun, ...] = (),
     ) -> HistoryStep:
         """Check one step. ``alone`` is the worker that was the only one running during the
         step (so a change of the stores is its doing), ``exited`` the workers that ended;
         ``lone`` those of them that no other worker was alive beside at any moment of
-        their run (not even held or paused), so every claim on the stores was announced;
-        ``now`` is the virtual clock."""
+        their run (not even held or paused), so every claim on the stores was announced."""
         self.steps += 1
         for operation_id in acknowledged or {}:
             self.acknowledged_at.setdefault(operation_id, self.steps)

@@ -833,7 +833,7 @@ class LaneExecutor:
                      if lane.worker in ended and lane.solitary)
         found = self.history.check(
             before, after, alone=alone, exited=exited, acknowledged=self.model.acknowledged,
-            now=self.clock.ticks if self.clock is not None else None, lone=lone)
+            lone=lone)
         judged = Check(model=self.model, before=before, after=after, action=step.action,
                        operation_id=None, payload=None, record=_dummy_record(),
                        deduplication=self.deduplication, history=found)
