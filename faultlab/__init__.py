@@ -28,10 +28,9 @@ if TYPE_CHECKING:
     from faultlab.api import Outcome, explore, replay, state_machine
     from faultlab.stores.vfs import record_power_loss
     from faultlab.system.contract import System
-    from faultlab.trace import ConcurrentTrace, Trace
+    from faultlab.trace import Trace
 
 __all__ = [
-    "ConcurrentTrace",
     "Outcome",
     "System",
     "Trace",
@@ -50,7 +49,6 @@ _LAZY: dict[str, str] = {
     "record_power_loss": "faultlab.stores.vfs",
     "System": "faultlab.system.contract",
     "Trace": "faultlab.trace",
-    "ConcurrentTrace": "faultlab.trace",
 }
 
 

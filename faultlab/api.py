@@ -21,7 +21,7 @@ from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
 from faultlab.search import defaults
 from faultlab.system import load_system
 from faultlab.system.contract import System
-from faultlab.trace import ConcurrentTrace, Trace, Verdict
+from faultlab.trace import Trace, Verdict
 
 if TYPE_CHECKING:
     from hypothesis.stateful import RuleBasedStateMachine
@@ -45,7 +45,7 @@ class Outcome:
     """
 
     clean: bool
-    trace: Trace | ConcurrentTrace | None = None
+    trace: Trace | None = None
     violations: tuple[Violation, ...] = ()
     path: Path | None = None
     notes: tuple[str, ...] = ()
@@ -155,7 +155,7 @@ def explore(
                    path=path, notes=tuple(notes), stats=stats)
 
 
-def replay(trace_or_path: Trace | ConcurrentTrace | str | Path, *,
+def replay(trace_or_path: Trace | str | Path, *,
            system: str | Path | System | None = None, spawn: SpawnMode = "fork",
            deadline: float = DEFAULT_DEADLINE) -> Outcome:
     """Run a saved trace again on fresh stores; ``clean`` when no invariant fails.
@@ -173,11 +173,10 @@ def replay(trace_or_path: Trace | ConcurrentTrace | str | Path, *,
     from faultlab.corpus.replay import replay as replay_planned
     from faultlab.corpus.trust import system_for
     from faultlab.process.spawn import spawner
-    from faultlab.trace import load
 
     if isinstance(trace_or_path, (str, Path)):
         path = Path(trace_or_path)
-        trace = load(path)
+        trace = Trace.load(path)
     else:
         path, trace = Path("<trace>"), trace_or_path
     chosen = system_for(

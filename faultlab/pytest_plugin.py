@@ -211,9 +211,9 @@ class TraceItem(pytest.Item):
 
     def runtest(self) -> None:
         from faultlab.corpus.replay import plan, replay
-        from faultlab.trace import EXPECT_FLAKY, load
+        from faultlab.trace import EXPECT_FLAKY, Trace
 
-        trace = load(self.path)
+        trace = Trace.load(self.path)
         if trace.expect == EXPECT_FLAKY:  # kept for inspection: never a regression test
             pytest.skip("a flaky trace (it did not fail again when re-run): not a test")
         system = _system_for(self.config, trace, self.path)

@@ -1,11 +1,13 @@
 """The trace: steps, verdicts and the corpus file format (JSON, versioned).
 
-A trace is a list of steps (``accept``, ``dispatch``, ``service``), each
-optionally armed with a crash point, with the verdict it showed when recorded.
-A trace of version 2 names lanes: several workers alive at once, each step one
-scheduling choice (see the section below). This module is data and its JSON form
-only; :mod:`faultlab.run.executor` runs a trace. The format is faultlab's own,
-independent of Hypothesis, so a corpus file replays whatever generated it.
+A trace is a list of steps (``accept``, ``dispatch``, ``service``), each optionally armed
+with a crash point, with the verdict it showed when recorded. A laned trace (version 2)
+names lanes: several workers alive at once, each step one scheduling choice (see the
+section below); a sequential trace (version 1) is its one-lane case, one :class:`Trace` of
+:class:`Step` either way. This module is data and its JSON form only;
+:mod:`faultlab.run.interleaving` runs a trace (:func:`~faultlab.run.interleaving.execute_trace`).
+The format is faultlab's own, independent of Hypothesis, so a corpus file replays whatever
+generated it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Protocol
 from faultlab.base import inputs
 from faultlab.base.canonical import canonical_json
 from faultlab.base.errors import UsageError
-from faultlab.base.inputs import MAX_CONCURRENCY, check_operation_id, read_json_file
+from faultlab.base.inputs import MAX_CONCURRENCY, check_operation_id
 from faultlab.checks.invariants import Violation
 
 TRACE_FORMAT = "faultlab-trace"
@@ -35,6 +37,48 @@ POWER = "power"
 SERVER_CRASH = "server_crash"
 STEP_ACTIONS = (*ACTIONS, POWER, SERVER_CRASH)
 MAX_STEPS = 10_000
+
+# Trace format version 2: lanes, schedule choices, pauses, ticks.
+#
+# A sequential trace (version 1) runs one worker per step, start to finish: it is the
+# one-lane case. A laned trace names *lanes*: up to ``concurrency`` workers alive at
+# once, each held by faultlab at every named point it reaches. Each step is one
+# scheduling choice, so the interleaving is data and replays exactly. Its file spells a
+# worker's start with its role:
+#
+# * ``run``: start a worker in a free lane and let it run to its end;
+# * ``start``: start a worker in a free lane; it runs to its first point and holds;
+# * ``release``: let a held lane run to its next point (or its end);
+# * ``finish``: let a lane run through its remaining points to its end;
+# * ``kill``: SIGKILL a lane where it is (held, blocked on a lock, or paused);
+# * ``pause`` / ``resume``: SIGSTOP / SIGCONT a live lane (a GC pause, a frozen VM);
+# * ``tick``: advance the trace's virtual clock (:mod:`faultlab.base.clock`).
+# * ``server_crash``: the private PostgreSQL server crashes and restarts (no lane);
+# * ``drop_connection``: the server ends a live lane's sessions; its worker runs on.
+#
+# A ``run`` or ``start`` may arm a crash point (``crash``) as a sequential step does:
+# the worker dies there by SIGKILL (its own, or the announcement nemesis's), which is
+# how a command-line system armed by argument, whose workers never hold, crashes in a
+# laned trace at all. The field is written only when set.
+#
+# A trace recorded with ``"statement_points": true`` also holds a Python worker
+# before each SQL statement (``sql:K``) and after each COMMIT (``commit:K``), so a
+# ``release`` moves it one statement; the field is written only when true.
+#
+# In memory both versions are one :class:`Trace` of :class:`Step` (a ``run`` or
+# ``start`` is a step whose action is the worker's role, in its lane, ``hold`` for a
+# start), and each is written back byte for byte in the version it was read in.
+
+TRACE_VERSION_CONCURRENT = 2
+#: Lane L's PostgreSQL session is terminated by the server while its worker lives on (a
+#: dropped connection: a network blip, a proxy restart, an idle timeout); only on
+#: faultlab's own server (:func:`faultlab.stores.postgres.drop_worker_connections`).
+DROP_CONNECTION = "drop_connection"
+LANE_ACTIONS = ("run", "start", "release", "finish", "kill", "pause", "resume", "tick",
+                SERVER_CRASH, DROP_CONNECTION, POWER)
+#: How a laned file spells a worker's start.
+STARTS = ("run", "start")
+MAX_TICKS = 1_000_000
 
 
 def changed_payload(payload: Any) -> Any:
@@ -51,14 +95,26 @@ def changed_payload(payload: Any) -> Any:
     return {**payload, "revision": number + 1}
 
 
+#: What a laned step may do besides starting a worker (see the version 2 section below).
+SCHEDULING = ("release", "finish", "kill", "pause", "resume", "tick", DROP_CONNECTION)
+
+
 @dataclass(frozen=True)
 class Step:
-    """One worker run: ``accept``/``service`` name an operation and payload.
+    """One step of a trace: a worker's run, a scheduling choice, or a fault with no worker.
 
-    A ``power`` step is no worker: the machine loses power after the previous step, and
-    ``choice`` (the VFS choice JSON, e.g. ``{"kind": "drop_all"}``) says which unsynced
-    writes reached the disk. Only a power step writes ``choice``, so every other step's
-    JSON is as before, byte for byte.
+    ``accept``/``dispatch``/``service`` start a worker in ``lane`` (lane 1 when the trace
+    is sequential: ``lane`` None) and name its operation and payload; with ``hold`` it
+    runs to its first scheduling point and holds there, otherwise it runs to its end. Any
+    of them may arm a crash point (``crash``). ``release``, ``finish``, ``kill``,
+    ``pause``, ``resume`` and ``drop_connection`` act on a lane; ``tick`` advances the
+    trace's virtual clock by ``ticks``. A ``power`` step is no worker: the machine loses
+    power after the previous step, and ``choice`` (the VFS choice JSON, e.g.
+    ``{"kind": "drop_all"}``) says which unsynced writes reached the disk; a
+    ``server_crash`` crashes faultlab's own PostgreSQL server.
+
+    A sequential trace is the one-lane case: its steps name no lane and never hold, and
+    its file (version 1) spells a worker's run by its role alone, as it always has.
     """
 
     action: str
@@ -66,8 +122,41 @@ class Step:
     payload: Any = None
     crash: str | None = None
     choice: dict[str, Any] | None = None
+    #: The lane that moves: None in a sequential trace (its one lane).
+    lane: int | None = None
+    #: A started worker runs to its first scheduling point and holds there.
+    hold: bool = False
+    ticks: int | None = None
+
+    @property
+    def starts(self) -> bool:
+        """Whether the step starts a worker (in its lane, or the one lane)."""
+        return self.action in ACTIONS
+
+    @property
+    def role(self) -> str | None:
+        """The role of the worker the step starts (None: it starts none)."""
+        return self.action if self.action in ACTIONS else None
+
+    @property
+    def laned(self) -> bool:
+        """Whether the step needs a laned (version 2) trace to be written."""
+        return self.lane is not None or self.hold or self.action in SCHEDULING
+
+    @property
+    def lane_number(self) -> int:
+        """The lane that moves (1 for a sequential step); 0 for a step that moves none."""
+        if self.lane is not None:
+            return self.lane
+        return 1 if self.starts else 0
 
     def to_json(self) -> dict[str, Any]:
+        """The step as its file writes it: a laned step (it names a lane, holds or
+        schedules) as version 2 does (:meth:`to_lane_json`), any other as version 1 does.
+        Either way its JSON says everything the step is (shrinking and corpus names key on
+        it)."""
+        if self.laned:
+            return self.to_lane_json()
         if self.action == POWER:
             return {"action": POWER, "choice": dict(self.choice or {})}
         if self.action == SERVER_CRASH:
@@ -81,23 +170,76 @@ class Step:
             data["crash"] = self.crash
         return data
 
+    def to_lane_json(self) -> dict[str, Any]:
+        """The step as a laned (version 2) file writes it: a worker's run is ``run`` or
+        ``start`` with its ``role``."""
+        if self.action == POWER:
+            return {"action": POWER, "choice": dict(self.choice or {})}
+        data: dict[str, Any] = {"action": ("start" if self.hold else "run")
+                                if self.starts else self.action}
+        if self.starts:  # a sequential step, in a laned trace, runs in lane 1
+            data["lane"] = self.lane_number
+            data["role"] = self.action
+        elif self.lane is not None:
+            data["lane"] = self.lane
+        if self.operation_id is not None:
+            data["operation_id"] = self.operation_id
+        if self.action in ("accept", "service"):
+            data["payload"] = self.payload
+        if self.crash is not None:  # absent when unarmed: older files stay byte for byte
+            data["crash"] = self.crash
+        if self.ticks is not None:
+            data["ticks"] = self.ticks
+        return data
+
     @classmethod
     def from_json(cls, data: Any) -> Step:
+        """A step of a sequential (version 1) file."""
         if not isinstance(data, dict) or data.get("action") not in STEP_ACTIONS:
             raise UsageError(f"not a trace step: {json.dumps(data)[:80]}")
         if data["action"] == POWER:
             return cls.power(data.get("choice"))
         if data["action"] == SERVER_CRASH:
             return cls(SERVER_CRASH, **_no_worker_fields(data))
-        crash_point = data.get("crash")
         operation_id = data.get("operation_id")
-        if crash_point is not None and (
-            not isinstance(crash_point, str) or not crash_point or len(crash_point) > 200
-        ):
-            raise UsageError(f"step crash must be a point name: {json.dumps(crash_point)[:80]}")
         if operation_id is not None:
             inputs.check_operation_id(operation_id, "step operation_id")
-        return cls(data["action"], operation_id, data.get("payload"), crash_point)
+        return cls(data["action"], operation_id, data.get("payload"), _crash_point(data))
+
+    @classmethod
+    def from_lane_json(cls, data: Any) -> Step:
+        """A step of a laned (version 2) file: ``run``/``start`` with a role, or a
+        scheduling choice."""
+        if not isinstance(data, dict) or data.get("action") not in LANE_ACTIONS:
+            raise UsageError(f"not a concurrent trace step: {json.dumps(data)[:80]}")
+        action = data["action"]
+        if action == SERVER_CRASH:
+            return cls(SERVER_CRASH, **_no_worker_fields(data))
+        if action == POWER:
+            _no_worker_fields(data, ("choice",))
+            return cls.power(data.get("choice"))
+        lane, role, ticks = data.get("lane"), data.get("role"), data.get("ticks")
+        operation_id = data.get("operation_id")
+        if lane is not None and (not isinstance(lane, int) or isinstance(lane, bool)):
+            raise UsageError(f"step lane must be an integer: {lane!r}")
+        if ticks is not None and (not isinstance(ticks, int) or isinstance(ticks, bool)):
+            raise UsageError(f"step ticks must be an integer: {ticks!r}")
+        if role is not None and not isinstance(role, str):
+            raise UsageError(f"step role must be a string: {role!r}")
+        if operation_id is not None:
+            check_operation_id(operation_id, "step operation_id")
+        crash_point = _crash_point(data)
+        if action in STARTS:
+            if role not in ACTIONS:
+                raise UsageError(f"{action} needs a role ({', '.join(ACTIONS)})")
+            return cls(role, operation_id, data.get("payload"), crash_point, lane=lane,
+                       hold=action == "start", ticks=ticks)
+        if crash_point is not None:
+            raise UsageError(f"only run and start arm a crash point, not {action}")
+        extra = sorted(key for key in ("role", "operation_id", "payload") if key in data)
+        if extra:  # a hand edit that the next save would silently drop
+            raise UsageError(f"a {action} step takes no {', '.join(extra)}")
+        return cls(action, lane=lane, ticks=ticks)
 
     @classmethod
     def power(cls, choice: Any) -> Step:
@@ -110,17 +252,62 @@ class Step:
             raise UsageError(f"power step: {error}") from None
         return cls(POWER, choice=dict(choice))
 
+    def validate(self, concurrency: int) -> None:
+        """Refuse a laned step that is malformed whatever the lanes' states (before running)."""
+        if self.crash is not None and not self.starts:
+            raise UsageError(f"only run and start arm a crash point, not {self.action}")
+        if self.action in (SERVER_CRASH, POWER):
+            return  # names no lane: every live lane dies, or loses its connections
+        if self.action == "tick":
+            if self.ticks is None or not 0 < self.ticks <= MAX_TICKS:
+                raise UsageError(f"tick needs 1 to {MAX_TICKS} ticks, not {self.ticks!r}")
+            return
+        if self.lane is None or not 1 <= self.lane <= concurrency:
+            shown = ("start" if self.hold else "run") if self.starts else self.action
+            raise UsageError(
+                f"{shown} needs a lane from 1 to {concurrency}, not {self.lane!r}"
+            )
+        if not self.starts or self.action == "dispatch":
+            return
+        shown = "start" if self.hold else "run"
+        if not self.operation_id:
+            raise UsageError(f"{shown} {self.action} needs an operation_id")
+        try:
+            canonical_json(self.payload)
+        except (TypeError, ValueError) as error:
+            raise UsageError(f"{self.action} payload is not JSON: {error}") from None
+        if self.payload is None:
+            raise UsageError(f"{shown} {self.action} needs a payload")
+
     def describe(self) -> str:
+        """The step as tables show it: ``accept(op-1, {...})`` in a sequential trace,
+        ``L2 start accept(op-1, {...})`` in a laned one."""
         if self.action == POWER:
             return f"power({canonical_json(self.choice)})"
         if self.action == SERVER_CRASH:
             return SERVER_CRASH
+        if self.action == "tick":
+            return f"tick({self.ticks})"
+        if not self.starts:
+            return f"L{self.lane} {self.action}"
         parts = [self.operation_id] if self.operation_id else []
         if self.action != "dispatch":
             parts.append(canonical_json(self.payload))
         if self.crash:
             parts.append(f"crash={self.crash}")
-        return f"{self.action}({', '.join(parts)})"
+        run = f"{self.action}({', '.join(parts)})"
+        if self.lane is None and not self.hold:
+            return run
+        return f"L{self.lane} {'start' if self.hold else 'run'} {run}"
+
+
+def _crash_point(data: dict[str, Any]) -> str | None:
+    crash_point = data.get("crash")
+    if crash_point is not None and (
+        not isinstance(crash_point, str) or not crash_point or len(crash_point) > 200
+    ):
+        raise UsageError(f"step crash must be a point name: {json.dumps(crash_point)[:80]}")
+    return crash_point
 
 
 def _no_worker_fields(data: dict[str, Any], allowed: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -207,7 +394,13 @@ class Verdict:
 
 @dataclass
 class Trace:
-    """A replayable sequence of steps against one system, with what it showed when recorded."""
+    """A replayable sequence of steps against one system, with what it showed when recorded.
+
+    ``concurrency`` lanes (1: a sequential trace, one worker at a time). A trace is
+    *laned* when it schedules lanes (more than one, statement points, or any step that
+    names a lane, holds or schedules): it is written as version 2 and run by the lane
+    executor; any other trace is written as version 1, byte for byte as always.
+    """
 
     system: str
     deduplication: bool
@@ -219,27 +412,62 @@ class Trace:
     #: ``"finding"``: the recorded finding is expected (see :data:`EXPECT_FINDING`);
     #: ``"flaky"``: it did not happen again when re-run (see :data:`EXPECT_FLAKY`).
     expect: str | None = None
+    concurrency: int = 1
+    #: Workers also hold at sql:K and commit:K (:class:`faultlab.run.interleaving.LaneExecutor`).
+    statement_points: bool = False
+
+    @property
+    def laned(self) -> bool:
+        """Whether the trace schedules lanes (version 2), or runs one worker at a time."""
+        return self.concurrency > 1 or self.statement_points \
+            or any(step.laned for step in self.steps)
+
+    @property
+    def version(self) -> int:
+        return TRACE_VERSION_CONCURRENT if self.laned else TRACE_VERSION
 
     def to_json(self) -> dict[str, Any]:
-        return document(TRACE_VERSION, self, [step.to_json() for step in self.steps])
+        if not self.laned:
+            return document(TRACE_VERSION, self, [step.to_json() for step in self.steps])
+        extra: dict[str, Any] = {"concurrency": self.concurrency}
+        if self.statement_points:  # absent when false: older files stay byte for byte
+            extra["statement_points"] = True
+        return document(TRACE_VERSION_CONCURRENT, self,
+                        [step.to_lane_json() for step in self.steps], extra)
 
     @classmethod
     def from_json(cls, data: Any, *, source: str = "trace") -> Trace:
+        """A trace document of either version, already parsed (a file, a Redis entry)."""
         if not isinstance(data, dict) or data.get("format") != TRACE_FORMAT:
             raise UsageError(f"{source}: not a faultlab trace (no \"format\": \"{TRACE_FORMAT}\")")
         version = data.get("version")
-        if type(version) is not int or version != TRACE_VERSION:  # True == 1 in Python
+        # True == 1 and 2.0 == 2 in Python: only the integers are versions
+        if type(version) is not int or version not in (TRACE_VERSION, TRACE_VERSION_CONCURRENT):
             raise UsageError(
                 f"{source}: unsupported trace version {json.dumps(version)[:40]} "
-                f"(this faultlab reads versions {TRACE_VERSION} and 2)"
+                f"(this faultlab reads versions {TRACE_VERSION} and {TRACE_VERSION_CONCURRENT})"
             )
         with reading(source):
-            return cls(steps=[Step.from_json(step) for step in steps_of(data)],
+            if version == TRACE_VERSION:
+                return cls(steps=[Step.from_json(step) for step in steps_of(data)],
+                           **recorded_fields(data))
+            concurrency = data["concurrency"]
+            if not isinstance(concurrency, int) or isinstance(concurrency, bool) \
+                    or not 1 <= concurrency <= MAX_CONCURRENCY:
+                raise UsageError(f"concurrency must be an integer from 1 to {MAX_CONCURRENCY}: "
+                                 f"{concurrency!r}")
+            statement_points = data.get("statement_points", False)
+            if not isinstance(statement_points, bool):
+                raise UsageError(f"statement_points must be a boolean: {statement_points!r}")
+            steps = [Step.from_lane_json(step) for step in steps_of(data)]
+            for step in steps:
+                step.validate(concurrency)
+            return cls(concurrency=concurrency, steps=steps, statement_points=statement_points,
                        **recorded_fields(data))
 
     @classmethod
     def load(cls, path: Path) -> Trace:
-        """Read a trace file, refusing anything hostile in one line (see
+        """Read a trace file of either version, refusing anything hostile in one line (see
         :mod:`faultlab.base.inputs`)."""
         data = inputs.read_json_file(path, "faultlab trace")
         return cls.from_json(data, source=str(path))
@@ -344,218 +572,3 @@ def write_json_atomically(path: Path, data: Any) -> None:
     from faultlab.base.output import write_json
 
     write_json(path, data)
-
-
-# Trace format version 2: lanes.
-#
-# Concurrent traces (trace format version 2): lanes, schedule choices, pauses, ticks.
-#
-# A sequential trace (version 1, above) runs one worker per step,
-# start to finish. A concurrent trace names *lanes*: up to ``concurrency`` workers
-# alive at once, each held by faultlab at every named point it reaches. Each step
-# is one scheduling choice, so the interleaving is data and replays exactly:
-#
-# * ``run``: start a worker in a free lane and let it run to its end;
-# * ``start``: start a worker in a free lane; it runs to its first point and holds;
-# * ``release``: let a held lane run to its next point (or its end);
-# * ``finish``: let a lane run through its remaining points to its end;
-# * ``kill``: SIGKILL a lane where it is (held, blocked on a lock, or paused);
-# * ``pause`` / ``resume``: SIGSTOP / SIGCONT a live lane (a GC pause, a frozen VM);
-# * ``tick``: advance the trace's virtual clock (:mod:`faultlab.base.clock`).
-# * ``server_crash``: the private PostgreSQL server crashes and restarts (no lane);
-# * ``drop_connection``: the server ends a live lane's sessions; its worker runs on.
-#
-# A ``run`` or ``start`` may arm a crash point (``crash``) as a sequential step does:
-# the worker dies there by SIGKILL (its own, or the announcement nemesis's), which is
-# how a command-line system armed by argument, whose workers never hold, crashes in a
-# concurrent trace at all. The field is written only when set, so every file recorded
-# without it reads and writes byte for byte as before.
-#
-# A trace recorded with ``"statement_points": true`` also holds a Python worker
-# before each SQL statement (``sql:K``) and after each COMMIT (``commit:K``), so a
-# ``release`` moves it one statement; the field is written only when true, so
-# every file recorded without it reads and replays as before.
-#
-# Version 1 files are read by :class:`Trace`; :func:`load` reads either version.
-
-TRACE_VERSION_CONCURRENT = 2
-#: Lane L's PostgreSQL session is terminated by the server while its worker lives on (a
-#: dropped connection: a network blip, a proxy restart, an idle timeout); only on
-#: faultlab's own server (:func:`faultlab.stores.postgres.drop_worker_connections`).
-DROP_CONNECTION = "drop_connection"
-LANE_ACTIONS = ("run", "start", "release", "finish", "kill", "pause", "resume", "tick",
-                SERVER_CRASH, DROP_CONNECTION, POWER)
-STARTS = ("run", "start")
-WORKER_ROLES = ("accept", "dispatch", "service")
-MAX_TICKS = 1_000_000
-
-
-@dataclass(frozen=True)
-class LaneStep:
-    """One scheduling choice; ``run``/``start`` name the worker's role (and operation), and
-    may arm a crash point (``crash``) as a sequential step does. ``power`` cuts the
-    machine's power: every live lane dies, and the stores keep what the ``choice`` keeps of
-    their unsynced writes (as a sequential :meth:`Step.power`)."""
-
-    action: str
-    lane: int | None = None
-    role: str | None = None
-    operation_id: str | None = None
-    payload: Any = None
-    ticks: int | None = None
-    crash: str | None = None
-    choice: dict[str, Any] | None = None
-
-    @classmethod
-    def power(cls, choice: Any) -> LaneStep:
-        """A power step, its choice checked as :func:`faultlab.stores.vfs.power_image` will."""
-        return cls(POWER, choice=Step.power(choice).choice)
-
-    def to_json(self) -> dict[str, Any]:
-        if self.action == POWER:
-            return {"action": POWER, "choice": dict(self.choice or {})}
-        data: dict[str, Any] = {"action": self.action}
-        if self.lane is not None:
-            data["lane"] = self.lane
-        if self.role is not None:
-            data["role"] = self.role
-        if self.operation_id is not None:
-            data["operation_id"] = self.operation_id
-        if self.action in STARTS and self.role in ("accept", "service"):
-            data["payload"] = self.payload
-        if self.crash is not None:  # absent when unarmed: older files stay byte for byte
-            data["crash"] = self.crash
-        if self.ticks is not None:
-            data["ticks"] = self.ticks
-        return data
-
-    @classmethod
-    def from_json(cls, data: Any) -> LaneStep:
-        if not isinstance(data, dict) or data.get("action") not in LANE_ACTIONS:
-            raise UsageError(f"not a concurrent trace step: {json.dumps(data)[:80]}")
-        if data["action"] == SERVER_CRASH:
-            return cls(SERVER_CRASH, **_no_worker_fields(data))
-        if data["action"] == POWER:
-            _no_worker_fields(data, ("choice",))
-            return cls.power(data.get("choice"))
-        lane, role, ticks = data.get("lane"), data.get("role"), data.get("ticks")
-        operation_id = data.get("operation_id")
-        if lane is not None and (not isinstance(lane, int) or isinstance(lane, bool)):
-            raise UsageError(f"step lane must be an integer: {lane!r}")
-        if ticks is not None and (not isinstance(ticks, int) or isinstance(ticks, bool)):
-            raise UsageError(f"step ticks must be an integer: {ticks!r}")
-        if role is not None and not isinstance(role, str):
-            raise UsageError(f"step role must be a string: {role!r}")
-        if operation_id is not None:
-            check_operation_id(operation_id, "step operation_id")
-        crash_point = data.get("crash")
-        if crash_point is not None and (
-            not isinstance(crash_point, str) or not crash_point or len(crash_point) > 200
-        ):
-            raise UsageError(f"step crash must be a point name: {json.dumps(crash_point)[:80]}")
-        return cls(data["action"], lane, role, operation_id, data.get("payload"), ticks,
-                   crash_point)
-
-    def validate(self, concurrency: int) -> None:
-        """Refuse a step that is malformed whatever the lanes' states (before running)."""
-        if self.crash is not None and self.action not in STARTS:
-            raise UsageError(f"only run and start arm a crash point, not {self.action}")
-        if self.action == SERVER_CRASH:
-            return  # names no lane: every live lane's connections die with the server
-        if self.action == POWER:
-            return  # names no lane: every live lane dies with the machine
-        if self.action == "tick":
-            if self.ticks is None or not 0 < self.ticks <= MAX_TICKS:
-                raise UsageError(f"tick needs 1 to {MAX_TICKS} ticks, not {self.ticks!r}")
-            return
-        if self.lane is None or not 1 <= self.lane <= concurrency:
-            raise UsageError(
-                f"{self.action} needs a lane from 1 to {concurrency}, not {self.lane!r}"
-            )
-        if self.action not in STARTS:
-            return
-        if self.role not in WORKER_ROLES:
-            raise UsageError(f"{self.action} needs a role ({', '.join(WORKER_ROLES)})")
-        if self.role != "dispatch":
-            if not self.operation_id:
-                raise UsageError(f"{self.action} {self.role} needs an operation_id")
-            try:
-                canonical_json(self.payload)
-            except (TypeError, ValueError) as error:
-                raise UsageError(f"{self.role} payload is not JSON: {error}") from None
-            if self.payload is None:
-                raise UsageError(f"{self.action} {self.role} needs a payload")
-
-    def describe(self) -> str:
-        if self.action == "tick":
-            return f"tick({self.ticks})"
-        if self.action == SERVER_CRASH:
-            return SERVER_CRASH
-        if self.action == POWER:
-            return f"power({canonical_json(self.choice)})"
-        if self.action not in STARTS:
-            return f"L{self.lane} {self.action}"
-        parts = [self.operation_id] if self.operation_id else []
-        if self.role != "dispatch":
-            parts.append(canonical_json(self.payload))
-        if self.crash:
-            parts.append(f"crash={self.crash}")
-        return f"L{self.lane} {self.action} {self.role}({', '.join(parts)})"
-
-
-@dataclass
-class ConcurrentTrace:
-    """A replayable concurrent trace (format version 2)."""
-
-    system: str
-    deduplication: bool
-    concurrency: int
-    steps: list[LaneStep]
-    settle: bool = True
-    expected: Verdict | None = None
-    violations: list[Violation] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
-    #: ``"finding"``: the recorded finding is expected (see :data:`EXPECT_FINDING`);
-    #: ``"flaky"``: it did not happen again when re-run (see :data:`EXPECT_FLAKY`).
-    expect: str | None = None
-    #: Workers also hold at sql:K and commit:K (:class:`faultlab.run.interleaving.LaneExecutor`).
-    statement_points: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        extra: dict[str, Any] = {"concurrency": self.concurrency}
-        if self.statement_points:  # absent when false: older files stay byte for byte
-            extra["statement_points"] = True
-        return document(TRACE_VERSION_CONCURRENT, self, [step.to_json() for step in self.steps],
-                        extra)
-
-    @classmethod
-    def from_json(cls, data: Any, *, source: str = "trace") -> ConcurrentTrace:
-        with reading(source):
-            concurrency = data["concurrency"]
-            if not isinstance(concurrency, int) or isinstance(concurrency, bool) \
-                    or not 1 <= concurrency <= MAX_CONCURRENCY:
-                raise UsageError(f"concurrency must be an integer from 1 to {MAX_CONCURRENCY}: "
-                                 f"{concurrency!r}")
-            statement_points = data.get("statement_points", False)
-            if not isinstance(statement_points, bool):
-                raise UsageError(f"statement_points must be a boolean: {statement_points!r}")
-            steps = [LaneStep.from_json(step) for step in steps_of(data)]
-            for step in steps:
-                step.validate(concurrency)
-            return cls(concurrency=concurrency, steps=steps, statement_points=statement_points,
-                       **recorded_fields(data))
-
-
-def from_document(data: Any, *, source: str = "trace") -> Trace | ConcurrentTrace:
-    """A trace document of either version, already parsed (a file, a Redis corpus entry)."""
-    if isinstance(data, dict) and data.get("format") == TRACE_FORMAT \
-            and type(data.get("version")) is int \
-            and data.get("version") == TRACE_VERSION_CONCURRENT:  # 2.0 == 2: refused below
-        return ConcurrentTrace.from_json(data, source=source)
-    return Trace.from_json(data, source=source)
-
-
-def load(path: Path) -> Trace | ConcurrentTrace:
-    """Read a trace file of either version (version 1 exactly as :meth:`Trace.load`)."""
-    data = read_json_file(path, "faultlab trace")  # untrusted: bounded, strict, Unicode
-    return from_document(data, source=str(path))

@@ -15,7 +15,7 @@ from faultlab.cli import main
 from faultlab.system import load_system
 from faultlab.system.builtin import registry
 from faultlab.system.builtin.race_mutants import ConcurrencyMutant
-from faultlab.trace import ConcurrentTrace, load
+from faultlab.trace import Trace
 
 pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
 
@@ -33,8 +33,8 @@ def test_explore_concurrency_finds_shrinks_saves_and_replays_20_times(tmp_path: 
                        "--seed", "0", "--corpus", str(corpus), "--quiet")
     assert code == 1, out
     (path,) = corpus.glob("*.json")
-    trace = load(path)
-    assert isinstance(trace, ConcurrentTrace) and trace.concurrency == 2
+    trace = Trace.load(path)
+    assert isinstance(trace, Trace) and trace.concurrency == 2
     system = load_system("racy-dedup")
     assert isinstance(system, ConcurrencyMutant)
     assert len(trace.steps) == system.minimal_steps  # shrunk to the known minimum
@@ -59,8 +59,8 @@ def test_explore_concurrency_reference_negative_control(tmp_path: Path) -> None:
                        "--examples", "30", "--corpus", str(corpus), "--quiet")
     assert code == 1
     (path,) = corpus.glob("reference-nodedup-*.json")
-    trace = load(path)
-    assert isinstance(trace, ConcurrentTrace) and len(trace.steps) == 2
+    trace = Trace.load(path)
+    assert isinstance(trace, Trace) and len(trace.steps) == 2
     assert trace.expected is not None and "ONE" in trace.expected.invariants
 
 
@@ -119,9 +119,9 @@ def test_enumerate_concurrency_finds_the_shortest_interleaving(tmp_path: Path) -
     assert "steps that checked it non-vacuously" in out
     assert int(rows["ORDER"]) >= 1 and int(rows["ATOM"]) >= 2, out
     (path,) = corpus.glob("skip-locked-ORDER-*.json")
-    trace = load(path)
-    assert isinstance(trace, ConcurrentTrace)
-    assert [s.action for s in trace.steps] == ["run", "run", "start", "start"]
+    trace = Trace.load(path)
+    assert isinstance(trace, Trace)
+    assert [s.hold for s in trace.steps] == [False, False, True, True]  # run, run, start, start
     assert [s.lane for s in trace.steps[2:]] == [2, 1]  # lane 2 claims first: order broken
     code, out, _ = cli("replay", str(path))
     assert code == 0
@@ -137,7 +137,7 @@ def test_enumerate_concurrency_holds_acceptors_for_relay_cursor() -> None:
     found = enumerate_concurrent(system, concurrency=2, max_steps=2)
     assert found.execution is not None and "SKIP" in found.execution.verdict.invariants
     assert found.finding is not None
-    assert [s.role for s in found.finding if s.action == "start"] == ["accept", "accept"]
+    assert [s.role for s in found.finding if s.hold] == ["accept", "accept"]
     assert enumerate_concurrent(system, concurrency=2, max_steps=2, acceptors=0).finding is None
 
 
@@ -183,4 +183,4 @@ def test_mutants_command_judges_concurrency_mutants(tmp_path: Path) -> None:
     assert mutant["explore_found"] and mutant["enumerate_found"]
     assert mutant["shrunk_steps"] == mutant["minimal_steps"] == 3
     (saved,) = corpus.glob("*.json")
-    assert isinstance(load(saved), ConcurrentTrace)
+    assert isinstance(Trace.load(saved), Trace)

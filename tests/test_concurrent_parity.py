@@ -20,7 +20,7 @@ from conftest import explore_lanes
 from faultlab.cli import main
 from faultlab.run.interleaving import LaneExecutor
 from faultlab.system import load_system
-from faultlab.trace import LaneStep
+from faultlab.trace import Step
 
 pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
 
@@ -69,12 +69,12 @@ def taken_system(directory: Path) -> Path:
 def test_a_lane_reads_a_response_through_response_fields(tmp_path: Path) -> None:
     system = load_system(str(taken_system(tmp_path)))
     with LaneExecutor(system, concurrency=2) as ex:
-        accepted = ex.run(LaneStep("run", 1, "accept", "op-1", P))
+        accepted = ex.run(Step("accept", "op-1", P, lane=1))
         ((_, record),) = accepted.exited
         assert record.raw_response is not None and "taken" in record.raw_response
         assert record.response is not None and record.response["accepted"] == "op-1"
         assert list(ex.model.acknowledged) == ["op-1"]
-        ex.run(LaneStep("run", 2, "dispatch"))
+        ex.run(Step("dispatch", lane=2))
         assert "ACK" in ex.checked
 
 
@@ -106,8 +106,8 @@ def test_a_lane_step_arms_a_crash_point_by_argument() -> None:
     from faultlab.run.interleaving import execute_concurrent
 
     system = load_system(ARGUMENT)
-    steps = [LaneStep("run", 1, "accept", "op-1", P),
-             LaneStep("run", 2, "dispatch", crash="after_downstream_commit")]
+    steps = [Step("accept", "op-1", P, lane=1),
+             Step("dispatch", lane=2, crash="after_downstream_commit")]
     execution = execute_concurrent(system, steps, concurrency=2)
     crashed = execution.observations[1]
     assert [record.exit_code for _, record in crashed.exited] == [-9]
@@ -116,7 +116,7 @@ def test_a_lane_step_arms_a_crash_point_by_argument() -> None:
     assert execution.verdict.clean and len(execution.observations[-1].snapshot.tickets) == 1
     assert "L2 run dispatch(crash=after_downstream_commit)" in replay_table(
         execution, "simple")
-    control = execute_concurrent(system, steps[:1] + [LaneStep("run", 2, "dispatch")],
+    control = execute_concurrent(system, steps[:1] + [Step("dispatch", lane=2)],
                                  concurrency=2)
     assert control.observations[1].sigkills == 0  # unarmed: it runs to its end
 
@@ -126,11 +126,11 @@ def test_an_armed_point_of_an_announcing_program_is_killed_there() -> None:
     the armed one by faultlab, as the sequential nemesis does."""
     system = load_system(ANNOUNCE)
     with LaneExecutor(system, concurrency=2) as ex:
-        ex.run(LaneStep("run", 1, "accept", "op-1", P))
-        held = ex.run(LaneStep("start", 2, "dispatch", crash="after_downstream_commit"))
+        ex.run(Step("accept", "op-1", P, lane=1))
+        held = ex.run(Step("dispatch", lane=2, hold=True, crash="after_downstream_commit"))
         assert held.lanes == ("exit 0", "dispatch @before_dispatch")
         while ex.lanes[2].alive:  # the service holds at its own points on the way
-            killed = ex.run(LaneStep("release", 2))
+            killed = ex.run(Step("release", lane=2))
         assert ex.lanes[2].points == ["before_dispatch", "service_before_commit",
                                       "service_after_commit"]
         assert [r.exit_code for _, r in killed.exited] == [-9] and killed.sigkills == 1
@@ -139,25 +139,25 @@ def test_an_armed_point_of_an_announcing_program_is_killed_there() -> None:
 
 def test_the_crash_field_is_written_only_when_set(tmp_path: Path) -> None:
     from faultlab.base.errors import UsageError
-    from faultlab.trace import ConcurrentTrace, load
+    from faultlab.trace import Trace
 
-    armed = LaneStep("run", 1, "dispatch", crash="before_dispatch")
+    armed = Step("dispatch", lane=1, crash="before_dispatch")
     assert armed.to_json() == {"action": "run", "lane": 1, "role": "dispatch",
                                "crash": "before_dispatch"}
-    assert LaneStep.from_json(armed.to_json()) == armed
-    assert "crash" not in LaneStep("run", 1, "dispatch").to_json()
+    assert Step.from_lane_json(armed.to_json()) == armed
+    assert "crash" not in Step("dispatch", lane=1).to_json()
     for saved in sorted((ROOT / "corpus").glob("*.json")):  # old files read and write as before
         data = json.loads(saved.read_text())
         if data["version"] == 2:
-            trace = load(saved)
-            assert isinstance(trace, ConcurrentTrace)
+            trace = Trace.load(saved)
+            assert isinstance(trace, Trace)
             assert [s.to_json() for s in trace.steps] == data["steps"]
-    bad = ConcurrentTrace("reference", True, 2, []).to_json()
+    bad = Trace(system="reference", deduplication=True, concurrency=2, steps=[]).to_json()
     bad["steps"] = [{"action": "release", "lane": 1, "crash": "before_dispatch"}]
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(bad))
     try:
-        load(path)
+        Trace.load(path)
     except UsageError as error:
         assert "only run and start arm a crash point" in str(error)
     else:
@@ -165,9 +165,10 @@ def test_the_crash_field_is_written_only_when_set(tmp_path: Path) -> None:
 
 
 def test_an_undeclared_crash_point_is_refused_before_anything_runs(tmp_path: Path) -> None:
-    from faultlab.trace import ConcurrentTrace
+    from faultlab.trace import Trace
 
-    trace = ConcurrentTrace(ARGUMENT, True, 2, [LaneStep("run", 1, "dispatch", crash="nowhere")])
+    trace = Trace(system=ARGUMENT, deduplication=True, concurrency=2,
+                  steps=[Step("dispatch", lane=1, crash="nowhere")])
     path = tmp_path / "armed.json"
     path.write_text(json.dumps(trace.to_json()))
     code, _, err = cli("replay", str(path), "--system", ARGUMENT)
@@ -186,7 +187,7 @@ def test_argument_mode_crash_points_fire_under_concurrency(tmp_path: Path) -> No
 # --- 3. realistic data ----------------------------------------------------------------------
 
 
-def _drawn_accepts(system: str, examples: int) -> list[LaneStep]:
+def _drawn_accepts(system: str, examples: int) -> list[Step]:
     """Every accept step the concurrent machine drew in ``examples`` examples (seed 0)."""
     from dataclasses import dataclass, field
 
@@ -197,10 +198,10 @@ def _drawn_accepts(system: str, examples: int) -> list[LaneStep]:
     from faultlab.search.schedules import concurrent_machine
 
     @dataclass
-    class Collecting(Recorder[LaneStep]):
-        seen: list[LaneStep] = field(default_factory=list)
+    class Collecting(Recorder):
+        seen: list[Step] = field(default_factory=list)
 
-        def finish(self, steps: list[LaneStep], *args: object, **kwargs: object) -> None:
+        def finish(self, steps: list[Step], *args: object, **kwargs: object) -> None:
             self.seen += steps
             super().finish(steps, *args, **kwargs)  # type: ignore[arg-type]
 
@@ -210,7 +211,7 @@ def _drawn_accepts(system: str, examples: int) -> list[LaneStep]:
     chosen = settings(machine.TestCase.settings, verbosity=Verbosity.quiet,
                       phases=(Phase.generate,))
     run_state_machine_as_test(seed(0)(machine), settings=chosen)
-    return [s for s in recorder.seen if s.action in ("run", "start") and s.role == "accept"]
+    return [s for s in recorder.seen if s.action == "accept"]
 
 
 def test_the_concurrent_machine_draws_a_systems_declared_data() -> None:
@@ -234,15 +235,15 @@ def test_the_concurrent_machine_draws_realistic_default_data() -> None:
 def test_case_insensitive_key_is_caught_with_concurrency(tmp_path: Path) -> None:
     """The receiver that compares ids without case: caught sequentially, and now with two
     lanes too; the finding's data simplified as sequentially (op-1 and OP-1, {})."""
-    from faultlab.trace import ConcurrentTrace, load
+    from faultlab.trace import Trace
 
     corpus = tmp_path / "corpus"
     code, out, _ = cli("explore", "--system", "case-insensitive-key", "--concurrency", "2",
                        "--examples", "200", "--seed", "0", "--quiet", "--corpus", str(corpus))
     assert code == 1, out
     (path,) = corpus.glob("*.json")
-    trace = load(path)
-    assert isinstance(trace, ConcurrentTrace)
+    trace = Trace.load(path)
+    assert isinstance(trace, Trace)
     accepts = [s for s in trace.steps if s.role == "accept"]
     assert {s.operation_id for s in accepts} == {"op-1", "OP-1"}
     assert all(s.payload == {} for s in accepts)
@@ -280,9 +281,9 @@ def test_a_broken_announcement_in_a_lane_is_a_run_failure(tmp_path: Path) -> Non
 
     system = load_system(str(garbage_system(tmp_path)))
     with LaneExecutor(system, concurrency=2) as ex:
-        ex.run(LaneStep("run", 1, "accept", "op-1", P))
+        ex.run(Step("accept", "op-1", P, lane=1))
         try:
-            ex.run(LaneStep("start", 2, "dispatch"))
+            ex.run(Step("dispatch", lane=2, hold=True))
         except ExecutionError as error:
             assert "broke the announcement protocol" in str(error)
             assert "expected 'reached POINT PID'" in str(error)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from faultlab.trace import ConcurrentTrace, load
+from faultlab.trace import Trace
 
 pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
 
@@ -50,8 +50,8 @@ def test_jobs_find_the_negative_control_write_the_page_and_the_finding_replays(
     assert "FOUND: ONE" in done.stdout and "scheduling steps" in done.stdout
     files = list(corpus.glob("reference-nodedup-ONE-*.json"))
     assert files, done.stdout
-    trace = load(files[0])
-    assert isinstance(trace, ConcurrentTrace) and trace.concurrency == 2
+    trace = Trace.load(files[0])
+    assert isinstance(trace, Trace) and trace.concurrency == 2
     assert trace.meta["jobs"] == 2 and trace.meta["job"] in (0, 1)
     assert not trace.statement_points and "statement_points" not in json.loads(
         files[0].read_text())
@@ -96,8 +96,8 @@ def test_statement_points_are_recorded_and_replay_identically(tmp_path: Path) ->
     assert done.returncode == 1, done.stdout + done.stderr
     assert "statement points" in _rows(done.stdout)
     (path,) = corpus.glob("*.json")
-    trace = load(path)
-    assert isinstance(trace, ConcurrentTrace) and trace.statement_points
+    trace = Trace.load(path)
+    assert isinstance(trace, Trace) and trace.statement_points
     assert json.loads(path.read_text())["statement_points"] is True
     tables = set()
     for _ in range(3):
@@ -129,7 +129,7 @@ def test_corpus_files_read_back_to_the_same_document(path: Path) -> None:
     """Files written before ``statement_points`` existed read as traces without them and
     write back unchanged (the field is only written when true), whichever version."""
     data = json.loads(path.read_text())
-    trace = load(path)
+    trace = Trace.load(path)
     assert trace.to_json() == data
     assert "statement_points" not in data and not getattr(trace, "statement_points", False)
 
@@ -143,9 +143,9 @@ def test_statement_points_must_be_a_boolean(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**data, "statement_points": "yes"}))
     with pytest.raises(UsageError, match="statement_points must be a boolean"):
-        load(bad)
+        Trace.load(bad)
     good = tmp_path / "good.json"
     good.write_text(json.dumps({**data, "statement_points": True}))
-    loaded = load(good)
-    assert isinstance(loaded, ConcurrentTrace) and loaded.statement_points
+    loaded = Trace.load(good)
+    assert isinstance(loaded, Trace) and loaded.statement_points
     assert loaded.to_json()["statement_points"] is True

@@ -492,18 +492,18 @@ def test_after_a_signal_no_lane_step_runs() -> None:
     raises at once and starts no worker, as a sequential step does."""
     from faultlab.run import interleaving
     from faultlab.system import load_system
-    from faultlab.trace import LaneStep
+    from faultlab.trace import Step
 
     try:
         with interleaving.LaneExecutor(load_system("reference"), concurrency=2) as ex:
-            ex.run(LaneStep("start", 1, "accept", "op-1", '{"title":"a"}'))
+            ex.run(Step("accept", "op-1", '{"title":"a"}', lane=1, hold=True))
             held = ex.lanes[1].pid
             with interrupt.handling():
                 with pytest.raises(interrupt.Interrupted):
                     os.kill(os.getpid(), signal.SIGTERM)
                     time.sleep(1)  # the handler raises here, as in a step's wait
                 with pytest.raises(interrupt.Interrupted):
-                    ex.run(LaneStep("start", 2, "dispatch"))
+                    ex.run(Step("dispatch", lane=2, hold=True))
                 with pytest.raises(interrupt.Interrupted):
                     ex.settle()
             assert ex.workers == 1 and list(ex.lanes) == [1]
@@ -527,7 +527,7 @@ def test_a_signal_before_hypothesis_tears_the_example_down_leaves_no_directory(
     from faultlab.search.recorder import Recorder
     from faultlab.search.schedules import concurrent_machine
 
-    recorder: Recorder[Any] = Recorder()
+    recorder: Recorder = Recorder()
     prefix = "faultlab-lanes-" if concurrency > 1 else "faultlab-"
     mine = f"/dev/shm/{prefix}{os.getpid()}-*"
     before = set(glob_paths(mine))

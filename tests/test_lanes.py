@@ -19,7 +19,7 @@ from faultlab.system import System, concurrency_mutant_names, load_system
 from faultlab.system.builtin import registry
 from faultlab.system.builtin.race_mutants import OP, ConcurrencyMutant, NoFencing
 from faultlab.system.builtin.reference import LEASE_TICKS
-from faultlab.trace import ConcurrentTrace, LaneStep, Trace, Verdict, load
+from faultlab.trace import Step, Trace, Verdict
 
 pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
 
@@ -39,16 +39,16 @@ def test_superseded_dispatcher_is_fenced_on_the_reference(reference: System) -> 
     """Lane 1 claims, holds; its lease lapses; lane 2 claims and completes; lane 1's
     completion is refused: one ticket, lane 1 answers superseded, FENCE holds."""
     with LaneExecutor(reference, concurrency=2) as ex:
-        ex.run(LaneStep("run", 1, "accept", OP, P))
-        held = ex.run(LaneStep("start", 1, "dispatch"))
+        ex.run(Step("accept", OP, P, lane=1))
+        held = ex.run(Step("dispatch", lane=1, hold=True))
         assert held.lanes == ("dispatch @before_dispatch", "-")
-        ex.run(LaneStep("tick", ticks=LEASE_TICKS - 1))
-        early = ex.run(LaneStep("run", 2, "dispatch"))
+        ex.run(Step("tick", ticks=LEASE_TICKS - 1))
+        early = ex.run(Step("dispatch", lane=2))
         assert [r.response for _, r in early.exited] == [{"idle": True}]  # lease still held
-        ex.run(LaneStep("tick", ticks=1))
-        rescued = ex.run(LaneStep("run", 2, "dispatch"))
+        ex.run(Step("tick", ticks=1))
+        rescued = ex.run(Step("dispatch", lane=2))
         assert [r.response["result"] for _, r in rescued.exited] == [{"ticket_id": 1}]
-        last = ex.run(LaneStep("finish", 1))
+        last = ex.run(Step("finish", lane=1))
         ((_, record),) = last.exited
         assert record.exit_code == 0 and record.response is not None
         assert record.response["superseded"] is True and record.response["attempt"] == 1
@@ -69,10 +69,10 @@ def test_a_lane_still_starting_is_not_judged_blocked() -> None:
     lanes, then a 'lane is busy' refusal, before lanes were judged by their CPU use."""
     system = load_system("systems_for_tests:SlowStartOutbox")
     with LaneExecutor(system, concurrency=2) as ex:
-        ex.run(LaneStep("run", 1, "accept", "op-1", P))
-        started = ex.run(LaneStep("start", 2, "dispatch"))
+        ex.run(Step("accept", "op-1", P, lane=1))
+        started = ex.run(Step("dispatch", lane=2, hold=True))
         assert started.lanes == ("exit 0", "dispatch @before_dispatch")
-        done = ex.run(LaneStep("finish", 2))
+        done = ex.run(Step("finish", lane=2))
         assert done.lanes == ("exit 0", "exit 0")
         assert len(done.snapshot.tickets) == 1
 
@@ -82,13 +82,13 @@ def test_a_lane_waits_for_a_lock_as_long_as_the_schedule_holds_it(reference: Sys
     (a loaded machine, a long trace), the blocked lane still gets the lock and the
     outcome is the same. With SQLite's ordinary busy timeout it gave up after 5 s."""
     with LaneExecutor(reference, concurrency=2) as ex:
-        ex.run(LaneStep("start", 1, "accept", "op-1", P))
-        blocked = ex.run(LaneStep("run", 2, "accept", "op-2", P))
+        ex.run(Step("accept", "op-1", P, lane=1, hold=True))
+        blocked = ex.run(Step("accept", "op-2", P, lane=2))
         assert blocked.lanes == ("accept @during_accept", "accept blocked")
         time.sleep(BUSY_TIMEOUT + 1)
-        done = ex.run(LaneStep("finish", 1))
-        ex.run(LaneStep("finish", 2))
-        final = ex.run(LaneStep("tick", ticks=1))
+        done = ex.run(Step("finish", lane=1))
+        ex.run(Step("finish", lane=2))
+        final = ex.run(Step("tick", ticks=1))
         assert final.lanes == ("exit 0", "exit 0"), done.lanes
         assert [op.id for op in final.snapshot.operations] == ["op-1", "op-2"]
 
@@ -97,14 +97,14 @@ def test_a_lane_blocked_on_a_lock_is_scheduled_around(reference: System) -> None
     """Lane 1 holds inside its accept transaction; lane 2's accept blocks on the lock and
     the step ends with it blocked; releasing lane 1 lets lane 2 on. Never a deadlock."""
     with LaneExecutor(reference, concurrency=2) as ex:
-        ex.run(LaneStep("start", 1, "accept", "op-1", P))
-        blocked = ex.run(LaneStep("run", 2, "accept", "op-2", P))
+        ex.run(Step("accept", "op-1", P, lane=1, hold=True))
+        blocked = ex.run(Step("accept", "op-2", P, lane=2))
         assert blocked.lanes == ("accept @during_accept", "accept blocked")
         assert blocked.snapshot.operations == ()
-        after = ex.run(LaneStep("finish", 1))
+        after = ex.run(Step("finish", lane=1))
         assert after.lanes[0] == "exit 0"
         assert after.lanes[1] == "accept @during_accept"  # lane 2 moved on to its point
-        ex.run(LaneStep("finish", 2))
+        ex.run(Step("finish", lane=2))
         assert [op.id for op in ex.snapshot.operations] == ["op-1", "op-2"]
         observations, final = ex.settle()
         assert final == [] and len(ex.snapshot.tickets) == 2
@@ -119,27 +119,27 @@ def test_a_lane_sleeping_on_a_lock_is_blocked_before_the_bound(reference: System
 
     with LaneExecutor(reference, concurrency=2, block_bound=20.0) as ex:
         began = time.monotonic()
-        assert ex.run(LaneStep("start", 1, "accept", "op-1", P)).lanes == (
+        assert ex.run(Step("accept", "op-1", P, lane=1, hold=True)).lanes == (
             "accept @during_accept", "-")
-        blocked = ex.run(LaneStep("run", 2, "accept", "op-2", P))
+        blocked = ex.run(Step("accept", "op-2", P, lane=2))
         assert blocked.lanes == ("accept @during_accept", "accept blocked")
         assert time.monotonic() - began < 10.0
-        ex.run(LaneStep("finish", 1))
-        ex.run(LaneStep("finish", 2))
+        ex.run(Step("finish", lane=1))
+        ex.run(Step("finish", lane=2))
         assert [op.id for op in ex.snapshot.operations] == ["op-1", "op-2"]
 
 
 def test_pause_stops_the_process_and_kill_ends_it(reference: System) -> None:
     with LaneExecutor(reference, concurrency=1) as ex:
-        ex.run(LaneStep("run", 1, "accept", OP, P))
-        ex.run(LaneStep("start", 1, "dispatch"))
+        ex.run(Step("accept", OP, P, lane=1))
+        ex.run(Step("dispatch", lane=1, hold=True))
         pid = ex.lanes[1].pid
-        paused = ex.run(LaneStep("pause", 1))
+        paused = ex.run(Step("pause", lane=1))
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         assert stat in ("T", "t") and paused.lanes == ("dispatch @before_dispatch paused",)
         with pytest.raises(UsageError, match="paused"):
-            ex.run(LaneStep("release", 1))
-        killed = ex.run(LaneStep("kill", 1))
+            ex.run(Step("release", lane=1))
+        killed = ex.run(Step("kill", lane=1))
         assert [r.exit_code for _, r in killed.exited] == [-9]
         assert killed.sigkills == 1 and _gone(pid)
         assert ex.snapshot.pending_outbox()  # killed before the call: still pending
@@ -149,18 +149,18 @@ def test_pause_stops_the_process_and_kill_ends_it(reference: System) -> None:
 
 def test_resume_continues_a_paused_lane(reference: System) -> None:
     with LaneExecutor(reference, concurrency=1) as ex:
-        ex.run(LaneStep("start", 1, "accept", OP, P))
-        ex.run(LaneStep("pause", 1))
-        resumed = ex.run(LaneStep("resume", 1))
+        ex.run(Step("accept", OP, P, lane=1, hold=True))
+        ex.run(Step("pause", lane=1))
+        resumed = ex.run(Step("resume", lane=1))
         assert resumed.lanes == ("accept @during_accept",)
-        done = ex.run(LaneStep("finish", 1))
+        done = ex.run(Step("finish", lane=1))
         assert done.lanes == ("exit 0",) and len(done.snapshot.operations) == 1
 
 
 def test_the_clock_file_is_what_workers_read(reference: System) -> None:
     with LaneExecutor(reference, concurrency=1) as ex:
         assert ex.clock is not None
-        ex.run(LaneStep("tick", ticks=7))
+        ex.run(Step("tick", ticks=7))
         assert ex.clock.path.read_text().strip() == "7"
 
 
@@ -205,15 +205,16 @@ def test_minimiser_turns_a_held_start_released_to_its_end_into_a_run() -> None:
 
     system = load_system("stale-rescue")
     assert isinstance(system, ConcurrencyMutant)
-    steps = [LaneStep("start", 1, "accept", OP, P), LaneStep("release", 1),
-             LaneStep("start", 2, "dispatch"), LaneStep("run", 1, "dispatch")]
+    steps = [Step("accept", OP, P, lane=1, hold=True), Step("release", lane=1),
+             Step("dispatch", lane=2, hold=True), Step("dispatch", lane=1)]
     execution = execute_concurrent(system, steps, concurrency=2)
     assert not execution.verdict.clean and len(executed(execution)) == 4
-    trace = ConcurrentTrace(system.ref, True, 2, steps, expected=execution.verdict)
+    trace = Trace(system=system.ref, deduplication=True, concurrency=2, steps=steps,
+                  expected=execution.verdict)
     shrunk, _ = minimise(trace, execution, lambda candidate: execute_concurrent(
         system, candidate, concurrency=2, lenient=True))
     assert len(shrunk.steps) == system.minimal_steps == 3
-    assert shrunk.steps[0].action == "run" and shrunk.steps[0].role == "accept"
+    assert shrunk.steps[0].action == "accept" and not shrunk.steps[0].hold  # a run
     replay = execute_concurrent(system, shrunk.steps, concurrency=2)
     assert replay.verdict == shrunk.expected
 
@@ -230,16 +231,16 @@ def test_concurrent_finding_replays_identically_20_times() -> None:
 
 
 def test_trace_version_2_round_trip_and_version_1_still_reads(tmp_path: Path) -> None:
-    trace = ConcurrentTrace("no-fencing", True, 2, list(NoFencing.minimal_trace),
-                            expected=Verdict(5, ("FENCE",)))
+    trace = Trace(system="no-fencing", deduplication=True, concurrency=2,
+                  steps=list(NoFencing.minimal_trace), expected=Verdict(5, ("FENCE",)))
     path = tmp_path / "t.json"
     path.write_text(json.dumps(trace.to_json()))
-    loaded = load(path)
-    assert isinstance(loaded, ConcurrentTrace) and loaded.steps == trace.steps
+    loaded = Trace.load(path)
+    assert isinstance(loaded, Trace) and loaded.steps == trace.steps
     assert loaded.expected == trace.expected and loaded.concurrency == 2
     for saved in sorted((ROOT / "corpus").glob("*.json")):
         version = json.loads(saved.read_text())["version"]
-        assert isinstance(load(saved), Trace if version == 1 else ConcurrentTrace)
+        assert isinstance(Trace.load(saved), Trace if version == 1 else Trace)
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -251,17 +252,17 @@ def test_trace_version_2_round_trip_and_version_1_still_reads(tmp_path: Path) ->
 ])
 def test_bad_version_2_steps_are_refused(tmp_path: Path, bad: dict[str, object],
                                          message: str) -> None:
-    data = ConcurrentTrace("reference", True, 2, []).to_json()
+    data = Trace(system="reference", deduplication=True, concurrency=2, steps=[]).to_json()
     data["steps"] = [bad]
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(data))
     with pytest.raises(UsageError, match=message):
-        load(path)
+        Trace.load(path)
 
 
 def test_a_step_on_a_lane_that_never_started_is_refused(reference: System) -> None:
     with LaneExecutor(reference, concurrency=2) as ex, pytest.raises(UsageError, match="never"):
-        ex.run(LaneStep("release", 2))
+        ex.run(Step("release", lane=2))
 
 
 def test_no_process_descriptor_or_directory_left_behind(reference: System) -> None:
@@ -270,11 +271,11 @@ def test_no_process_descriptor_or_directory_left_behind(reference: System) -> No
     fds_before = set(os.listdir("/proc/self/fd"))
     with LaneExecutor(reference, concurrency=3) as ex:
         directory = ex.directory
-        ex.run(LaneStep("run", 1, "accept", OP, P))
-        ex.run(LaneStep("start", 1, "dispatch"))
-        ex.run(LaneStep("start", 2, "service", OP, P))
-        ex.run(LaneStep("start", 3, "accept", "op-2", P))
-        ex.run(LaneStep("pause", 3))
+        ex.run(Step("accept", OP, P, lane=1))
+        ex.run(Step("dispatch", lane=1, hold=True))
+        ex.run(Step("service", OP, P, lane=2, hold=True))
+        ex.run(Step("accept", "op-2", P, lane=3, hold=True))
+        ex.run(Step("pause", lane=3))
         pids = [lane.pid for lane in ex.lanes.values()]
         assert not any(_gone(pid) for pid in pids)
     assert all(_gone(pid) for pid in pids)
@@ -295,19 +296,19 @@ def test_command_line_system_is_scheduled_through_its_announcements() -> None:
     there, the other finished: one ticket, three distinct PIDs, recovery clean."""
     system = load_system(ANNOUNCE)
     with LaneExecutor(system, concurrency=2) as ex:
-        ex.run(LaneStep("run", 1, "accept", OP, P))
-        both = ex.run(LaneStep("start", 2, "dispatch"))
+        ex.run(Step("accept", OP, P, lane=1))
+        both = ex.run(Step("dispatch", lane=2, hold=True))
         assert both.lanes == ("exit 0", "dispatch @before_dispatch")
-        both = ex.run(LaneStep("start", 1, "dispatch"))
+        both = ex.run(Step("dispatch", lane=1, hold=True))
         assert both.lanes == ("dispatch @before_dispatch", "dispatch @before_dispatch")
-        paused = ex.run(LaneStep("pause", 1))
+        paused = ex.run(Step("pause", lane=1))
         pid = ex.lanes[1].pid
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         assert stat in ("T", "t") and paused.lanes[0].endswith("paused")
-        ex.run(LaneStep("resume", 1))
-        killed = ex.run(LaneStep("kill", 2))
+        ex.run(Step("resume", lane=1))
+        killed = ex.run(Step("kill", lane=2))
         assert [r.exit_code for _, r in killed.exited] == [-9] and killed.snapshot.tickets == ()
-        done = ex.run(LaneStep("finish", 1))
+        done = ex.run(Step("finish", lane=1))
         assert [r.exit_code for _, r in done.exited] == [0] and len(done.snapshot.tickets) == 1
         _, final = ex.settle()
         assert final == []
@@ -318,10 +319,10 @@ def test_command_line_system_is_scheduled_through_its_announcements() -> None:
 def test_command_line_system_without_announcements_runs_free() -> None:
     system = load_system(ARGUMENT)
     with LaneExecutor(system, concurrency=2) as ex:
-        ex.run(LaneStep("run", 1, "accept", OP, P))
-        ran = ex.run(LaneStep("start", 1, "dispatch"))
+        ex.run(Step("accept", OP, P, lane=1))
+        ran = ex.run(Step("dispatch", lane=1, hold=True))
         assert ran.lanes == ("exit 0", "-") and len(ran.snapshot.tickets) == 1
-        assert ex.run(LaneStep("pause", 1)).lanes == ("exit 0", "-")  # ended: nothing to do
+        assert ex.run(Step("pause", lane=1)).lanes == ("exit 0", "-")  # ended: nothing to do
 
 
 def test_skip_judges_a_relay_by_the_leases_it_could_have_seen(reference: System) -> None:
@@ -331,19 +332,19 @@ def test_skip_judges_a_relay_by_the_leases_it_could_have_seen(reference: System)
     may fall anywhere in its run, and at tick 0 op-1 was leased); it judges a relay by
     the leases unexpired when it started. The same relay started after the lease lapsed
     claims op-1 (the control: what it could have seen, it takes)."""
-    crashed = [LaneStep("run", 1, "accept", "op-1", {}),
-               LaneStep("run", 1, "dispatch", crash="during_completion")]
+    crashed = [Step("accept", "op-1", {}, lane=1),
+               Step("dispatch", lane=1, crash="during_completion")]
     with LaneExecutor(reference, concurrency=2, statement_points=True) as ex:
-        for step in [*crashed, LaneStep("start", 2, "dispatch"), LaneStep("tick", ticks=10)]:
+        for step in [*crashed, Step("dispatch", lane=2, hold=True), Step("tick", ticks=10)]:
             assert not ex.run(step).violations, step
         assert ex.lanes[2].point == "sql:1" and ex.clock is not None and ex.clock.ticks == 10
-        finished = ex.run(LaneStep("finish", 2))
+        finished = ex.run(Step("finish", lane=2))
         (_, relay), = finished.exited
         assert relay.response == {"idle": True}  # it read the clock at tick 0
         assert not finished.violations
         assert not ex.history.vacuous("SKIP")  # judged (a lone idle relay, op-1 pending)
     with LaneExecutor(reference, concurrency=2, statement_points=True) as ex:
-        for step in [*crashed, LaneStep("tick", ticks=10), LaneStep("run", 2, "dispatch")]:
+        for step in [*crashed, Step("tick", ticks=10), Step("dispatch", lane=2)]:
             ex.run(step)
         assert ex.observations[-1].exited[0][1].response["operation_id"] == "op-1"
 
@@ -363,9 +364,9 @@ def test_skip_names_the_row_a_relay_cursor_passes_over(reference: System) -> Non
         assert not ex.history.vacuous("SKIP")
         assert [op.state for op in ex.snapshot.operations] == ["pending", "complete"]
     with LaneExecutor(reference, concurrency=2) as ex:
-        ex.run(LaneStep("run", 1, "accept", OP, P))
-        ex.run(LaneStep("run", 2, "accept", "op-2", P))
-        ex.run(LaneStep("run", 2, "dispatch"))
+        ex.run(Step("accept", OP, P, lane=1))
+        ex.run(Step("accept", "op-2", P, lane=2))
+        ex.run(Step("dispatch", lane=2))
         _, final = ex.settle()
         assert not final and not any(o.violations for o in ex.observations)
         assert ex.history.vacuous("SKIP")  # recovery's relays found work until none was left
@@ -376,17 +377,17 @@ def test_quiet_judges_a_solitary_dispatcher_in_a_concurrent_trace(reference: Sys
     """idle-resend (a sequential mutant caught by QUIET) is caught in lanes when its idle
     dispatcher runs alone; the reference on the same trace is clean; and with another lane
     alive meanwhile QUIET is not judged (the control for the solitary rule)."""
-    trace = [LaneStep("run", 1, "accept", OP, P), LaneStep("run", 1, "dispatch"),
-             LaneStep("run", 2, "dispatch")]
+    trace = [Step("accept", OP, P, lane=1), Step("dispatch", lane=1),
+             Step("dispatch", lane=2)]
     caught = execute_concurrent(load_system("idle-resend"), trace, concurrency=2)
     assert caught.verdict.invariants == ("QUIET",) and caught.verdict.step == 3
     assert execute_concurrent(reference, trace, concurrency=2).verdict.clean
     with LaneExecutor(load_system("idle-resend"), concurrency=2) as ex:
         for step in trace[:2]:
             ex.run(step)
-        held = ex.run(LaneStep("start", 1, "dispatch"))  # another worker alive throughout
+        held = ex.run(Step("dispatch", lane=1, hold=True))  # another worker alive throughout
         assert held.lanes[0].startswith("dispatch @")
-        assert not ex.run(LaneStep("run", 2, "dispatch")).violations
+        assert not ex.run(Step("dispatch", lane=2)).violations
         assert "QUIET" not in ex.checked
 
 
@@ -410,7 +411,7 @@ def test_concurrent_explore_prints_invariant_coverage(tmp_path: Path) -> None:
 def _points_until_exit(ex: LaneExecutor, lane: int) -> list[str]:
     shown = []
     while True:
-        state = ex.run(LaneStep("release", lane)).lanes[lane - 1]
+        state = ex.run(Step("release", lane=lane)).lanes[lane - 1]
         if not state.startswith("accept @"):
             return shown
         shown.append(state.removeprefix("accept @"))
@@ -421,7 +422,7 @@ def test_statement_scheduling_points(reference: System) -> None:
     and after each COMMIT (commit:K), so a kill lands between any two statements: killed
     before its COMMIT an acceptance leaves nothing, killed after it both rows."""
     with LaneExecutor(reference, concurrency=1, statement_points=True) as ex:
-        first = ex.run(LaneStep("start", 1, "accept", OP, P)).lanes[0]
+        first = ex.run(Step("accept", OP, P, lane=1, hold=True)).lanes[0]
         points = [first.removeprefix("accept @"), *_points_until_exit(ex, 1)]
     assert points[0] == "sql:1" and "during_accept" in points and "commit:1" in points
     commit = points.index("commit:1")
@@ -429,14 +430,14 @@ def test_statement_scheduling_points(reference: System) -> None:
     assert before_commit.startswith("sql:")
     for point, rows in ((before_commit, 0), ("commit:1", 1)):
         with LaneExecutor(reference, concurrency=1, statement_points=True) as ex:
-            ex.run(LaneStep("start", 1, "accept", OP, P))
+            ex.run(Step("accept", OP, P, lane=1, hold=True))
             while ex.lanes[1].point != point:
-                ex.run(LaneStep("release", 1))
-            killed = ex.run(LaneStep("kill", 1))
+                ex.run(Step("release", lane=1))
+            killed = ex.run(Step("kill", lane=1))
             assert killed.exited[0][1].killed
             assert len(killed.snapshot.operations) == len(killed.snapshot.outbox) == rows
     with LaneExecutor(reference, concurrency=1) as ex:  # the control: named points only
-        assert ex.run(LaneStep("start", 1, "accept", OP, P)).lanes == ("accept @during_accept",)
+        assert ex.run(Step("accept", OP, P, lane=1, hold=True)).lanes == ("accept @during_accept",)
 
 
 def test_statement_points_refused_for_a_command_line_system() -> None:
@@ -453,7 +454,7 @@ def test_a_lane_closed_right_after_its_fork_is_killed_and_reaped(reference: Syst
     for _ in range(20):
         began = time.monotonic()
         with LaneExecutor(reference, concurrency=1) as ex:
-            lane = ex._start(LaneStep("start", 1, "accept", OP, P))  # no wait for its hold
+            lane = ex._start(Step("accept", OP, P, lane=1, hold=True))  # no wait for its hold
         assert _gone(lane.pid)
         assert time.monotonic() - began < 5.0
 
@@ -467,10 +468,10 @@ def test_no_lane_forks_while_snapshot_connections_are_kept_open(reference: Syste
     with LaneExecutor(reference, concurrency=1) as ex:
         descriptors = set(os.listdir("/proc/self/fd"))
         with readers_kept_open(), pytest.raises(ExecutionError, match="kept open"):
-            ex.run(LaneStep("run", 1, "accept", OP, P))
+            ex.run(Step("accept", OP, P, lane=1))
         assert ex.lanes == {}
         assert set(os.listdir("/proc/self/fd")) <= descriptors | {"listing"}  # no pipe left
-        observation = ex.run(LaneStep("run", 1, "accept", OP, P))
+        observation = ex.run(Step("accept", OP, P, lane=1))
         assert [op.id for op in observation.snapshot.operations] == [OP]
 
 
@@ -497,20 +498,20 @@ def test_a_dispatcher_waiting_for_its_blocked_service_is_blocked_before_the_boun
     process tree is looked at, so it is judged blocked in milliseconds, not at the bound
     (a second per such step by default), and moves on once the holder finishes."""
     with LaneExecutor(reference, concurrency=2, block_bound=20.0) as ex:
-        ex.run(LaneStep("run", 1, "accept", OP, P))
-        ex.run(LaneStep("start", 2, "service", OP, P))
+        ex.run(Step("accept", OP, P, lane=1))
+        ex.run(Step("service", OP, P, lane=2, hold=True))
         while ex.lanes[2].point != "service_before_commit":
-            ex.run(LaneStep("release", 2))
-        ex.run(LaneStep("start", 1, "dispatch"))
+            ex.run(Step("release", lane=2))
+        ex.run(Step("dispatch", lane=1, hold=True))
         began = time.monotonic()
         while ex.lanes[1].status == "held":
-            ex.run(LaneStep("release", 1))
+            ex.run(Step("release", lane=1))
         assert ex.lanes[1].status == "blocked", ex.lanes[1].points
         assert time.monotonic() - began < 10.0
         leader = ex.lanes[1].pid
         assert Path(f"/proc/{leader}/task/{leader}/children").read_text().split()
-        ex.run(LaneStep("finish", 2))
-        ex.run(LaneStep("finish", 1))
+        ex.run(Step("finish", lane=2))
+        ex.run(Step("finish", lane=1))
         assert [lane.status for lane in ex.lanes.values()] == ["exited", "exited"]
         assert len(ex.snapshot.tickets) == 1
 
@@ -528,19 +529,19 @@ def test_a_dispatcher_killed_while_its_service_waits_leaves_no_zombie(
     become_subreaper()
     before = set(_zombie_children())
     with LaneExecutor(reference, concurrency=2) as ex:
-        ex.run(LaneStep("run", 1, "accept", OP, P))
-        ex.run(LaneStep("start", 2, "service", OP, P))
+        ex.run(Step("accept", OP, P, lane=1))
+        ex.run(Step("service", OP, P, lane=2, hold=True))
         while ex.lanes[2].point != "service_before_commit":
-            ex.run(LaneStep("release", 2))
-        ex.run(LaneStep("start", 1, "dispatch"))
+            ex.run(Step("release", lane=2))
+        ex.run(Step("dispatch", lane=1, hold=True))
         while ex.lanes[1].status == "held":
-            ex.run(LaneStep("release", 1))
+            ex.run(Step("release", lane=1))
         assert ex.lanes[1].status == "blocked", ex.lanes[1].points
         leader = ex.lanes[1].pid  # its service is alive, waiting for the lock
         assert Path(f"/proc/{leader}/task/{leader}/children").read_text().split()
-        ex.run(LaneStep("kill", 1))
-        ex.run(LaneStep("finish", 2))
-        ex.run(LaneStep("run", 1, "dispatch"))  # lane 1 starts its next worker
+        ex.run(Step("kill", lane=1))
+        ex.run(Step("finish", lane=2))
+        ex.run(Step("dispatch", lane=1))  # lane 1 starts its next worker
         time.sleep(0.2)  # a zombie would have been reparented by now
         assert set(_zombie_children()) - before == set()
 

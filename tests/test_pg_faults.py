@@ -30,7 +30,7 @@ from faultlab.stores import pgserver
 from faultlab.stores import postgres as pgstores
 from faultlab.stores.pgserver import PrivateServer
 from faultlab.system import load_system
-from faultlab.trace import DROP_CONNECTION, SERVER_CRASH, ConcurrentTrace, LaneStep, Step, Trace
+from faultlab.trace import DROP_CONNECTION, SERVER_CRASH, Step, Trace
 
 pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
 
@@ -127,8 +127,8 @@ def test_a_server_crash_under_live_lanes_replays_identically(private: PrivateSer
     from faultlab.run.interleaving import execute_concurrent
 
     system = load_system("reference-pg")
-    steps = [LaneStep("run", 1, "accept", "op-1", PAYLOAD), LaneStep("start", 2, "dispatch"),
-             LaneStep(SERVER_CRASH), LaneStep("finish", 2), LaneStep("run", 1, "dispatch")]
+    steps = [Step("accept", "op-1", PAYLOAD, lane=1), Step("dispatch", lane=2, hold=True),
+             Step(SERVER_CRASH), Step("finish", lane=2), Step("dispatch", lane=1)]
 
     def outcome() -> list[Any]:
         execution = execute_concurrent(system, steps, concurrency=2)
@@ -143,7 +143,7 @@ def test_a_server_crash_under_live_lanes_replays_identically(private: PrivateSer
         assert outcome() == first
 
 
-def _lane_outcome(system_name: str, steps: list[LaneStep]) -> list[Any]:
+def _lane_outcome(system_name: str, steps: list[Step]) -> list[Any]:
     from faultlab.run.interleaving import execute_concurrent
 
     execution = execute_concurrent(load_system(system_name), steps, concurrency=2)
@@ -156,9 +156,9 @@ def test_a_dropped_connection_replays_identically_and_reference_pg_survives_it(
         private: PrivateServer) -> None:
     """Lane 1 holds inside its claim transaction when the server ends its session: the
     claim rolls back, lane 2 claims and completes, lane 1 meets its dead connection."""
-    steps = [LaneStep("run", 1, "accept", "op-1", PAYLOAD), LaneStep("start", 1, "dispatch"),
-             LaneStep(DROP_CONNECTION, 1), LaneStep("run", 2, "dispatch"),
-             LaneStep("finish", 1)]
+    steps = [Step("accept", "op-1", PAYLOAD, lane=1), Step("dispatch", lane=1, hold=True),
+             Step(DROP_CONNECTION, lane=1), Step("dispatch", lane=2),
+             Step("finish", lane=1)]
     first = _lane_outcome("reference-pg", steps)
     assert first[3][2].counts()["operations_complete"] == 1
     assert first[4][1][0] == "exit 70"  # AdminShutdown at its next statement: undeclared
@@ -229,8 +229,8 @@ def test_a_server_crash_is_refused_without_a_private_server(tmp_path: Path) -> N
 
 
 def test_a_dropped_connection_is_refused_without_a_private_server(tmp_path: Path) -> None:
-    trace = ConcurrentTrace("reference-pg", True, 2, [
-        LaneStep("start", 1, "dispatch"), LaneStep(DROP_CONNECTION, 1)])
+    trace = Trace(system="reference-pg", deduplication=True, concurrency=2, steps=[
+        Step("dispatch", lane=1, hold=True), Step(DROP_CONNECTION, lane=1)])
     path = tmp_path / "drop.json"
     path.write_text(json.dumps(trace.to_json()), encoding="utf-8")
     done = _faultlab("replay", str(path), cwd=tmp_path)
@@ -242,7 +242,7 @@ def test_a_dropped_connection_is_refused_without_a_private_server(tmp_path: Path
 def test_server_crash_steps_are_written_only_when_used_and_checked_on_load() -> None:
     assert Step(SERVER_CRASH).to_json() == {"action": "server_crash"}
     assert Step.from_json({"action": "server_crash"}) == Step(SERVER_CRASH)
-    assert LaneStep.from_json({"action": "server_crash"}).describe() == "server_crash"
+    assert Step.from_lane_json({"action": "server_crash"}).describe() == "server_crash"
     from faultlab.base.errors import UsageError
 
     for bad in ({"action": "server_crash", "operation_id": "op-1"},
@@ -250,7 +250,7 @@ def test_server_crash_steps_are_written_only_when_used_and_checked_on_load() -> 
         with pytest.raises(UsageError, match="takes no"):
             Step.from_json(bad)
         with pytest.raises(UsageError, match="takes no"):
-            LaneStep.from_json({**bad, "lane": 1} if "crash" in bad else bad)
+            Step.from_lane_json({**bad, "lane": 1} if "crash" in bad else bad)
 
 
 def test_explore_catches_async_commit_pg_and_shrinks_it_leaving_nothing(
@@ -365,8 +365,8 @@ def test_a_dropped_connection_reaches_a_command_line_lanes_backends(
 
     system = load_system(str(_announcing(tmp_path)))
     with LaneExecutor(system, concurrency=2) as ex:
-        ex.run(LaneStep("run", 1, "accept", "op-1", COMMAND_PAYLOAD))
-        held = ex.run(LaneStep("start", 2, "dispatch"))
+        ex.run(Step("accept", "op-1", COMMAND_PAYLOAD, lane=1))
+        held = ex.run(Step("dispatch", lane=2, hold=True))
         assert held.lanes == ("exit 0", "dispatch @before_dispatch"), held.lanes
         application = pgstores.stores_info(ex.directory).application
         tag = ex.lanes[2].program.backend_tag if ex.lanes[2].program else None
@@ -380,9 +380,9 @@ def test_a_dropped_connection_reaches_a_command_line_lanes_backends(
             return int(rows[0][0])
 
         assert count() >= 1  # the held lane's claim transaction
-        dropped = ex.run(LaneStep(DROP_CONNECTION, 2))
+        dropped = ex.run(Step(DROP_CONNECTION, lane=2))
         assert count() == 0 and ex.lanes[2].alive, dropped.lanes
-        rescued = ex.run(LaneStep("run", 1, "dispatch"))
+        rescued = ex.run(Step("dispatch", lane=1))
         assert rescued.snapshot.counts()["operations_complete"] == 1, rescued.lanes
         assert len(rescued.snapshot.tickets) == 1
 

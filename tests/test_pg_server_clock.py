@@ -27,7 +27,7 @@ from faultlab.stores import postgres as pgstores
 from faultlab.stores.pgserver import PrivateServer
 from faultlab.system import concurrency_mutant_names, load_system
 from faultlab.system.builtin.reference import LEASE_TICKS
-from faultlab.trace import LaneStep
+from faultlab.trace import Step
 
 pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
 
@@ -100,11 +100,11 @@ def test_the_private_servers_now_follows_the_ticks(private: PrivateServer) -> No
         assert pgstores.stores_info(ex.directory).server_clock is True
         start = _server_now(ex.directory)
         assert start == 0.0
-        ex.run(LaneStep("run", 1, "accept", "op-1", PAYLOAD))
+        ex.run(Step("accept", "op-1", PAYLOAD, lane=1))
         assert _server_now(ex.directory) == start
-        ex.run(LaneStep("tick", ticks=7))
+        ex.run(Step("tick", ticks=7))
         assert _server_now(ex.directory) - start == 7.0
-        ex.run(LaneStep("tick", ticks=LEASE_TICKS))
+        ex.run(Step("tick", ticks=LEASE_TICKS))
         assert _server_now(ex.directory) - start == 7.0 + LEASE_TICKS
         assert private.clock == 7 + LEASE_TICKS
 
@@ -114,20 +114,20 @@ def test_reference_pg_stamps_its_lease_with_the_servers_now(private: PrivateServ
     inside its claim while 4 ticks pass commits a lease that ends at 10, announces it so,
     and a second dispatcher claims exactly when the server's lease lapses."""
     with LaneExecutor(load_system("reference-pg"), concurrency=2) as ex:
-        ex.run(LaneStep("run", 1, "accept", "op-1", PAYLOAD))
-        ex.run(LaneStep("start", 1, "dispatch"))  # held inside the claim transaction
+        ex.run(Step("accept", "op-1", PAYLOAD, lane=1))
+        ex.run(Step("dispatch", lane=1, hold=True))  # held inside the claim transaction
         assert _lease_ends(ex.directory) == [None]
-        ex.run(LaneStep("tick", ticks=4))
-        ex.run(LaneStep("release", 1))
+        ex.run(Step("tick", ticks=4))
+        ex.run(Step("release", lane=1))
         assert _lease_ends(ex.directory) == [float(LEASE_TICKS)]
         assert [(c.lease_until, c.at) for c in ex.history.claims] == [(10.0, 4)]
-        ex.run(LaneStep("tick", ticks=LEASE_TICKS - 5))  # 9: the server's lease still runs
-        early = ex.run(LaneStep("run", 2, "dispatch"))
+        ex.run(Step("tick", ticks=LEASE_TICKS - 5))  # 9: the server's lease still runs
+        early = ex.run(Step("dispatch", lane=2))
         assert [r.response for _, r in early.exited] == [{"idle": True}]
-        ex.run(LaneStep("tick", ticks=1))
-        rescued = ex.run(LaneStep("run", 2, "dispatch"))
+        ex.run(Step("tick", ticks=1))
+        rescued = ex.run(Step("dispatch", lane=2))
         assert [r.response["result"] for _, r in rescued.exited] == [{"ticket_id": 1}]
-        last = ex.run(LaneStep("finish", 1))
+        last = ex.run(Step("finish", lane=1))
         assert [r.response["superseded"] for _, r in last.exited] == [True]
         assert last.violations == ()
 
@@ -153,13 +153,13 @@ def test_a_lane_killed_while_waiting_for_a_lock_loses_its_backend_on_a_frozen_cl
     virtual clock never lets fire: the backend of a lane killed while it waits for a lock
     is ended by faultlab instead, as the check would end it, and the trace goes on."""
     with LaneExecutor(load_system("reference-pg"), concurrency=2) as ex:
-        ex.run(LaneStep("start", 1, "accept", "op-1", PAYLOAD))
-        blocked = ex.run(LaneStep("run", 2, "accept", "op-1", PAYLOAD))
+        ex.run(Step("accept", "op-1", PAYLOAD, lane=1, hold=True))
+        blocked = ex.run(Step("accept", "op-1", PAYLOAD, lane=2))
         assert blocked.lanes == ("accept @during_accept", "accept blocked")
-        killed = ex.run(LaneStep("kill", 2))
+        killed = ex.run(Step("kill", lane=2))
         assert [r.exit_code for _, r in killed.exited] == [-9]
         assert killed.violations == ()
-        finished = ex.run(LaneStep("finish", 1))
+        finished = ex.run(Step("finish", lane=1))
         assert [r.exit_code for _, r in finished.exited] == [0]
         assert [op.id for op in finished.snapshot.operations] == ["op-1"]
 

@@ -30,7 +30,7 @@ from faultlab.stores import postgres as pgstores
 from faultlab.stores.sqlite import StoreError
 from faultlab.system import load_system
 from faultlab.system.builtin.reference import LEASE_TICKS
-from faultlab.trace import LaneStep, Step
+from faultlab.trace import Step
 from faultlab.trials.scenarios import SCENARIOS
 
 try:
@@ -437,22 +437,22 @@ def test_reference_pg_claims_skip_locked_with_a_lease_and_fences_the_superseded(
     before the lease lapses lane 2 is idle, after it lane 2 claims (token 2) and completes;
     lane 1's completion is refused: superseded, one ticket, FENCE holds."""
     with LaneExecutor(reference_pg, concurrency=2) as ex:
-        ex.run(LaneStep("run", 1, "accept", "op-1", PAYLOAD))
-        held = ex.run(LaneStep("start", 1, "dispatch"))
+        ex.run(Step("accept", "op-1", PAYLOAD, lane=1))
+        held = ex.run(Step("dispatch", lane=1, hold=True))
         assert held.lanes == ("dispatch @during_claim", "-")
-        skipped = ex.run(LaneStep("run", 2, "dispatch"))
+        skipped = ex.run(Step("dispatch", lane=2))
         assert [r.response for _, r in skipped.exited] == [{"idle": True}]  # SKIP LOCKED
         assert _outbox_claims(ex.directory) == [("op-1", 0, None)]  # the claim is uncommitted
-        claimed = ex.run(LaneStep("release", 1))
+        claimed = ex.run(Step("release", lane=1))
         assert claimed.lanes[0] == "dispatch @before_dispatch"
         assert _outbox_claims(ex.directory) == [("op-1", 1, float(LEASE_TICKS))]
-        ex.run(LaneStep("tick", ticks=LEASE_TICKS - 1))
-        early = ex.run(LaneStep("run", 2, "dispatch"))
+        ex.run(Step("tick", ticks=LEASE_TICKS - 1))
+        early = ex.run(Step("dispatch", lane=2))
         assert [r.response for _, r in early.exited] == [{"idle": True}]  # lease still held
-        ex.run(LaneStep("tick", ticks=1))
-        rescued = ex.run(LaneStep("run", 2, "dispatch"))
+        ex.run(Step("tick", ticks=1))
+        rescued = ex.run(Step("dispatch", lane=2))
         assert [r.response["result"] for _, r in rescued.exited] == [{"ticket_id": 1}]
-        last = ex.run(LaneStep("finish", 1))
+        last = ex.run(Step("finish", lane=1))
         ((_, record),) = last.exited
         assert record.exit_code == 0 and record.response is not None
         assert record.response["superseded"] is True and record.response["attempt"] == 1
@@ -495,18 +495,18 @@ def test_a_lane_killed_while_waiting_for_a_row_lock_loses_its_backend(
     monkeypatch.setattr(pgstores, "CLIENT_CHECK_MS", check_ms)
     monkeypatch.setattr(pgstores, "BACKEND_EXIT_BOUND", 2.0)
     with LaneExecutor(reference_pg, concurrency=2) as ex:
-        ex.run(LaneStep("start", 1, "accept", "op-1", PAYLOAD))
-        blocked = ex.run(LaneStep("run", 2, "accept", "op-1", PAYLOAD))
+        ex.run(Step("accept", "op-1", PAYLOAD, lane=1, hold=True))
+        blocked = ex.run(Step("accept", "op-1", PAYLOAD, lane=2))
         assert blocked.lanes == ("accept @during_accept", "accept blocked")
         started = time.monotonic()
         if check_ms == 0:
             with pytest.raises(ExecutionError, match=r"still active with .* locks"):
-                ex.run(LaneStep("kill", 2))
+                ex.run(Step("kill", lane=2))
             return
-        killed = ex.run(LaneStep("kill", 2))
+        killed = ex.run(Step("kill", lane=2))
         assert time.monotonic() - started < 1.5
         assert [r.exit_code for _, r in killed.exited] == [-9]
         assert killed.violations == ()
-        finished = ex.run(LaneStep("finish", 1))
+        finished = ex.run(Step("finish", lane=1))
         assert [r.exit_code for _, r in finished.exited] == [0]
         assert [op.id for op in finished.snapshot.operations] == ["op-1"]

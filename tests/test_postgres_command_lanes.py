@@ -26,7 +26,7 @@ from faultlab.process.spawn import child_environment
 from faultlab.run.interleaving import LaneExecutor
 from faultlab.stores import postgres as pgstores
 from faultlab.system import load_system
-from faultlab.trace import LaneStep
+from faultlab.trace import Step
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("server")]
 
@@ -49,10 +49,10 @@ def _announcing(tmp_path: Path) -> Path:
 def test_a_held_command_lane_keeps_its_backends(tmp_path: Path) -> None:
     system = load_system(str(_announcing(tmp_path)))
     with LaneExecutor(system, concurrency=2) as ex:
-        ex.run(LaneStep("run", 1, "accept", "op-1", PAYLOAD))
-        held = ex.run(LaneStep("start", 2, "dispatch"))  # its claim's transaction open
+        ex.run(Step("accept", "op-1", PAYLOAD, lane=1))
+        held = ex.run(Step("dispatch", lane=2, hold=True))  # its claim's transaction open
         assert held.lanes == ("exit 0", "dispatch @before_dispatch")
-        done = ex.run(LaneStep("finish", 2))
+        done = ex.run(Step("finish", lane=2))
         assert done.lanes == ("exit 0", "exit 0")
         assert len(done.snapshot.tickets) == 1
     assert pgstores._command_workers == {}  # every lane reaped, every tag gone
@@ -63,12 +63,12 @@ def test_a_killed_command_lane_is_waited_for(tmp_path: Path) -> None:
     waits for its backend, and shows its claim's transaction rolled back."""
     system = load_system(str(_announcing(tmp_path)))
     with LaneExecutor(system, concurrency=2) as ex:
-        ex.run(LaneStep("run", 1, "accept", "op-1", PAYLOAD))
-        ex.run(LaneStep("start", 2, "dispatch"))
-        killed = ex.run(LaneStep("kill", 2))
+        ex.run(Step("accept", "op-1", PAYLOAD, lane=1))
+        ex.run(Step("dispatch", lane=2, hold=True))
+        killed = ex.run(Step("kill", lane=2))
         assert killed.lanes == ("exit 0", "exit -9"), killed.lanes
         assert killed.snapshot.counts()["outbox_pending"] == 1
-        recovered = ex.run(LaneStep("run", 1, "dispatch"))
+        recovered = ex.run(Step("dispatch", lane=1))
         assert len(recovered.snapshot.tickets) == 1
 
 

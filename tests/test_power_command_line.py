@@ -19,7 +19,7 @@ import pytest
 import faultlab
 from faultlab.process.records import POWER_LOG_VARIABLE
 from faultlab.stores import vfs
-from faultlab.trace import load
+from faultlab.trace import Trace
 
 pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
 
@@ -123,7 +123,7 @@ def test_a_program_that_records_is_cut_and_its_default_full_sync_is_found(
                    cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     (found,) = sorted(corpus.glob("*.json"))
-    trace = load(found)
+    trace = Trace.load(found)
     assert [step.action for step in trace.steps] == ["accept", "power"]
     assert trace.steps[-1].choice == {"kind": "drop_all"}
     assert trace.expected is not None and "DURABLE" in trace.expected.invariants

@@ -15,7 +15,7 @@ from test_lanes import _gone
 from faultlab.base.errors import UsageError
 from faultlab.run.interleaving import LaneExecutor, execute_concurrent
 from faultlab.system import load_system
-from faultlab.trace import ConcurrentTrace, LaneStep, load
+from faultlab.trace import Step, Trace
 
 pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
 
@@ -29,24 +29,24 @@ def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_power_step_is_data_in_a_concurrent_trace() -> None:
-    step = LaneStep.power({"kind": "prefix", "keep": 1})
+    step = Step.power({"kind": "prefix", "keep": 1})
     assert step.to_json() == {"action": "power", "choice": {"kind": "prefix", "keep": 1}}
-    assert LaneStep.from_json(step.to_json()) == step
+    assert Step.from_lane_json(step.to_json()) == step
     assert step.describe() == 'power({"keep":1,"kind":"prefix"})'
     with pytest.raises(UsageError, match="takes no lane"):
-        LaneStep.from_json({"action": "power", "choice": DROP_ALL, "lane": 1})
+        Step.from_lane_json({"action": "power", "choice": DROP_ALL, "lane": 1})
     with pytest.raises(UsageError, match="power step"):
-        LaneStep.from_json({"action": "power", "choice": {"kind": "sometimes"}})
+        Step.from_lane_json({"action": "power", "choice": {"kind": "sometimes"}})
 
 
 def test_a_cut_kills_the_held_lane_and_loses_an_unsynced_acceptance() -> None:
     system = load_system("sync-off-caller")
     with LaneExecutor(system, concurrency=2, power=True) as ex:
-        accepted = ex.run(LaneStep("run", 1, "accept", "op-1", P))
+        accepted = ex.run(Step("accept", "op-1", P, lane=1))
         assert accepted.violations == () and len(accepted.snapshot.operations) == 1
-        held = ex.run(LaneStep("start", 2, "dispatch"))
+        held = ex.run(Step("dispatch", lane=2, hold=True))
         (pid,) = [lane.pid for lane in ex.lanes.values() if lane.alive]
-        cut = ex.run(LaneStep.power(DROP_ALL))
+        cut = ex.run(Step.power(DROP_ALL))
         assert _gone(pid) and not any(lane.alive for lane in ex.lanes.values())
         assert cut.sigkills == 1 and held.violations == ()
         assert len(cut.snapshot.operations) == 0  # synchronous=OFF: nothing synced
@@ -54,9 +54,9 @@ def test_a_cut_kills_the_held_lane_and_loses_an_unsynced_acceptance() -> None:
 
 
 def test_the_reference_keeps_what_it_acknowledged_through_a_cut_under_a_held_lane() -> None:
-    steps = [LaneStep("run", 1, "accept", "op-1", P), LaneStep("start", 2, "dispatch"),
-             LaneStep.power(DROP_ALL), LaneStep("run", 1, "dispatch"),
-             LaneStep("run", 2, "accept", "op-2", P), LaneStep.power({"kind": "prefix",
+    steps = [Step("accept", "op-1", P, lane=1), Step("dispatch", lane=2, hold=True),
+             Step.power(DROP_ALL), Step("dispatch", lane=1),
+             Step("accept", "op-2", P, lane=2), Step.power({"kind": "prefix",
                                                                        "keep": 1})]
     execution = execute_concurrent(load_system("reference"), steps, concurrency=2)
     assert execution.verdict.clean, [str(v) for v in execution.violations]
@@ -65,13 +65,12 @@ def test_the_reference_keeps_what_it_acknowledged_through_a_cut_under_a_held_lan
 
 
 def test_a_concurrent_power_finding_replays_from_its_file(tmp_path: Path) -> None:
-    trace = ConcurrentTrace(
-        system="full-sync-caller", deduplication=True, concurrency=2,
-        steps=[LaneStep("run", 1, "accept", "op-1", P), LaneStep.power(DROP_ALL)])
+    trace = Trace(system="full-sync-caller", deduplication=True, concurrency=2,
+                  steps=[Step("accept", "op-1", P, lane=1), Step.power(DROP_ALL)])
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(trace.to_json(), indent=2) + "\n", encoding="utf-8")
-    loaded = load(path)
-    assert isinstance(loaded, ConcurrentTrace) and loaded.steps == trace.steps
+    loaded = Trace.load(path)
+    assert isinstance(loaded, Trace) and loaded.steps == trace.steps
     done = run_cli("replay", str(path))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "ACK+DURABLE at step 2" in done.stdout
@@ -98,9 +97,10 @@ def test_explore_power_loss_with_concurrency_finds_and_shrinks_a_power_mutant(
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FOUND: ACK+DURABLE at step 2, shrunk to 2 scheduling steps" in done.stdout
     (found,) = sorted(corpus.glob("*.json"))
-    trace = load(found)
-    assert isinstance(trace, ConcurrentTrace)
-    assert [step.action for step in trace.steps] == ["run", "power"]
+    trace = Trace.load(found)
+    assert isinstance(trace, Trace)
+    assert [(step.action, step.hold) for step in trace.steps] == [
+        ("accept", False), ("power", False)]
     assert trace.steps[-1].choice == DROP_ALL
     replayed = run_cli("replay", str(found), cwd=tmp_path)
     assert replayed.returncode == 0 and "matches" in replayed.stdout, replayed.stdout

@@ -21,7 +21,7 @@ from faultlab.process.spawn import Spawner, spawner
 from faultlab.run.executor import execute
 from faultlab.system import is_builtin, load_system
 from faultlab.system.builtin import registry
-from faultlab.trace import Step, Trace, load
+from faultlab.trace import Step, Trace
 
 pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
 
@@ -50,7 +50,7 @@ def test_a_power_step_writes_its_choice_and_nothing_else() -> None:
 def test_existing_trace_files_read_and_write_byte_identically() -> None:
     for path in sorted((ROOT / "corpus").glob("*.json")) + sorted(
             (ROOT / "tests" / "traces").glob("*.json")):
-        trace = load(path)
+        trace = Trace.load(path)
         if isinstance(trace, Trace):
             assert trace.to_json() == json.loads(path.read_text()), path
 
@@ -115,7 +115,7 @@ def test_a_trace_with_power_steps_replays_identically(tmp_path: Path) -> None:
                   expect="finding")
     path = tmp_path / "power.json"
     path.write_text(json.dumps(trace.to_json()))
-    assert load(path).to_json() == trace.to_json()
+    assert Trace.load(path).to_json() == trace.to_json()
     done = run_cli("replay", str(path))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "DONE+DURABLE at step 3" in done.stdout and "matches" in done.stdout
@@ -134,7 +134,7 @@ def test_explore_power_loss_catches_and_shrinks_each_mutant(name: str, tmp_path:
                     if line.split()[:1] == ["examples"] and len(line.split()) == 2)
     assert examples <= 5, done.stdout
     (found,) = sorted(corpus.glob("*.json"))
-    trace = load(found)
+    trace = Trace.load(found)
     mutant = load_system(name)
     assert isinstance(trace, Trace) and trace.expected is not None
     assert trace.expected.invariants == mutant.caught_by  # type: ignore[attr-defined]

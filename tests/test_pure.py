@@ -19,7 +19,7 @@ from faultlab.search.shrink import machine_could_draw, minimise
 from faultlab.stores.sqlite import Operation, Snapshot
 from faultlab.system import load_system
 from faultlab.system.builtin.reference import ReferenceOutbox
-from faultlab.trace import ConcurrentTrace, LaneStep, Step, Trace
+from faultlab.trace import Step, Trace
 
 NO_HISTORY = History(ordering_key=None)
 RECORD = ProcessRecord(pid=1, exit_code=0, response=None, stdout="", stderr="", elapsed=0.0)
@@ -232,16 +232,16 @@ def test_state_key_sees_the_order_of_stored_wall_clock_times_not_their_values(
 # -- the same shrinker over scheduling choices (a concurrent trace), still without processes
 
 
-def lane_execution(steps: list[LaneStep], fails: Callable[[list[LaneStep]], int | None]
+def lane_execution(steps: list[Step], fails: Callable[[list[Step]], int | None]
                    ) -> ConcurrentExecution:
     """A synthetic concurrent execution run leniently as shrinking runs one: a ``release``
     of a lane with no held worker is dropped; ``fails(ran)`` names the 1-based failing step."""
-    ran: list[LaneStep] = []
+    ran: list[Step] = []
     held: set[int | None] = set()
     for step in steps:
         if step.action == "release" and step.lane not in held:
             continue  # its worker's start was deleted: dropped, as execute_concurrent does
-        if step.action == "start":
+        if step.hold:
             held.add(step.lane)
         elif step.action == "release":
             held.discard(step.lane)
@@ -261,39 +261,40 @@ def lane_execution(steps: list[LaneStep], fails: Callable[[list[LaneStep]], int 
 ACCEPTED = {"title": "a"}
 
 
-def needs_an_accept_ten_ticks_then_a_dispatch(steps: list[LaneStep]) -> int | None:
+def needs_an_accept_ten_ticks_then_a_dispatch(steps: list[Step]) -> int | None:
     """Fails at a dispatch run after an acceptance ended (a run, or a start released later)
     and at least 10 ticks after it."""
     ended = False
     ticks = 0
     starts: dict[int | None, bool] = {}
     for index, step in enumerate(steps, 1):
-        if step.action == "run" and step.role == "accept":
+        if step.action == "accept" and not step.hold:
             ended = True
-        elif step.action == "start":
-            starts[step.lane] = step.role == "accept"
+        elif step.hold:
+            starts[step.lane] = step.action == "accept"
         elif step.action == "release" and starts.pop(step.lane, False):
             ended = True
         elif step.action == "tick" and ended:
             ticks += step.ticks or 0
-        elif step.action == "run" and step.role == "dispatch" and ended and ticks >= 10:
+        elif step.action == "dispatch" and not step.hold and ended and ticks >= 10:
             return index
     return None
 
 
 def test_one_shrinker_merges_ticks_and_turns_a_held_start_into_a_run_over_lanes() -> None:
-    noisy = [LaneStep("start", 1, "accept", "op-1", ACCEPTED), LaneStep("release", 1),
-             LaneStep("tick", ticks=4), LaneStep("tick", ticks=6),
-             LaneStep("run", 2, "dispatch")]
+    noisy = [Step("accept", "op-1", ACCEPTED, lane=1, hold=True), Step("release", lane=1),
+             Step("tick", ticks=4), Step("tick", ticks=6),
+             Step("dispatch", lane=2)]
     runs: list[tuple[str, ...]] = []
 
-    def run(steps: list[LaneStep]) -> ConcurrentExecution:
+    def run(steps: list[Step]) -> ConcurrentExecution:
         runs.append(tuple(step.describe() for step in steps))
         return lane_execution(steps, needs_an_accept_ten_ticks_then_a_dispatch)
 
     original = lane_execution(noisy, needs_an_accept_ten_ticks_then_a_dispatch)
     assert original.verdict.step == 5
-    trace = ConcurrentTrace("no-fencing", True, 2, noisy, expected=original.verdict)
+    trace = Trace(system="no-fencing", deduplication=True, concurrency=2, steps=noisy,
+                  expected=original.verdict)
     shrunk, execution = minimise(trace, original, run)
     assert [step.describe() for step in shrunk.steps] == [
         "L1 run accept(op-1, {})", "tick(10)", "L2 run dispatch()"]
@@ -316,9 +317,10 @@ def test_one_shrinker_makes_a_power_cut_its_simplest_in_either_kind_of_trace() -
                          original, lambda steps: execution_of(steps, needs_a_power_cut))
     assert [step.choice for step in shrunk.steps] == [{"kind": "drop_all"}]
 
-    lanes = [LaneStep("run", 1, "accept", "op-1", ACCEPTED), LaneStep.power(kept_one)]
+    lanes = [Step("accept", "op-1", ACCEPTED, lane=1), Step.power(kept_one)]
     started = lane_execution(lanes, needs_a_power_cut)
     shrunk_lanes, _ = minimise(
-        ConcurrentTrace("reference-power", True, 2, lanes, expected=started.verdict),
+        Trace(system="reference-power", deduplication=True, concurrency=2, steps=lanes,
+              expected=started.verdict),
         started, lambda steps: lane_execution(steps, needs_a_power_cut))
     assert [step.choice for step in shrunk_lanes.steps] == [{"kind": "drop_all"}]

@@ -14,7 +14,7 @@ from faultlab.run.executor import Observation
 from faultlab.run.interleaving import LaneObservation
 from faultlab.search.recorder import Recorder
 from faultlab.stores.sqlite import Snapshot
-from faultlab.trace import LaneStep, Step, Verdict
+from faultlab.trace import Step, Verdict
 
 P = {"amount": 1}
 
@@ -27,7 +27,7 @@ def _record(pid: int, exit_code: int, service: dict[str, object] | None = None
 
 
 def test_a_one_lane_step_counts_its_sigkills_checks_and_fired_point() -> None:
-    recorder: Recorder[Step] = Recorder()
+    recorder: Recorder = Recorder()
     killed = _record(11, -9, {"exit_code": -9})  # the dispatcher and its service
     step = Step("dispatch", crash="after_downstream_commit")
     recorder.observe(Observation(1, step, killed, Snapshot(), Snapshot(), ()))
@@ -44,23 +44,23 @@ def test_a_one_lane_step_counts_its_sigkills_checks_and_fired_point() -> None:
 
 
 def test_a_scheduling_choice_counts_held_and_blocked_lanes_and_each_ended_worker() -> None:
-    recorder: Recorder[LaneStep] = Recorder()
+    recorder: Recorder = Recorder()
     ended = ((1, _record(21, 0)), (2, _record(22, 0)))
     recorder.observe(LaneObservation(
-        1, LaneStep("release", 1), ("dispatch @after_claim", "accept blocked"), ended,
+        1, Step("release", lane=1), ("dispatch @after_claim", "accept blocked"), ended,
         Snapshot(), Snapshot(), (), sigkills=1))
     assert (recorder.held, recorder.blocked, recorder.sigkills) == (1, 1, 1)
     per_step = len(STEP_INVARIANTS) - 1  # QUIET is judged apart in lanes
     assert recorder.checks == 2 * per_step + len(HISTORY_INVARIANTS)
-    recorder.observe(LaneObservation(2, LaneStep("tick", ticks=1), ("-", "-"), (),
+    recorder.observe(LaneObservation(2, Step("tick", ticks=1), ("-", "-"), (),
                                      Snapshot(), Snapshot(), ()))
     assert recorder.held == 1 and recorder.checks == 3 * per_step + 2 * len(HISTORY_INVARIANTS)
 
 
 def test_finish_counts_operations_deliveries_processes_and_the_first_failure() -> None:
-    lanes: Recorder[LaneStep] = Recorder()
-    steps = [LaneStep("run", 1, "accept", "op-1", P), LaneStep("start", 2, "accept", "op-2", P),
-             LaneStep("release", 2), LaneStep("run", 1, "service", "op-1", P)]
+    lanes: Recorder = Recorder()
+    steps = [Step("accept", "op-1", P, lane=1), Step("accept", "op-2", P, lane=2, hold=True),
+             Step("release", lane=2), Step("service", "op-1", P, lane=1)]
     lanes.finish(steps, Verdict(), [], processes=3, live=True)
     one_violation = [Violation("DONE", "operation op-1 stayed pending")]
     lanes.finish(steps[:1], Verdict.of(1, one_violation), one_violation, processes=1)
@@ -70,7 +70,7 @@ def test_finish_counts_operations_deliveries_processes_and_the_first_failure() -
     assert lanes.coverage.checked["LIVE"] == 1
     assert lanes.first_failure_examples == 2 and lanes.first_failure is not None
     assert lanes.first_failure[0] == steps[:1]
-    one: Recorder[Step] = Recorder()
+    one: Recorder = Recorder()
     one.finish([Step("accept", "op-1", P), Step("dispatch"), Step("service", "op-1", P)],
                Verdict(), [], processes=3)
     assert one.operations_per_example == {1: 1} and one.deliveries_per_example == {1: 1}

@@ -15,7 +15,7 @@ from conftest import ROOT, require_private_postgres
 from faultlab.corpus.replay import plan, replay
 from faultlab.process.spawn import Spawner
 from faultlab.system import load_system
-from faultlab.trace import Step, Trace, Verdict, load
+from faultlab.trace import Step, Trace, Verdict
 
 CORPUS = sorted((ROOT / "corpus").glob("*.json"))
 
@@ -51,7 +51,7 @@ def private_postgres() -> Iterator[None]:
 @pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.name)
 def test_corpus_trace_matches_its_recorded_verdict(path: Path, fork_spawner: Spawner,
                                                    request: pytest.FixtureRequest) -> None:
-    trace = load(path)  # version 1 or 2 (a concurrency mutant's finding)
+    trace = Trace.load(path)  # version 1 or 2 (a concurrency mutant's finding)
     assert trace.expected is not None and not trace.expected.clean
     system = load_system(trace.system)
     if getattr(system, "store_kind", None) == "postgres":

@@ -9,7 +9,7 @@ from faultlab.report.tables import replay_table, violation_lines
 from faultlab.run.executor import execute
 from faultlab.run.interleaving import execute_concurrent
 from faultlab.system import load_system
-from faultlab.trace import LaneStep, Step
+from faultlab.trace import Step
 
 P = {"amount": 1}
 
@@ -42,7 +42,7 @@ def test_a_final_check_row_is_aligned_under_both_layouts() -> None:
     assert rows[-1][-1] == "LIVE"
     lanes = execute_concurrent(
         load_system("reference"),
-        [LaneStep("run", 1, "accept", "op-1", P), LaneStep("start", 2, "dispatch")],
+        [Step("accept", "op-1", P, lane=1), Step("dispatch", lane=2, hold=True)],
         concurrency=2, settle=False)
     lanes.final_violations.append(_live())
     rows = _rows(replay_table(lanes, "tsv"))

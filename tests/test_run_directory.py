@@ -19,7 +19,7 @@ from faultlab.run.executor import Executor
 from faultlab.run.interleaving import LaneExecutor
 from faultlab.stores.sqlite import StoreError
 from faultlab.system import System, load_system
-from faultlab.trace import LaneStep, Step
+from faultlab.trace import Step
 
 
 def test_both_executors_name_their_directory_by_pid_and_remove_it(
@@ -30,7 +30,7 @@ def test_both_executors_name_their_directory_by_pid_and_remove_it(
         one = sequential.directory
         assert one.is_dir() and one.name.startswith(f"faultlab-{os.getpid()}-")
     with LaneExecutor(reference, concurrency=2) as lanes:
-        lanes.run(LaneStep("run", 1, "accept", "op-1", '{"title":"a"}'))
+        lanes.run(Step("accept", "op-1", '{"title":"a"}', lane=1))
         two = lanes.directory
         assert two.is_dir() and two.name.startswith(f"faultlab-lanes-{os.getpid()}-")
     assert not one.exists() and not two.exists()
@@ -57,7 +57,7 @@ def test_the_directory_goes_when_the_stores_cannot_be_released(
         if lanes:
             with LaneExecutor(system, concurrency=2) as ex:
                 made.append(ex.directory)
-                ex.run(LaneStep("run", 1, "accept", "op-1", '{"title":"a"}'))
+                ex.run(Step("accept", "op-1", '{"title":"a"}', lane=1))
         else:
             with Executor(system, fork_spawner) as sequential:
                 made.append(sequential.directory)

@@ -22,7 +22,7 @@ from faultlab.search.explore import Exploration
 from faultlab.search.schedules import check_scheduler, pct_span
 from faultlab.system import load_system
 from faultlab.system.builtin.race_mutants import ConcurrencyMutant
-from faultlab.trace import ConcurrentTrace, load
+from faultlab.trace import Trace
 
 pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
 
@@ -87,8 +87,8 @@ def test_a_pct_finding_replays_whatever_the_scheduler(
     document = json.loads(path.read_text())
     del document["meta"]["scheduler"]  # the steps are the trace: replay never asks
     path.write_text(json.dumps(document))
-    saved = load(path)
-    assert isinstance(saved, ConcurrentTrace)
+    saved = Trace.load(path)
+    assert isinstance(saved, Trace)
     replayed = execute_concurrent(load_system(MUTANT), saved.steps, concurrency=2)
     assert replayed.verdict == saved.expected
 
@@ -121,11 +121,11 @@ def test_the_overtake_rule_starts_a_second_relay_on_the_held_claims_key() -> Non
 
     from faultlab.search.recorder import Recorder
     from faultlab.search.schedules import concurrent_machine
-    from faultlab.trace import LaneStep
+    from faultlab.trace import Step
 
     machine = concurrent_machine("reference", concurrency=2, examples=1, steps=8,
                                  recorder=Recorder())
-    seen: list[list[LaneStep]] = []
+    seen: list[list[Step]] = []
 
     @settings(max_examples=5, database=None, deadline=None, derandomize=True)
     @given(st.data())
@@ -133,15 +133,15 @@ def test_the_overtake_rule_starts_a_second_relay_on_the_held_claims_key() -> Non
         state = machine()
         try:
             state.payloads["op-1"] = {"title": "backlog"}
-            state.execute(LaneStep("run", 1, "accept", "op-1", {"title": "backlog"}))
+            state.execute(Step("accept", "op-1", {"title": "backlog"}, lane=1))
             state.overtake(data)
             steps = [o.step for o in state.executor.observations]
             holder = steps[1].lane
-            assert (steps[1].action, steps[1].role) == ("start", "dispatch"), steps
-            assert (steps[2].action, steps[2].role) == ("run", "accept"), steps
+            assert (steps[1].action, steps[1].hold) == ("dispatch", True), steps
+            assert (steps[2].action, steps[2].hold) == ("accept", False), steps
             assert steps[2].lane != holder and steps[2].payload["title"] == "backlog", steps
-            assert (steps[3].action, steps[3].role, steps[3].lane) == (
-                "start", "dispatch", steps[2].lane), steps
+            assert (steps[3].action, steps[3].hold, steps[3].lane) == (
+                "dispatch", True, steps[2].lane), steps
             assert state.executor.lanes[holder].alive, steps  # the first relay still holds
             seen.append(steps)
         finally:
@@ -162,7 +162,7 @@ def test_the_nemesis_kills_a_blocked_lane_but_never_pauses_it() -> None:
 
     from faultlab.search.recorder import Recorder
     from faultlab.search.schedules import concurrent_machine
-    from faultlab.trace import LaneStep
+    from faultlab.trace import Step
 
     machine = concurrent_machine("reference", concurrency=2, examples=1, steps=8,
                                  recorder=Recorder())
@@ -174,8 +174,8 @@ def test_the_nemesis_kills_a_blocked_lane_but_never_pauses_it() -> None:
         state = machine()
         try:
             state.payloads["op-1"] = {"title": "backlog"}
-            state.execute(LaneStep("start", 1, "accept", "op-1", {"title": "backlog"}))
-            state.execute(LaneStep("start", 2, "accept", "op-2", {"title": "backlog"}))
+            state.execute(Step("accept", "op-1", {"title": "backlog"}, lane=1, hold=True))
+            state.execute(Step("accept", "op-2", {"title": "backlog"}, lane=2, hold=True))
             lanes = state.executor.lanes
             assert (lanes[1].status, lanes[2].status) == ("held", "blocked")
             state.nemesis(data)

@@ -20,7 +20,7 @@ from conftest import ROOT, TESTS
 from faultlab.base.errors import ExecutionError
 from faultlab.run.interleaving import BLOCK_BOUND, LaneExecutor
 from faultlab.system import load_system
-from faultlab.trace import LaneStep
+from faultlab.trace import Step
 
 pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
 
@@ -33,9 +33,9 @@ def test_a_lone_lane_that_sleeps_past_the_bound_runs_to_its_end(
     monkeypatch.setenv("FAULTLAB_TEST_DISPATCH_SLEEP", str(SLEEP))
     system = load_system("systems_for_tests:SlowDispatchOutbox")
     with LaneExecutor(system, concurrency=2) as ex:
-        ex.run(LaneStep("run", 1, "accept", "op-1", P))
+        ex.run(Step("accept", "op-1", P, lane=1))
         began = time.monotonic()
-        dispatched = ex.run(LaneStep("run", 1, "dispatch"))
+        dispatched = ex.run(Step("dispatch", lane=1))
         took = time.monotonic() - began
         assert took >= SLEEP, took  # it did sleep past the bound
         assert dispatched.lanes == ("exit 0", "-"), dispatched.lanes
@@ -49,10 +49,10 @@ def test_a_lone_lane_that_sleeps_past_the_bound_runs_to_its_end(
 def test_a_lone_lane_that_never_ends_misses_its_deadline() -> None:
     system = load_system("systems_for_tests:HangingDispatchOutbox")
     with LaneExecutor(system, concurrency=2, deadline=2.0) as ex:
-        ex.run(LaneStep("run", 1, "accept", "op-1", P))
+        ex.run(Step("accept", "op-1", P, lane=1))
         began = time.monotonic()
         with pytest.raises(ExecutionError, match="missed its deadline") as failure:
-            ex.run(LaneStep("run", 1, "dispatch"))
+            ex.run(Step("dispatch", lane=1))
         assert 2.0 <= time.monotonic() - began < 10.0
         pid = ex.lanes[1].pid
     assert "lane 1" in str(failure.value) and "dispatch" in str(failure.value)

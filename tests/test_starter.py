@@ -20,7 +20,7 @@ from faultlab.process import starter
 from faultlab.process.records import WorkerSpec
 from faultlab.run.interleaving import LaneExecutor
 from faultlab.system import System
-from faultlab.trace import LaneStep
+from faultlab.trace import Step
 
 pytestmark = pytest.mark.skipif(not starter.available(), reason="no pidfd_open here")
 
@@ -95,14 +95,14 @@ def test_lane_workers_are_not_forked_by_the_executors_process(reference: System)
     """The explorer forks the helper once per trace; every lane worker is the helper's."""
     payload = '{"title":"starter"}'
     with LaneExecutor(reference, concurrency=2) as ex:
-        ex.run(LaneStep("start", 1, "accept", "op-1", payload))
-        ex.run(LaneStep("start", 2, "dispatch"))
+        ex.run(Step("accept", "op-1", payload, lane=1, hold=True))
+        ex.run(Step("dispatch", lane=2, hold=True))
         pids = [lane.pid for lane in ex.lanes.values()]
         helper = ex._launcher._starter
         assert helper is not None and len(pids) == 2
         assert [_parent_of(pid) for pid in pids] == [helper.pid, helper.pid]
-        ex.run(LaneStep("finish", 1))
-        done = ex.run(LaneStep("finish", 2))
+        ex.run(Step("finish", lane=1))
+        done = ex.run(Step("finish", lane=2))
         assert done.lanes == ("exit 0", "exit 0")
         assert len(done.snapshot.tickets) == 1
     time.sleep(0.05)

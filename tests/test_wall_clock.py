@@ -28,13 +28,13 @@ from faultlab.run.interleaving import LaneExecutor, execute_concurrent
 from faultlab.search.rounds import Plan, run_stream
 from faultlab.stores.sqlite import scratch_directory
 from faultlab.system import load_system
-from faultlab.trace import LaneStep, Step
+from faultlab.trace import Step
 from tests.conftest import require_service
 
 P = {"title": "backlog"}
 #: Accept, a dispatcher claims (the entry is hidden for the back-off) and is SIGKILLed.
-TRACE = [LaneStep("run", 1, "accept", "op-1", P), LaneStep("start", 1, "dispatch"),
-         LaneStep("kill", 1)]
+TRACE = [Step("accept", "op-1", P, lane=1), Step("dispatch", lane=1, hold=True),
+         Step("kill", lane=1)]
 
 
 @pytest.fixture
@@ -47,8 +47,8 @@ def faketime() -> None:
 def test_workers_read_faultlabs_clock_through_time_time(faketime: None) -> None:
     with LaneExecutor(load_system("systems_for_tests:WallClockRetryOutbox"),
                       concurrency=2) as ex:
-        ex.run(LaneStep("tick", ticks=7))
-        (_, record), = ex.run(LaneStep("run", 2, "dispatch")).exited
+        ex.run(Step("tick", ticks=7))
+        (_, record), = ex.run(Step("dispatch", lane=2)).exited
         assert record.exit_code == 0 and record.response is not None
         assert record.response["wall_time"] == wall_clock.EPOCH + 7
         assert record.response["idle"] is True
@@ -117,8 +117,8 @@ def test_a_command_line_system_switches_it_on_in_its_file(faketime: None,
                                                           tmp_path: Path) -> None:
     system = load_system(str(_command_system(tmp_path, True)))
     with LaneExecutor(system, concurrency=1) as ex:
-        ex.run(LaneStep("tick", ticks=12))
-        (_, record), = ex.run(LaneStep("run", 1, "dispatch")).exited
+        ex.run(Step("tick", ticks=12))
+        (_, record), = ex.run(Step("dispatch", lane=1)).exited
         assert record.exit_code == 0, record.stderr
         assert (record.response or {})["wall_time"] == wall_clock.EPOCH + 12
 

@@ -235,7 +235,7 @@ def _enumerate_lanes(args: argparse.Namespace) -> int:
     from faultlab.search.coverage import vacuity
     from faultlab.search.explore import flaky_trace
     from faultlab.search.schedule_enumeration import ACCEPTORS, enumerate_concurrent
-    from faultlab.trace import ConcurrentTrace
+    from faultlab.trace import Trace
 
     check_format(args.format)
     directory = _lanes_corpus_directory(args)
@@ -270,20 +270,18 @@ def _enumerate_lanes(args: argparse.Namespace) -> int:
             "max_steps": max_steps, "faultlab": __version__}
     if confirmed.verdict != result.execution.verdict:
         # not a finding, and not clean either: kept beside the corpus as flaky
-        kept = corpus.save(flaky_trace(ConcurrentTrace(
-            system=system.ref, deduplication=args.deduplication, concurrency=args.concurrency,
-            steps=list(result.finding), expected=result.execution.verdict, meta=meta),
+        kept = corpus.save(flaky_trace(Trace(
+            system=system.ref, deduplication=args.deduplication, steps=list(result.finding),
+            expected=result.execution.verdict, meta=meta, concurrency=args.concurrency),
             confirmed.verdict), flaky_directory(str(directory)), system.name)
         print(f"\nflaky: {result.execution.verdict.describe()} failed in a sequence of "
               f"enumerate's but not the same way on fresh stores (they showed "
               f"{confirmed.verdict.describe()}); trace kept at {kept}")
         return EXIT_FLAKY
-    trace = ConcurrentTrace(
-        system=system.ref, deduplication=args.deduplication, concurrency=args.concurrency,
-        steps=list(result.finding), expected=confirmed.verdict,
-        violations=list(confirmed.violations), meta=meta,
-        # no timestamp: a finding of the same run is the same bytes
-    )
+    trace = Trace(
+        system=system.ref, deduplication=args.deduplication, steps=list(result.finding),
+        expected=confirmed.verdict, violations=list(confirmed.violations), meta=meta,
+        concurrency=args.concurrency)
     path = corpus.save(trace, directory, system.name)
     print(f"\nFOUND: {confirmed.verdict.describe()} with {len(result.finding) - args.operations} "
           f"scheduling choices after {args.operations} accepts; saved {path}")

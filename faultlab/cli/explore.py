@@ -60,7 +60,6 @@ if TYPE_CHECKING:
     from faultlab.run.executor import Execution
     from faultlab.run.interleaving import ConcurrentExecution
     from faultlab.search.rounds import Plan, StreamResult, Totals
-    from faultlab.trace import ConcurrentTrace
 
 
 class Deprecated(argparse.Action):
@@ -266,7 +265,7 @@ class Sink:
         except ExecutionError:
             pass  # the error being raised is the one to report
 
-    def save(self, trace: Trace | ConcurrentTrace, system: System) -> str:
+    def save(self, trace: Trace, system: System) -> str:
         from faultlab.corpus import files as corpus
 
         if self.redis is None:
@@ -294,7 +293,6 @@ def cmd_explore(args: argparse.Namespace) -> int:
     from faultlab.search.explore import HYPOTHESIS_VERSION
     from faultlab.search.rounds import Plan, Totals, run_jobs, run_stream
     from faultlab.search.shrink import length
-    from faultlab.trace import from_document
 
     check_format(args.format)
     concurrent = args.concurrency > 1
@@ -354,7 +352,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
             seconds = time.monotonic() - started
             finders = sorted((r for r in results if r.trace is not None),
                              key=lambda r: r.seconds_until_found or 0.0)
-            trace = from_document(finders[0].trace) if finders else None
+            trace = Trace.from_json(finders[0].trace) if finders else None
             flakies = [r for r in results if r.flaky is not None]
             if trace is not None and replay is None:  # found in a job process: run it here
                 from faultlab.corpus import replay as replaying
@@ -394,7 +392,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
                 return EXIT_VACUOUS
             print(f"\nclean: no invariant failed in {totals.examples} examples")
             return EXIT_OK
-        saved = [sink.save(from_document(r.trace), system) for r in finders]
+        saved = [sink.save(Trace.from_json(r.trace), system) for r in finders]
         verdict = trace.expected.describe() if trace.expected else "?"
         unit = "scheduling steps" if concurrent else "executed steps"
         shrunk = None if replay is None else length(replay)
@@ -445,13 +443,12 @@ def _keep_flaky(flakies: list[StreamResult], corpus: str, system: System) -> lis
     """Keep each flaky stream's trace beside the corpus, never in it
     (:func:`faultlab.corpus.files.flaky_directory`); what each one's line says."""
     from faultlab.corpus import files
-    from faultlab.trace import from_document
 
     lines = []
     for r in flakies:
         if r.flaky is None:  # pragma: no cover - only flaky streams are passed
             continue
-        path = files.save(from_document(r.flaky), flaky_directory(corpus), system.name)
+        path = files.save(Trace.from_json(r.flaky), flaky_directory(corpus), system.name)
         lines.append(f"{r.flaky_reason}; trace kept at {path}")
     return lines
 

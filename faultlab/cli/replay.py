@@ -74,7 +74,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from faultlab.corpus.replay import plan, replay
     from faultlab.corpus.trust import system_for
     from faultlab.process.spawn import spawner
-    from faultlab.trace import load
+    from faultlab.trace import Trace
 
     check_format(args.format)
     if args.html is not None:
@@ -82,7 +82,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.system is not None and args.against is not None:
         raise UsageError("--system names the system a trace was recorded on and --against "
                          "another one expected clean: give one of them")
-    loaded = [load(path) for path in args.traces]
+    loaded = [Trace.load(path) for path in args.traces]
     against = load_system(args.against) if args.against else None
     named = load_system(args.system) if args.system else against
     plans = [

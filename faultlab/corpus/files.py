@@ -5,14 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from faultlab.base.errors import ExecutionError
 from faultlab.base.output import check_output_directory, write_json
 from faultlab.trace import EXPECT_FINDING, Trace
-
-if TYPE_CHECKING:
-    from faultlab.trace import ConcurrentTrace
 
 DEFAULT_CORPUS = Path("corpus")
 
@@ -22,11 +18,11 @@ def check_corpus_directory(path: Path) -> None:
     check_output_directory(path, "--corpus")
 
 
-def finding_name(trace: Trace | ConcurrentTrace, system_name: str | None = None) -> str:
+def finding_name(trace: Trace, system_name: str | None = None) -> str:
     """``<system>-<INVARIANT>-<hash>.json``; the hash makes equal findings one file."""
-    steps = json.dumps([s.to_json() for s in trace.steps], sort_keys=True)
+    steps = json.dumps(trace.to_json()["steps"], sort_keys=True)  # as the file holds them
     # the same steps held at every statement are another trace (absent: names as before)
-    held = "|statement_points" if getattr(trace, "statement_points", False) else ""
+    held = "|statement_points" if trace.statement_points else ""
     digest = hashlib.sha256(
         f"{trace.system}|{trace.deduplication}|{steps}{held}".encode()
     ).hexdigest()[:10]
@@ -38,7 +34,7 @@ def finding_name(trace: Trace | ConcurrentTrace, system_name: str | None = None)
     return f"{system}{suffix}-{invariant}-{digest}.json"
 
 
-def finding_on_purpose(trace: Trace | ConcurrentTrace) -> bool:
+def finding_on_purpose(trace: Trace) -> bool:
     """True when the trace's finding is there by design, not a bug to fix: it ran on a
     built-in mutant of the zoo, or with deduplication off (the negative control).
 
@@ -54,7 +50,7 @@ def finding_on_purpose(trace: Trace | ConcurrentTrace) -> bool:
     return is_builtin(trace.system) and not is_reference(trace.system)
 
 
-def marked(trace: Trace | ConcurrentTrace) -> Trace | ConcurrentTrace:
+def marked(trace: Trace) -> Trace:
     """The trace as the corpus saves it: ``"expect": "finding"`` when
     :func:`finding_on_purpose`, else without the field (a regression test)."""
     if trace.expect is None and trace.expected is not None and not trace.expected.clean \
@@ -84,7 +80,7 @@ def flaky_directory(corpus: str) -> Path:
     return kept
 
 
-def save(trace: Trace | ConcurrentTrace, directory: Path, system_name: str | None = None) -> Path:
+def save(trace: Trace, directory: Path, system_name: str | None = None) -> Path:
     """Write the trace into the corpus directory (created if needed), atomically, marked
     as an expected finding or a regression test (:func:`marked`).
 

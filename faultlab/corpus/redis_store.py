@@ -43,7 +43,7 @@ from faultlab.base.inputs import MAX_FILE_BYTES, parse_json
 from faultlab.base.messages import printable
 
 if TYPE_CHECKING:
-    from faultlab.trace import ConcurrentTrace, Trace
+    from faultlab.trace import Trace
 
 MARKER_KEY = "faultlab:corpus"
 MARKER = "faultlab-corpus 1"
@@ -197,11 +197,11 @@ class RedisCorpus:
             found[name] = data
         return found
 
-    def traces(self) -> dict[str, Trace | ConcurrentTrace]:
+    def traces(self) -> dict[str, Trace]:
         """Every finding as a trace (either version), each checked completely."""
-        from faultlab.trace import from_document
+        from faultlab.trace import Trace
 
-        return {name: from_document(data, source=f"{self.address}: {FINDING_PREFIX}{name}")
+        return {name: Trace.from_json(data, source=f"{self.address}: {FINDING_PREFIX}{name}")
                 for name, data in self.findings().items()}
 
     def update_counters(self, shard: str, fields: dict[str, Any]) -> None:

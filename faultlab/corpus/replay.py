@@ -30,10 +30,10 @@ from pathlib import Path
 from faultlab.base.errors import UsageError
 from faultlab.process.spawn import Spawner
 from faultlab.report import tables as report
-from faultlab.run.executor import Execution, execute, validate_step
-from faultlab.run.interleaving import ConcurrentExecution, execute_concurrent
+from faultlab.run.executor import Execution, validate_step
+from faultlab.run.interleaving import ConcurrentExecution, execute_trace
 from faultlab.system.contract import System, check_crash_point
-from faultlab.trace import EXPECT_FINDING, EXPECT_FLAKY, ConcurrentTrace, Trace, Verdict
+from faultlab.trace import EXPECT_FINDING, EXPECT_FLAKY, Trace, Verdict
 
 #: The line a failing regression replay ends with: what to do about it.
 STILL_FAILS = "still fails: fix the bug, then replay again; it passes once fixed"
@@ -44,22 +44,22 @@ class Plan:
     """One trace file, its trace and the system it will run on (checked)."""
 
     path: Path
-    trace: Trace | ConcurrentTrace
+    trace: Trace
     system: System
     against: bool = False  # replayed on another system than recorded: expect clean
 
 
-def plan(path: Path, trace: Trace | ConcurrentTrace, system: System, *,
+def plan(path: Path, trace: Trace, system: System, *,
          against: bool = False) -> Plan:
     """Refuse, before anything runs, a trace its system cannot run (one line naming the file)."""
     try:
         system.require_deduplication_switch(trace.deduplication)
-        if isinstance(trace, Trace):
+        if not trace.laned:
             for step in trace.steps:
                 validate_step(system, step)
         else:
-            for lane_step in trace.steps:  # a crash point the step's role cannot arm
-                check_crash_point(system, lane_step.role or "", lane_step.crash)
+            for step in trace.steps:  # a crash point the step's role cannot arm
+                check_crash_point(system, step.role or "", step.crash)
     except UsageError as error:
         raise UsageError(f"{path}: {error}") from None
     return Plan(Path(path), trace, system, against)
@@ -107,18 +107,8 @@ class Replayed:
 def replay(planned: Plan, runner: Spawner, *, deadline: float, fmt: str = "simple") -> Replayed:
     """Execute one planned trace on fresh stores and judge it."""
     trace, system = planned.trace, planned.system
-    execution: Execution | ConcurrentExecution | None = None
-    if isinstance(trace, ConcurrentTrace):
-        concurrent = execute_concurrent(
-            system, trace.steps, concurrency=trace.concurrency,
-            deduplication=trace.deduplication, settle=trace.settle, spawn=runner.mode,
-            deadline=deadline, statement_points=trace.statement_points,
-        )
-        execution, verdict = concurrent, concurrent.verdict
-    else:
-        execution = execute(system, trace.steps, runner, deduplication=trace.deduplication,
-                            settle=trace.settle, deadline=deadline)
-        verdict = execution.verdict
+    execution = execute_trace(system, trace, runner, deadline=deadline)
+    verdict = execution.verdict
     table = report.replay_table(execution, fmt)
     # a worker's undeclared error, with its stderr: why the checks after it failed
     violations = [*report.violation_lines(execution), *report.worker_error_lines(execution)]

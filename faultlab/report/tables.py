@@ -23,7 +23,7 @@ from faultlab.run.interleaving import ConcurrentExecution, LaneObservation
 from faultlab.search.coverage import Coverage
 from faultlab.stores.sqlite import Snapshot
 from faultlab.system.contract import System
-from faultlab.trace import LaneStep
+from faultlab.trace import Step
 from faultlab.trials.scenarios import Outcome
 
 PASS_LINE = "PASS: 5 scenarios; real SIGKILL, separate caller and downstream stores"
@@ -139,7 +139,7 @@ def observation_row(observation: Observation) -> list[Any]:
     ]
 
 
-def shown_step(step: LaneStep) -> str:
+def shown_step(step: Step) -> str:
     """A scheduling choice as the step column shows it: a long payload is cut, the armed
     crash point (``crash=P``) always shown."""
     text = step.describe()

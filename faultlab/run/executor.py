@@ -1,9 +1,10 @@
-"""The one executor behind scenarios, exploration, enumeration and replay.
+"""The sequential executor: one worker at a time, the fast path of every trace without lanes.
 
-:class:`Executor` runs steps one at a time on fresh stores: each step is a real
+Scenarios, sequential exploration, enumeration and the replay of a sequential trace run
+here (:func:`faultlab.run.interleaving.execute_trace` sends a laned trace through the
+lanes). :class:`Executor` runs steps one at a time on fresh stores: each step is a real
 worker process (through the system's :meth:`~faultlab.system.contract.System.run_step`),
-then both stores are read back and every invariant is checked. Nothing else in
-faultlab spawns a worker or reads a store.
+then both stores are read back and every invariant is checked.
 
 A system with ``virtual_wall_clock`` runs every sequential trace on a virtual
 clock too: its workers run under libfaketime with the trace's clock file
@@ -135,6 +136,9 @@ class Observation:
 
 def validate_step(system: System, step: Step) -> None:
     """Refuse a step the system cannot run (before anything is executed)."""
+    if step.laned:
+        raise UsageError(f"{step.describe()}: a sequential trace's step names no lane and "
+                         "never holds (a laned trace runs through the lanes)")
     if step.action == POWER:
         Step.power(step.choice)  # raises UsageError for a malformed choice
         return

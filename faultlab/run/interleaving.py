@@ -64,17 +64,23 @@ from faultlab.process.records import (
     WorkerSpec,
     parse_response,
 )
-from faultlab.process.spawn import child_environment, reap_group, tree_activity, tree_pids
+from faultlab.process.spawn import (
+    Spawner,
+    child_environment,
+    reap_group,
+    tree_activity,
+    tree_pids,
+)
 
 # Imported here, not in the forked child: a child that imported a module from disk would
 # run whatever the file holds at that moment, not what this run loaded.
 from faultlab.run.directory import POWER_LOG, RunDirectory
-from faultlab.run.executor import check_server_crash, cut_power
+from faultlab.run.executor import Execution, check_server_crash, cut_power, execute
 from faultlab.run.worker import run_worker
 from faultlab.stores import postgres as pgstores
 from faultlab.stores.sqlite import Snapshot, readers_are_kept
 from faultlab.system.contract import Program, System, check_crash_point
-from faultlab.trace import DROP_CONNECTION, POWER, SERVER_CRASH, STARTS, LaneStep, Verdict
+from faultlab.trace import DROP_CONNECTION, POWER, SERVER_CRASH, Step, Trace, Verdict
 
 #: Seconds a released lane may run without reaching a point or ending before it counts as
 #: blocked on another lane's lock. Generous: a loaded machine must not misjudge a slow lane.
@@ -200,7 +206,7 @@ class LaneObservation:
     """One executed scheduling choice: the lanes after it, who ended, both stores."""
 
     index: int
-    step: LaneStep
+    step: Step
     lanes: tuple[str, ...]
     exited: tuple[tuple[int, ProcessRecord], ...]
     before: Snapshot
@@ -639,7 +645,7 @@ class LaneExecutor:
 
     # -- steps ---------------------------------------------------------------------------
 
-    def check_step(self, step: LaneStep) -> None:
+    def check_step(self, step: Step) -> None:
         """Refuse a step the lanes' current states do not allow (UsageError)."""
         step.validate(self.concurrency)
         if step.action == "tick":
@@ -653,7 +659,7 @@ class LaneExecutor:
             check_server_crash(self.system, "a drop_connection step")
         lane = self.lanes.get(step.lane or 0)
         alive = lane is not None and lane.alive
-        if step.action in STARTS:
+        if step.starts:
             if alive:
                 raise UsageError(f"{step.describe()}: lane {step.lane} is busy")
             check_crash_point(self.system, step.role or "", step.crash)
@@ -669,7 +675,7 @@ class LaneExecutor:
         if step.action == "resume" and not lane.paused:
             raise UsageError(f"{step.describe()}: lane {step.lane} is not paused")
 
-    def run(self, step: LaneStep, *, phase: str = "step") -> LaneObservation:
+    def run(self, step: Step, *, phase: str = "step") -> LaneObservation:
         # after a SIGINT/SIGTERM no further step runs, as sequentially: a state machine's
         # teardown would otherwise settle the interrupted trace (resume, finish, recover),
         # and a worker left waiting on a lock held that up to its deadline
@@ -691,10 +697,10 @@ class LaneExecutor:
             pgstores.crash_server()
         elif step.action == POWER:
             sigkills = self._power_cut(step)
-        elif step.action in STARTS:
+        elif step.starts:
             moved = self._start(step)
             self._wait(moved, self.block_bound)
-            if step.action == "run":
+            if not step.hold:
                 self._finish(moved)
         elif self.lanes[step.lane or 0].alive:
             moved = self.lanes[step.lane or 0]
@@ -733,7 +739,7 @@ class LaneExecutor:
             self._settle_blocked(moved)                  # leaves no lane alive)
         return self._observe(step, moved, phase, sigkills)
 
-    def _power_cut(self, step: LaneStep) -> int:
+    def _power_cut(self, step: Step) -> int:
         """The machine loses power now: every live lane dies with its service (SIGKILL of
         its group, reaped, so nothing records any more), then the stores are rebuilt as the
         step's choice says (:func:`faultlab.run.executor.cut_power`). Returns the SIGKILLs."""
@@ -755,7 +761,7 @@ class LaneExecutor:
             self.unrecorded_baseline, f"power step {step.describe()}")
         return killed
 
-    def _start(self, step: LaneStep) -> Lane:
+    def _start(self, step: Step) -> Lane:
         number = step.lane or 0
         payload = None if step.role == "dispatch" else canonical_json(step.payload)
         spec = WorkerSpec(
@@ -789,7 +795,7 @@ class LaneExecutor:
             lane.status = "running"
             self._wait(lane, self.block_bound)
 
-    def _observe(self, step: LaneStep, moved: Lane | None, phase: str,
+    def _observe(self, step: Step, moved: Lane | None, phase: str,
                  sigkills: int) -> LaneObservation:
         before = self.snapshot
         unopenable, self._unopenable = self._unopenable, ()
@@ -855,7 +861,7 @@ class LaneExecutor:
         observation = LaneObservation(
             len(self.observations) + 1, step, self.lane_states(), tuple(exited), before, after,
             tuple(dict.fromkeys(violations)), phase, sigkills, frozenset(covered),
-            step.crash if step.action in STARTS else None, tuple(fired),
+            step.crash if step.starts else None, tuple(fired),
         )
         self.observations.append(observation)
         return observation
@@ -896,7 +902,7 @@ class LaneExecutor:
         """
         observations: list[LaneObservation] = []
 
-        def step(lane_step: LaneStep) -> bool:
+        def step(lane_step: Step) -> bool:
             observation = self.run(lane_step, phase="settle")
             observations.append(observation)
             return bool(observation.violations)
@@ -904,9 +910,9 @@ class LaneExecutor:
         for _ in range(3):
             for number in sorted(self.lanes):
                 lane = self.lanes[number]
-                if lane.alive and lane.paused and step(LaneStep("resume", number)):
+                if lane.alive and lane.paused and step(Step("resume", lane=number)):
                     return observations, []
-                if lane.alive and lane.status == "held" and step(LaneStep("finish", number)):
+                if lane.alive and lane.status == "held" and step(Step("finish", lane=number)):
                     return observations, []
             if not any(lane.alive for lane in self.lanes.values()):
                 break
@@ -917,13 +923,13 @@ class LaneExecutor:
             if lane.alive:
                 raise ExecutionError(f"lane {lane.number} pid {lane.pid} is still "
                                      f"{lane.status} after recovery")
-        if step(LaneStep("tick", ticks=SETTLE_HORIZON)):
+        if step(Step("tick", ticks=SETTLE_HORIZON)):
             return observations, []
         bound = 2 * len(self.snapshot.pending_outbox()) + 2
         recovered = 0
         while self.snapshot.pending_outbox() and recovered < bound:
             recovered += 1
-            if step(LaneStep("run", 1, "dispatch")):
+            if step(Step("dispatch", lane=1)):
                 return observations, []
             if observations[-1].snapshot == observations[-1].before:
                 break
@@ -941,7 +947,7 @@ def _still_working(pid: int, cpu_before: int) -> tuple[bool, int]:
 
 
 def execute_concurrent(
-    system: System, steps: list[LaneStep], *, concurrency: int, deduplication: bool = True,
+    system: System, steps: list[Step], *, concurrency: int, deduplication: bool = True,
     settle: bool = True, spawn: SpawnMode = "fork", deadline: float = DEFAULT_DEADLINE,
     lenient: bool = False, statement_points: bool = False,
 ) -> ConcurrentExecution:
@@ -969,3 +975,17 @@ def execute_concurrent(
             _, final = executor.settle()
         return ConcurrentExecution(list(executor.observations), final)
 
+
+
+def execute_trace(system: System, trace: Trace, spawner: Spawner, *,
+                  deadline: float = DEFAULT_DEADLINE) -> Execution | ConcurrentExecution:
+    """Run a whole trace on fresh stores, as it is saved: a sequential trace (one lane, one
+    worker at a time) one process after another (:func:`faultlab.run.executor.execute`), a
+    laned one through the lanes (:func:`execute_concurrent`)."""
+    if trace.laned:
+        return execute_concurrent(
+            system, trace.steps, concurrency=trace.concurrency,
+            deduplication=trace.deduplication, settle=trace.settle, spawn=spawner.mode,
+            deadline=deadline, statement_points=trace.statement_points)
+    return execute(system, trace.steps, spawner, deduplication=trace.deduplication,
+                   settle=trace.settle, deadline=deadline)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from hypothesis import Phase, Verbosity, seed
 from hypothesis import __version__ as _hypothesis_version
@@ -32,7 +32,7 @@ from faultlab.base.version import __version__
 from faultlab.process.records import DEFAULT_DEADLINE
 from faultlab.process.spawn import Spawner
 from faultlab.run.executor import Execution, execute
-from faultlab.run.interleaving import ConcurrentExecution, execute_concurrent
+from faultlab.run.interleaving import ConcurrentExecution, execute_concurrent, execute_trace
 from faultlab.search import defaults
 from faultlab.search.coverage import vacuity
 from faultlab.search.machine import (
@@ -51,9 +51,7 @@ from faultlab.search.recorder import Recorder
 from faultlab.search.schedules import DEFAULT_SCHEDULER, concurrent_machine, scheduled_steps
 from faultlab.search.shrink import length, minimise
 from faultlab.system.contract import System
-from faultlab.trace import EXPECT_FLAKY, ConcurrentTrace, LaneStep, Step, Trace, Verdict
-
-TraceT = TypeVar("TraceT", bound="Trace | ConcurrentTrace")
+from faultlab.trace import EXPECT_FLAKY, Step, Trace, Verdict
 
 #: Explorations record it: the same seed gives the same run with the same Hypothesis.
 HYPOTHESIS_VERSION: str = _hypothesis_version
@@ -66,17 +64,17 @@ class Exploration:
     system: str
     deduplication: bool
     seed: int
-    recorder: Recorder[Step] | Recorder[LaneStep]
+    recorder: Recorder
     seconds: float
     concurrency: int = 1
-    trace: Trace | ConcurrentTrace | None = None
+    trace: Trace | None = None
     replay: Execution | ConcurrentExecution | None = None
     notes: list[str] = field(default_factory=list)
     #: True when the run was told to stop before its examples were done (no finding).
     stopped: bool = False
     #: An example failed, but its re-run did not fail again: its trace (marked
     #: ``"expect": "flaky"``, never a corpus file) and what the flaky line says about it.
-    flaky: Trace | ConcurrentTrace | None = None
+    flaky: Trace | None = None
     flaky_reason: str | None = None
 
     @property
@@ -215,11 +213,11 @@ def explore(
     jobs with it); ``weights`` weigh the sequential rules.
     """
     lanes = concurrency > 1
-    recorder: Recorder[Step] | Recorder[LaneStep]
+    recorder: Recorder
     machine: type[RuleBasedStateMachine]
     if lanes:
-        recorder = Recorder[LaneStep](progress=progress, stop=stop,
-                                      faults=("power",) if power_loss else ())
+        recorder = Recorder(progress=progress, stop=stop,
+                            faults=("power",) if power_loss else ())
         machine = concurrent_machine(
             system.ref, concurrency=concurrency, deduplication=deduplication,
             spawn=spawner.mode, deadline=deadline, examples=examples, steps=steps,
@@ -228,7 +226,7 @@ def explore(
         )
         base = machine_settings(examples, scheduled_steps(scheduler, steps))
     else:
-        recorder = Recorder[Step](progress=progress, stop=stop)
+        recorder = Recorder(progress=progress, stop=stop)
         machine = outbox_machine(
             system.ref, deduplication=deduplication, spawner=spawner, deadline=deadline,
             examples=examples, steps=steps, recorder=recorder,
@@ -268,23 +266,10 @@ def explore(
     }
     if isinstance(failure, Flaky):
         result.notes.append(f"Hypothesis reported a flaky failure: {failure}")
-    trace: Trace | ConcurrentTrace
-    replay: Execution | ConcurrentExecution
-    if lanes:
-        trace = ConcurrentTrace(
-            system=system.ref, deduplication=deduplication, concurrency=concurrency,
-            steps=[step for step in steps_of if isinstance(step, LaneStep)], settle=True,
-            expected=verdict_of, violations=list(violations_of),
-            meta=meta,
-            statement_points=bool(statement_points),
-        )
-        replay = _replay_lanes(system, trace, spawner, deadline)
-    else:
-        trace = Trace(system=system.ref, deduplication=deduplication,
-                      steps=[step for step in steps_of if isinstance(step, Step)], settle=True,
-                      expected=verdict_of, violations=list(violations_of), meta=meta)
-        replay = execute(system, trace.steps, spawner, deduplication=deduplication,
-                         settle=trace.settle, deadline=deadline)
+    trace = Trace(system=system.ref, deduplication=deduplication, steps=list(steps_of),
+                  expected=verdict_of, violations=list(violations_of), meta=meta,
+                  concurrency=concurrency, statement_points=lanes and bool(statement_points))
+    replay = execute_trace(system, trace, spawner, deadline=deadline)
     refused = not_a_finding(trace.expected, replay.verdict, failure)
     if refused is not None:
         if failed is not None:  # an example did fail, and did not fail again: flaky
@@ -293,11 +278,12 @@ def explore(
                 recorder.first_failure_examples, verdict_of, replay.verdict)
         result.notes.append(refused)
         return result
-    if isinstance(trace, ConcurrentTrace) and isinstance(replay, ConcurrentExecution):
+    if isinstance(replay, ConcurrentExecution):
         shrunk, _ = minimise(trace, replay, _lenient_run(system, trace, spawner, deadline))
         # replayed as saved (not leniently): what replay of the corpus file will show
-        result.trace, result.replay = shrunk, _replay_lanes(system, shrunk, spawner, deadline)
-    elif isinstance(trace, Trace) and isinstance(replay, Execution):
+        result.trace, result.replay = shrunk, execute_trace(system, shrunk, spawner,
+                                                           deadline=deadline)
+    else:
         def run(candidate: list[Step]) -> Execution:
             return execute(system, candidate, spawner, deduplication=deduplication,
                            settle=True, deadline=deadline)
@@ -306,7 +292,7 @@ def explore(
     return result
 
 
-def close_open_example(recorder: Recorder[Step] | Recorder[LaneStep]) -> None:
+def close_open_example(recorder: Recorder) -> None:
     """Close the stores of an example whose teardown never ran: a signal that landed
     between Hypothesis making the machine and entering the block that tears it down."""
     leftover, recorder.open_example = recorder.open_example, None
@@ -315,7 +301,7 @@ def close_open_example(recorder: Recorder[Step] | Recorder[LaneStep]) -> None:
 
 
 def _search(machine: type[RuleBasedStateMachine], base: Settings, seed_value: int,
-            recorder: Recorder[Step] | Recorder[LaneStep], *, hypothesis_shrink: bool
+            recorder: Recorder, *, hypothesis_shrink: bool
             ) -> tuple[BaseException | None, bool, float]:
     """Run the machine under Hypothesis: the failure it ended with (None when none), whether
     it was told to stop, and its seconds. A run error or an interrupt is raised: a run that
@@ -349,19 +335,11 @@ def _search(machine: type[RuleBasedStateMachine], base: Settings, seed_value: in
     return failure, stopped, time.monotonic() - started
 
 
-def _replay_lanes(system: System, trace: ConcurrentTrace, spawner: Spawner,
-                  deadline: float) -> ConcurrentExecution:
-    return execute_concurrent(
-        system, trace.steps, concurrency=trace.concurrency,
-        deduplication=trace.deduplication, settle=trace.settle, spawn=spawner.mode,
-        deadline=deadline, statement_points=trace.statement_points)
-
-
-def _lenient_run(system: System, trace: ConcurrentTrace, spawner: Spawner, deadline: float
-                 ) -> Callable[[list[LaneStep]], ConcurrentExecution | None]:
+def _lenient_run(system: System, trace: Trace, spawner: Spawner, deadline: float
+                 ) -> Callable[[list[Step]], ConcurrentExecution | None]:
     """How the shrinker runs a candidate of a concurrent trace: leniently (a step left
     without its worker is dropped), ``None`` when the lanes cannot run it at all."""
-    def run(candidate: list[LaneStep]) -> ConcurrentExecution | None:
+    def run(candidate: list[Step]) -> ConcurrentExecution | None:
         try:
             return execute_concurrent(
                 system, candidate, concurrency=trace.concurrency,
@@ -373,7 +351,7 @@ def _lenient_run(system: System, trace: ConcurrentTrace, spawner: Spawner, deadl
     return run
 
 
-def flaky_trace(trace: TraceT, replayed: Verdict) -> TraceT:
+def flaky_trace(trace: Trace, replayed: Verdict) -> Trace:
     """A failing example's trace as a flaky outcome keeps it: ``"expect": "flaky"`` (so
     replay and the pytest plugin never take it for a regression test), with what its
     re-run showed in ``meta``."""
@@ -382,7 +360,7 @@ def flaky_trace(trace: TraceT, replayed: Verdict) -> TraceT:
     return trace
 
 
-def _describe(trace: Trace | ConcurrentTrace) -> str:
+def _describe(trace: Trace) -> str:
     return trace.expected.describe() if trace.expected else "a failure"
 
 

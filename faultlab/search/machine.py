@@ -212,7 +212,7 @@ class TraceMachine(NewOperations, RuleBasedStateMachine):
     system_ref: ClassVar[str] = "reference"
     deduplication: ClassVar[bool] = True
     deadline: ClassVar[float] = DEFAULT_DEADLINE
-    recorder: ClassVar[Recorder[Any]]
+    recorder: ClassVar[Recorder]
     payload_source: ClassVar[st.SearchStrategy[Any]] = generated.SIMPLE_PAYLOADS
     id_source: ClassVar[st.SearchStrategy[str] | None] = None
     #: The system's named crash points a step of each kind may arm.
@@ -325,7 +325,7 @@ class OutboxMachine(TraceMachine):
     """Base class: :func:`outbox_machine` adds rules drawn from a system's crash points."""
 
     spawner: ClassVar[Spawner | None] = None
-    recorder: ClassVar[Recorder[Step]]
+    recorder: ClassVar[Recorder]
     operations_bundle: ClassVar[Bundle[str]] = Bundle("operations")
 
     def __init__(self) -> None:
@@ -532,7 +532,7 @@ def outbox_machine(
     deadline: float = DEFAULT_DEADLINE,
     examples: int = defaults.TESTCASE_EXAMPLES,
     steps: int = defaults.STEPS,
-    recorder: Recorder[Step] | None = None,
+    recorder: Recorder | None = None,
     statement_points: bool = True,
     weights: Weights = WEIGHTS,
     power_loss: bool = False,
@@ -621,7 +621,7 @@ def outbox_machine(
     Machine.deduplication = deduplication
     Machine.deadline = deadline
     Machine.spawner = spawner
-    Machine.recorder = recorder if recorder is not None else Recorder[Step]()
+    Machine.recorder = recorder if recorder is not None else Recorder()
     # Weights: Hypothesis picks among rules evenly (and switches rules off per example by
     # name), so the crash, accept and service rules get copies under names of their own.
     for copy in range(2, weights.crash + 1):

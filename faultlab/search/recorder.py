@@ -14,17 +14,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Protocol
 
 from hypothesis import event
 from hypothesis.errors import InvalidArgument
 
 from faultlab.checks.invariants import Violation
 from faultlab.search.coverage import Coverage, Observed
-from faultlab.trace import STARTS, LaneStep, Step, Verdict
-
-#: The step type of the traces recorded: :class:`Step` (one lane) or :class:`LaneStep`.
-S = TypeVar("S", Step, LaneStep)
+from faultlab.trace import Step, Verdict
 
 
 class Counted(Observed, Protocol):
@@ -33,7 +30,7 @@ class Counted(Observed, Protocol):
     (:class:`faultlab.run.interleaving.LaneObservation`)."""
 
     @property
-    def step(self) -> Step | LaneStep: ...
+    def step(self) -> Step: ...
     @property
     def sigkills(self) -> int: ...
     @property
@@ -53,19 +50,11 @@ def _event(text: str) -> None:
         pass
 
 
-def role(step: Step | LaneStep) -> str | None:
-    """The worker a step starts (accept, dispatch, service), or None for a step that
-    starts none (a lane's release, a fault)."""
-    if isinstance(step, LaneStep):
-        return step.role if step.action in STARTS else None
-    return step.action
-
-
 @dataclass
-class Recorder(Generic[S]):
+class Recorder:
     """Counts what exploration did, and keeps the last example's executed steps."""
 
-    progress: Callable[[Recorder[S]], None] | None = None
+    progress: Callable[[Recorder], None] | None = None
     #: Asked before every step; True stops the exploration (see
     #: :class:`faultlab.search.machine.StopExploration`).
     stop: Callable[[], bool] | None = None
@@ -94,7 +83,7 @@ class Recorder(Generic[S]):
     actions: Counter[str] = field(default_factory=Counter)
     #: Per example PCT scheduled: its lane priorities (highest first) and change points.
     pct_draws: list[tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
-    last_steps: list[S] = field(default_factory=list)
+    last_steps: list[Step] = field(default_factory=list)
     last_verdict: Verdict = field(default_factory=Verdict)
     last_violations: list[Violation] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
@@ -104,7 +93,7 @@ class Recorder(Generic[S]):
     #: fail it again when it re-runs it (then this is the trace kept as flaky), or may
     #: abandon it and never report it; the search reports it all the same once its replay
     #: reproduces it.
-    first_failure: tuple[list[S], Verdict, list[Violation]] | None = None
+    first_failure: tuple[list[Step], Verdict, list[Violation]] | None = None
     #: The first error that stopped a step without a verdict (a deadline, a broken
     #: protocol, a refused input, a store that could not be read): a run failure, never a
     #: finding, whatever Hypothesis makes of it.
@@ -140,7 +129,7 @@ class Recorder(Generic[S]):
             self._last_progress = now
             self.progress(self)
 
-    def finish(self, steps: Sequence[S], verdict: Verdict, violations: Sequence[Violation],
+    def finish(self, steps: Sequence[Step], verdict: Verdict, violations: Sequence[Violation],
                *, processes: int, live: bool = False) -> None:
         """One example done: its steps, its verdict, the processes it started (workers and
         the services they started); ``live``: its recovery judged LIVE."""
@@ -148,9 +137,9 @@ class Recorder(Generic[S]):
         self.processes += processes
         if live:
             self.coverage.live_checked()
-        accepted = {step.operation_id for step in steps if role(step) == "accept"}
+        accepted = {step.operation_id for step in steps if step.role == "accept"}
         self.operations_per_example[len(accepted)] += 1
-        self.deliveries_per_example[sum(role(step) == "service" for step in steps)] += 1
+        self.deliveries_per_example[sum(step.role == "service" for step in steps)] += 1
         self.last_steps, self.last_verdict = list(steps), verdict
         self.last_violations = list(violations)
         if not verdict.clean and self.first_failure_examples is None:

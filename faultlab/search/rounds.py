@@ -46,7 +46,7 @@ from faultlab.search.recorder import Recorder
 from faultlab.search.schedules import DEFAULT_SCHEDULER
 from faultlab.search.streams import Shard, round_seed
 from faultlab.system.contract import System
-from faultlab.trace import LaneStep, Step, Verdict
+from faultlab.trace import Verdict
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ class Totals:
     operations: Counter[int] = field(default_factory=Counter)
     deliveries: Counter[int] = field(default_factory=Counter)
 
-    def add(self, recorder: Recorder[Step] | Recorder[LaneStep]) -> None:
+    def add(self, recorder: Recorder) -> None:
         self.examples += recorder.examples
         self.steps += recorder.steps
         self.processes += recorder.processes
@@ -179,7 +179,7 @@ def run_stream(
     def expired() -> bool:
         return stop() or (ends is not None and time.monotonic() >= ends)
 
-    def live(recorder: Recorder[Step] | Recorder[LaneStep]) -> None:
+    def live(recorder: Recorder) -> None:
         if progress is not None:
             snapshot = Totals(**vars(totals))
             snapshot.add(recorder)

@@ -32,7 +32,7 @@ from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
 from faultlab.run.interleaving import ConcurrentExecution, LaneExecutor
 from faultlab.search.coverage import Coverage
 from faultlab.system.contract import System
-from faultlab.trace import LaneStep
+from faultlab.trace import Step
 
 PAYLOAD: dict[str, Any] = {"title": "backlog"}
 #: The clock advance a ``tick`` choice makes: past any lease of the reference's length.
@@ -51,7 +51,7 @@ class ConcurrentEnumeration:
     states: int = 0
     steps: int = 0
     seconds: float = 0.0
-    finding: list[LaneStep] | None = None
+    finding: list[Step] | None = None
     execution: ConcurrentExecution | None = None
     by_depth: dict[int, int] = field(default_factory=dict)
     #: crash points armed and fired and the invariants that had something to check, counted
@@ -60,35 +60,35 @@ class ConcurrentEnumeration:
     coverage: Coverage = field(default_factory=Coverage)
 
 
-def workload(operations: int) -> list[LaneStep]:
-    return [LaneStep("run", 1, "accept", f"op-{n}", PAYLOAD) for n in range(1, operations + 1)]
+def workload(operations: int) -> list[Step]:
+    return [Step("accept", f"op-{n}", PAYLOAD, lane=1) for n in range(1, operations + 1)]
 
 
-def _choices(executor: LaneExecutor, steps: list[LaneStep], crashes: int,
-             ticks: int, operations: int, acceptors: int) -> list[LaneStep]:
+def _choices(executor: LaneExecutor, steps: list[Step], crashes: int,
+             ticks: int, operations: int, acceptors: int) -> list[Step]:
     kills = sum(step.action == "kill" for step in steps)
     advanced = sum(step.action == "tick" for step in steps)
-    held = sum(step.action == "start" and step.role == "accept" for step in steps)
-    found: list[LaneStep] = []
-    acceptor: list[LaneStep] = []  # tried last at each depth: the workload's own work first
+    held = sum(step.hold and step.action == "accept" for step in steps)
+    found: list[Step] = []
+    acceptor: list[Step] = []  # tried last at each depth: the workload's own work first
     for number in range(1, executor.concurrency + 1):
         lane = executor.lanes.get(number)
         if lane is None or not lane.alive:
-            found.append(LaneStep("start", number, "dispatch"))
+            found.append(Step("dispatch", lane=number, hold=True))
             if "op-1" in executor.model.acknowledged:
                 # as the search machines do: a second delivery of an accepted operation
                 # (of one never acknowledged, KEY would blame the system for faultlab's
                 # own delivery)
-                found.append(LaneStep("start", number, "service", "op-1", PAYLOAD))
+                found.append(Step("service", "op-1", PAYLOAD, lane=number, hold=True))
             if held < acceptors:
-                acceptor.append(LaneStep("start", number, "accept",
-                                         f"op-{operations + held + 1}", PAYLOAD))
+                acceptor.append(Step("accept", f"op-{operations + held + 1}", PAYLOAD,
+                                     lane=number, hold=True))
         elif lane.status == "held" and not lane.paused:
-            found.append(LaneStep("release", number))
+            found.append(Step("release", lane=number))
             if kills < crashes:
-                found.append(LaneStep("kill", number))
+                found.append(Step("kill", lane=number))
     if advanced < ticks and any(lane.alive for lane in executor.lanes.values()):
-        found.append(LaneStep("tick", ticks=TICK))
+        found.append(Step("tick", ticks=TICK))
     return found + acceptor
 
 
@@ -103,10 +103,10 @@ def _state(executor: LaneExecutor) -> tuple[Any, ...]:
     return executor.snapshot, lanes, claims, clock, tuple(executor.model.acknowledged.items())
 
 
-def _run(system: System, prefix: list[LaneStep], choices: list[LaneStep], *, concurrency: int,
+def _run(system: System, prefix: list[Step], choices: list[Step], *, concurrency: int,
          deduplication: bool, spawn: SpawnMode, deadline: float, crashes: int, ticks: int,
          operations: int, acceptors: int, coverage: Coverage,
-         ) -> tuple[ConcurrentExecution, tuple[Any, ...] | None, list[LaneStep]]:
+         ) -> tuple[ConcurrentExecution, tuple[Any, ...] | None, list[Step]]:
     """Run a sequence; its state before the recovery (None if it failed earlier) and the
     choices that follow from that state. Counts its steps (its recovery's too) in
     ``coverage``."""
@@ -145,9 +145,9 @@ def enumerate_concurrent(
     started = time.monotonic()
     prefix = workload(operations)
     seen: set[tuple[Any, ...]] = set()
-    frontier: list[list[LaneStep]] = [[]]
+    frontier: list[list[Step]] = [[]]
     for depth in range(max_steps + 1):
-        following: list[list[LaneStep]] = []
+        following: list[list[Step]] = []
         for choices in frontier:
             steps = prefix + choices
             execution, state, nexts = _run(

@@ -1,6 +1,6 @@
 """``explore --concurrency N``: a Hypothesis state machine whose rules are scheduling choices.
 
-With N lanes, each rule is one :class:`faultlab.trace.LaneStep`: start a
+With N lanes, each rule is one :class:`faultlab.trace.Step`: start a
 worker in a free lane (it runs to its first point and holds: a dispatcher, a direct
 delivery, or the acceptor of a new operation) or run one to its end, release a held
 lane to its next point, finish it, SIGKILL it where it is, SIGSTOP/SIGCONT it, or
@@ -46,11 +46,7 @@ from faultlab.search.machine import (
 )
 from faultlab.search.recorder import Recorder
 from faultlab.system import load_system
-from faultlab.trace import (
-    DROP_CONNECTION,
-    SERVER_CRASH,
-    LaneStep,
-)
+from faultlab.trace import DROP_CONNECTION, SERVER_CRASH, Step
 
 #: How many points a rescue's or overtake's holder is released past until it holds its
 #: claim (:meth:`ConcurrentMachine.release_until_claimed`).
@@ -80,7 +76,7 @@ class ConcurrentMachine(TraceMachine):
     #: One of SCHEDULERS; ``steps`` is the example's length, where PCT's change points lie.
     scheduler: ClassVar[str] = "uniform"
     steps: ClassVar[int] = 10
-    recorder: ClassVar[Recorder[LaneStep]]
+    recorder: ClassVar[Recorder]
     payload_source: ClassVar[st.SearchStrategy[Any]] = generated.default_payloads()
 
     def __init__(self) -> None:
@@ -112,7 +108,7 @@ class ConcurrentMachine(TraceMachine):
         steps = [o.step for o in self.executor.observations if o.phase == "step"]
         return steps, self.executor.processes, "LIVE" in self.executor.checked
 
-    def execute(self, step: LaneStep) -> None:
+    def execute(self, step: Step) -> None:
         self.run_step(step)
         moved = self.executor.lanes.get(step.lane) if step.lane is not None else None
         if self.priorities is not None and moved is not None and moved.alive \
@@ -167,7 +163,7 @@ class ConcurrentMachine(TraceMachine):
             if holder.status != "held" or holder.paused or any(
                     claim.worker == worker for claim in self.executor.history.claims):
                 return
-            self.execute(LaneStep("release", lane))
+            self.execute(Step("release", lane=lane))
 
     def accepted(self) -> list[str]:
         return [op.id for op in self.executor.snapshot.operations if op.id in self.payloads]
@@ -190,9 +186,9 @@ class ConcurrentMachine(TraceMachine):
         (an acceptance that commits late). Held inside its transaction it makes other
         writers wait: they show as blocked, and the schedule goes on with the lanes that
         can move."""
-        self.new_acceptor(data, "start" if held else "run")
+        self.new_acceptor(data, hold=held)
 
-    def new_acceptor(self, data: st.DataObject, action: str, crash: str | None = None,
+    def new_acceptor(self, data: st.DataObject, *, hold: bool, crash: str | None = None,
                      title: str | None = None) -> None:
         """Accept a new operation, its id and payload drawn as the sequential machine draws
         them (:class:`faultlab.search.machine.NewOperations`: the system's declared data or
@@ -218,7 +214,7 @@ class ConcurrentMachine(TraceMachine):
                        "title": data.draw(st.sampled_from(self.titles), label="title")}
         lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
         self.payloads[operation_id] = payload
-        self.execute(LaneStep(action, lane, "accept", operation_id, payload, crash=crash))
+        self.execute(Step("accept", operation_id, payload, crash, lane=lane, hold=hold))
 
     @precondition(lambda self: bool(self.free_lanes()) and bool(self.all_points))
     @rule(data=st.data(), through=st.booleans())
@@ -233,22 +229,21 @@ class ConcurrentMachine(TraceMachine):
         if self.enabled_points is None:
             self.enabled_points = data.draw(swarm(self.all_points), label="swarm")
         point = generated.fair_choice(data, self.enabled_points, self.history(), "crash point")
-        action = "run" if through else "start"
         if point in type(self).accept_points:
-            self.new_acceptor(data, action, crash=point)
+            self.new_acceptor(data, hold=not through, crash=point)
             return
         if not self.has_pending_work():
-            self.new_acceptor(data, "run")
+            self.new_acceptor(data, hold=False)
             if not self.free_lanes():
                 return  # the acceptor blocked on a lock another lane holds: no lane left
         lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
-        self.execute(LaneStep(action, lane, "dispatch", crash=point))
+        self.execute(Step("dispatch", crash=point, lane=lane, hold=not through))
 
     def accept_first(self, data: st.DataObject) -> bool:
         """Accept new work for a rule that needs some pending (rescue, overtake); False when
         the acceptor did not leave two lanes free (it blocked on a lock another lane holds):
         the rule then has nothing more to do."""
-        self.new_acceptor(data, "run")
+        self.new_acceptor(data, hold=False)
         return len(self.free_lanes()) >= 2 and self.has_pending_work()
 
     @precondition(lambda self: bool(self.free_lanes()) and bool(self.payloads))
@@ -258,8 +253,7 @@ class ConcurrentMachine(TraceMachine):
         that holds at its first point, to be released, killed or paused (only once some
         operation was accepted: before that it can only report idle)."""
         lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
-        action = "start" if held and self.has_pending_work() else "run"
-        self.execute(LaneStep(action, lane, "dispatch"))
+        self.execute(Step("dispatch", lane=lane, hold=held and self.has_pending_work()))
 
     @precondition(lambda self: bool(self.free_lanes()) and (bool(self.leases()) or (
         len(self.free_lanes()) >= 2)))
@@ -277,16 +271,16 @@ class ConcurrentMachine(TraceMachine):
             if not self.has_pending_work() and not self.accept_first(data):
                 return
             lane = data.draw(st.sampled_from(self.free_lanes()), label="holder")
-            self.execute(LaneStep("start", lane, "dispatch"))
+            self.execute(Step("dispatch", lane=lane, hold=True))
             self.release_until_claimed(lane)
             if not self.leases() or not self.free_lanes():
                 return  # it held no lease (idle, or no lease to lapse): nothing to rescue
         ticks, holder = self.leases()[0]
-        self.execute(LaneStep("tick", ticks=ticks))
+        self.execute(Step("tick", ticks=ticks))
         lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
-        self.execute(LaneStep("start", lane, "dispatch"))
+        self.execute(Step("dispatch", lane=lane, hold=True))
         if wake and holder in self.held_lanes():
-            self.execute(LaneStep("finish", holder))
+            self.execute(Step("finish", lane=holder))
 
     @precondition(lambda self: len(self.free_lanes()) >= 2)
     @rule(data=st.data())
@@ -299,7 +293,7 @@ class ConcurrentMachine(TraceMachine):
         if not self.has_pending_work() and not self.accept_first(data):
             return
         lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
-        self.execute(LaneStep("start", lane, "dispatch"))
+        self.execute(Step("dispatch", lane=lane, hold=True))
         self.release_until_claimed(lane)
         holder = self.executor.lanes[lane]
         if holder.status != "held" or not self.free_lanes():
@@ -308,10 +302,10 @@ class ConcurrentMachine(TraceMachine):
                    if claim.worker == holder.worker]
         payload = self.payloads.get(claimed[-1]) if claimed else None
         key = payload.get("title") if isinstance(payload, dict) else None
-        self.new_acceptor(data, "run", title=key if isinstance(key, str) else None)
+        self.new_acceptor(data, hold=False, title=key if isinstance(key, str) else None)
         if holder.alive and self.free_lanes():
             lane = data.draw(st.sampled_from(self.free_lanes()), label="second relay")
-            self.execute(LaneStep("start", lane, "dispatch"))
+            self.execute(Step("dispatch", lane=lane, hold=True))
 
     @precondition(lambda self: bool(self.free_lanes()) and bool(self.accepted()))
     @rule(data=st.data())
@@ -319,8 +313,8 @@ class ConcurrentMachine(TraceMachine):
         """A direct second delivery of an accepted operation, held at its first point."""
         lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
         operation_id = data.draw(st.sampled_from(self.accepted()), label="operation")
-        self.execute(LaneStep("start", lane, "service", operation_id,
-                              self.payloads[operation_id]))
+        self.execute(Step("service", operation_id, self.payloads[operation_id], lane=lane,
+                          hold=True))
 
     @precondition(lambda self: len(self.free_lanes()) >= 2)
     @rule(data=st.data())
@@ -329,9 +323,9 @@ class ConcurrentMachine(TraceMachine):
         point while a later one runs to its end in another lane, so the later commits
         first (positions or ids taken in one order, committed in the other). Drawn from two
         accept rules in a row, this took about 100 examples."""
-        self.new_acceptor(data, "start")
+        self.new_acceptor(data, hold=True)
         if self.free_lanes():
-            self.new_acceptor(data, "run")
+            self.new_acceptor(data, hold=False)
 
     @precondition(lambda self: len(self.free_lanes()) >= 2)
     @rule(data=st.data())
@@ -342,7 +336,7 @@ class ConcurrentMachine(TraceMachine):
         after accepting one when none is. Drawn from two service rules in a row, this took
         about 70 examples."""
         if not self.accepted():
-            self.new_acceptor(data, "run")
+            self.new_acceptor(data, hold=False)
         accepted = self.accepted()
         if not accepted:
             return  # the acceptor blocked or failed: nothing to deliver
@@ -351,8 +345,8 @@ class ConcurrentMachine(TraceMachine):
             if not self.free_lanes():
                 return  # the first delivery blocked another lane's worker
             lane = data.draw(st.sampled_from(self.free_lanes()), label=label)
-            self.execute(LaneStep("start", lane, "service", operation_id,
-                                  self.payloads[operation_id]))
+            self.execute(Step("service", operation_id, self.payloads[operation_id], lane=lane,
+                              hold=True))
 
     @precondition(lambda self: bool(self.held_lanes()))
     @rule(data=st.data(), to_end=st.booleans())
@@ -360,7 +354,7 @@ class ConcurrentMachine(TraceMachine):
         """A held lane moves to its next point (``release``) or, ``to_end``, runs to its end
         (``finish``)."""
         lane = data.draw(st.sampled_from(self.held_lanes()))
-        self.execute(LaneStep("finish" if to_end else "release", lane))
+        self.execute(Step("finish" if to_end else "release", lane=lane))
 
     @precondition(lambda self: bool(self.lanes_where(lambda lane: True)))
     @rule(data=st.data())
@@ -377,13 +371,13 @@ class ConcurrentMachine(TraceMachine):
         choices = ("kill", "resume") if state.paused else \
             ("kill",) if state.status == "blocked" else ("kill", "pause")
         action = data.draw(st.sampled_from(choices))
-        self.execute(LaneStep(action, lane))
+        self.execute(Step(action, lane=lane))
 
     @precondition(lambda self: bool(self.lanes_where(lambda lane: True)))
     @rule(ticks=st.sampled_from(TICKS))
     def tick(self, ticks: int) -> None:
         """Time only matters while a worker is alive (a lease held, a delay pending)."""
-        self.execute(LaneStep("tick", ticks=ticks))
+        self.execute(Step("tick", ticks=ticks))
 
 
 def _schedule_rule(scheduler: str) -> Any:
@@ -428,7 +422,7 @@ def _server_crash_rule() -> Any:
     workers live on (held, blocked or paused), each meeting its dead connection next."""
 
     def server_crash(self: ConcurrentMachine) -> None:
-        self.execute(LaneStep(SERVER_CRASH))
+        self.execute(Step(SERVER_CRASH))
 
     # before the first accept there is nothing a crash could lose
     return precondition(lambda self: bool(self.payloads))(rule()(server_crash))
@@ -439,7 +433,7 @@ def _power_rule() -> Any:
     stores keep what the drawn choice keeps of their unsynced writes (as sequentially)."""
 
     def power(self: ConcurrentMachine, choice: dict[str, Any]) -> None:
-        self.execute(LaneStep.power(choice))
+        self.execute(Step.power(choice))
 
     # before the first accept there is nothing a cut could lose, as sequentially
     return precondition(lambda self: bool(self.payloads))(
@@ -452,7 +446,7 @@ def _drop_connection_rule() -> Any:
 
     def drop_connection(self: ConcurrentMachine, data: st.DataObject) -> None:
         lane = data.draw(st.sampled_from(self.lanes_where(lambda lane: True)))
-        self.execute(LaneStep(DROP_CONNECTION, lane))
+        self.execute(Step(DROP_CONNECTION, lane=lane))
 
     alive = precondition(lambda self: bool(self.lanes_where(lambda lane: True)))
     return alive(rule(data=st.data())(drop_connection))
@@ -461,7 +455,7 @@ def _drop_connection_rule() -> Any:
 def concurrent_machine(
     system_ref: str, *, concurrency: int, deduplication: bool = True, spawn: SpawnMode = "fork",
     deadline: float = DEFAULT_DEADLINE, examples: int = 100, steps: int = 10,
-    recorder: Recorder[LaneStep] | None = None, statement_points: bool = False,
+    recorder: Recorder | None = None, statement_points: bool = False,
     scheduler: str = DEFAULT_SCHEDULER, power_loss: bool = False,
 ) -> type[ConcurrentMachine]:
     check_scheduler(scheduler)
@@ -484,7 +478,7 @@ def concurrent_machine(
     Machine.draw_data_of(system)  # the system's own payloads and ids, as sequentially
     Machine.accept_points = tuple(p.name for p in system.points_for("accept"))
     Machine.dispatch_points = tuple(p.name for p in system.points_for("dispatch"))
-    Machine.recorder = recorder if recorder is not None else Recorder[LaneStep]()
+    Machine.recorder = recorder if recorder is not None else Recorder()
     if server_crashes_possible(system):  # on a private server only, as sequentially
         Machine.server_crash = _server_crash_rule()
         Machine.drop_connection = _drop_connection_rule()

@@ -31,19 +31,18 @@ from faultlab.base.canonical import canonical_json
 from faultlab.run.executor import Execution
 from faultlab.run.interleaving import ConcurrentExecution
 from faultlab.search.simplify import simplify_data
-from faultlab.trace import MAX_TICKS, POWER, STARTS, ConcurrentTrace, LaneStep, Step, Trace
+from faultlab.trace import MAX_TICKS, POWER, Step, Trace
 
 #: The choice a power step shrinks to: no unsynced write survived.
 DROP_ALL = {"kind": "drop_all"}
 
-S = TypeVar("S", Step, LaneStep)
 E = TypeVar("E", Execution, ConcurrentExecution)
 
 #: Executes a sequential candidate on fresh stores.
 Run = Callable[[list[Step]], Execution]
 #: Executes a concurrent candidate on fresh stores, leniently (a step the candidate left
 #: without its worker is dropped); ``None`` when the candidate cannot run at all.
-LaneRun = Callable[[list[LaneStep]], ConcurrentExecution | None]
+LaneRun = Callable[[list[Step]], ConcurrentExecution | None]
 
 
 def machine_could_draw(execution: Execution) -> bool:
@@ -71,13 +70,13 @@ def lanes_could_draw(execution: ConcurrentExecution) -> bool:
     holds."""
     for observation in execution.observations:
         step = observation.step
-        if step.action in STARTS and step.role == "service" and step.operation_id is not None \
+        if step.action == "service" and step.operation_id is not None \
                 and observation.before.operation(step.operation_id) is None:
             return False
     return True
 
 
-def executed(execution: ConcurrentExecution) -> list[LaneStep]:
+def executed(execution: ConcurrentExecution) -> list[Step]:
     """A concurrent trace's own steps up to the failing check (all of them for a final
     LIVE): its recovery is implicit, the same for every trace."""
     verdict = execution.verdict
@@ -94,40 +93,40 @@ def length(execution: Execution | ConcurrentExecution) -> int:
     return len(execution.executed_prefix())
 
 
-def _key(steps: list[S]) -> tuple[str, ...]:
+def _key(steps: list[Step]) -> tuple[str, ...]:
     return tuple(canonical_json(step.to_json()) for step in steps)
 
 
 @dataclass(frozen=True)
-class Shrunk(Generic[S, E]):
+class Shrunk(Generic[E]):
     """Where shrinking stands: the steps kept, their execution, and its size."""
 
-    steps: list[S]
+    steps: list[Step]
     execution: E
     size: int
 
 
 @dataclass
-class Shrinker(Generic[S, E]):
+class Shrinker(Generic[E]):
     """The engine: a cached ``run`` and how a kind of trace is measured and judged.
 
     ``size_of`` measures an execution (what a shorter finding means), ``kept`` gives the
     steps to keep of a failing candidate, ``could_draw`` refuses a candidate the state
     machine could never have drawn (it would fail on a correct system too)."""
 
-    run: Callable[[list[S]], E | None]
+    run: Callable[[list[Step]], E | None]
     size_of: Callable[[E], int]
-    kept: Callable[[E, list[S]], list[S]]
+    kept: Callable[[E, list[Step]], list[Step]]
     could_draw: Callable[[E], bool]
     cache: dict[tuple[str, ...], E | None] = field(default_factory=dict)
 
-    def execute(self, candidate: list[S]) -> E | None:
+    def execute(self, candidate: list[Step]) -> E | None:
         key = _key(candidate)
         if key not in self.cache:
             self.cache[key] = self.run(candidate)
         return self.cache[key]
 
-    def attempt(self, candidate: list[S], bound: int) -> Shrunk[S, E] | None:
+    def attempt(self, candidate: list[Step], bound: int) -> Shrunk[E] | None:
         """The candidate as the new state, if it still fails in fewer than ``bound``."""
         result = self.execute(candidate)
         if result is None or result.verdict.clean or not self.could_draw(result):
@@ -137,13 +136,13 @@ class Shrinker(Generic[S, E]):
             return None
         return Shrunk(self.kept(result, candidate), result, size)
 
-    def start(self, steps: list[S], execution: E, kept: list[S]) -> Shrunk[S, E]:
+    def start(self, steps: list[Step], execution: E, kept: list[Step]) -> Shrunk[E]:
         """Shrinking begins: ``steps`` ran as ``execution``, of which ``kept`` are kept."""
         self.cache.setdefault(_key(steps), execution)
         return Shrunk(kept, execution, self.size_of(execution))
 
 
-def delete(shrinker: Shrinker[S, E], state: Shrunk[S, E]) -> Shrunk[S, E]:
+def delete(shrinker: Shrinker[E], state: Shrunk[E]) -> Shrunk[E]:
     """Delta debugging: remove chunks of half the steps, then quarters, down to single
     steps, while the trace still fails shorter."""
     chunk = max(1, len(state.steps) // 2)
@@ -163,16 +162,16 @@ def delete(shrinker: Shrinker[S, E], state: Shrunk[S, E]) -> Shrunk[S, E]:
             chunk = max(1, chunk // 2)
 
 
-def simpler(step: S) -> Iterator[S]:
+def simpler(step: Step) -> Iterator[Step]:
     """The simpler forms of one step: a power cut that keeps no unsynced write (the
     simplest choice), an armed step without its crash."""
     if step.action == POWER and step.choice != DROP_ALL:
-        yield type(step).power(DROP_ALL)
+        yield Step.power(DROP_ALL)
     if step.crash is not None:
         yield replace(step, crash=None)
 
 
-def simplify_one(shrinker: Shrinker[S, E], state: Shrunk[S, E]) -> Shrunk[S, E] | None:
+def simplify_one(shrinker: Shrinker[E], state: Shrunk[E]) -> Shrunk[E] | None:
     """The first step that fails in a simpler form (as long a trace is simpler too), or
     ``None`` when no step can be simpler."""
     steps = state.steps
@@ -185,7 +184,7 @@ def simplify_one(shrinker: Shrinker[S, E], state: Shrunk[S, E]) -> Shrunk[S, E] 
     return None
 
 
-def simplify_each(shrinker: Shrinker[S, E], state: Shrunk[S, E]) -> Shrunk[S, E]:
+def simplify_each(shrinker: Shrinker[E], state: Shrunk[E]) -> Shrunk[E]:
     """Each step in its simpler form, deleting again after each that still fails."""
     index = 0
     while index < len(state.steps):
@@ -201,9 +200,9 @@ def simplify_each(shrinker: Shrinker[S, E], state: Shrunk[S, E]) -> Shrunk[S, E]
     return state
 
 
-def promote(shrinker: Shrinker[LaneStep, ConcurrentExecution],
-            state: Shrunk[LaneStep, ConcurrentExecution]
-            ) -> Shrunk[LaneStep, ConcurrentExecution]:
+def promote(shrinker: Shrinker[ConcurrentExecution],
+            state: Shrunk[ConcurrentExecution]
+            ) -> Shrunk[ConcurrentExecution]:
     """A worker started (held) and later released to its end is a worker run: try each
     ``start`` as a ``run`` (deletion then drops the steps left moving its ended lane)."""
     index = 0
@@ -211,9 +210,9 @@ def promote(shrinker: Shrinker[LaneStep, ConcurrentExecution],
         steps = state.steps
         step = steps[index]
         index += 1
-        if step.action != "start":
+        if not step.hold:
             continue
-        found = shrinker.attempt(steps[:index - 1] + [replace(step, action="run")]
+        found = shrinker.attempt(steps[:index - 1] + [replace(step, hold=False)]
                                  + steps[index:], state.size + 1)
         if found is None:
             continue
@@ -223,9 +222,9 @@ def promote(shrinker: Shrinker[LaneStep, ConcurrentExecution],
     return state
 
 
-def merge_ticks(shrinker: Shrinker[LaneStep, ConcurrentExecution],
-                state: Shrunk[LaneStep, ConcurrentExecution]
-                ) -> Shrunk[LaneStep, ConcurrentExecution]:
+def merge_ticks(shrinker: Shrinker[ConcurrentExecution],
+                state: Shrunk[ConcurrentExecution]
+                ) -> Shrunk[ConcurrentExecution]:
     """Two clock advances in a row are one: ``tick(a), tick(b)`` as ``tick(a + b)``
     (deletion cannot merge them: either alone falls short of the lease)."""
     index = 0
@@ -243,15 +242,15 @@ def merge_ticks(shrinker: Shrinker[LaneStep, ConcurrentExecution],
     return state
 
 
-def rename(step: LaneStep, renaming: tuple[int, ...]) -> LaneStep:
+def rename(step: Step, renaming: tuple[int, ...]) -> Step:
     """The same step on the lane ``renaming`` maps it to (lane n becomes renaming[n-1])."""
     if step.lane is None:
         return step
     return replace(step, lane=renaming[step.lane - 1])
 
 
-def _sequential(shrinker: Shrinker[Step, Execution],
-                state: Shrunk[Step, Execution]) -> Shrunk[Step, Execution]:
+def _sequential(shrinker: Shrinker[Execution],
+                state: Shrunk[Execution]) -> Shrunk[Execution]:
     """Delete, then make one step simpler, again until neither shortens nor simplifies."""
     while True:
         state = delete(shrinker, state)
@@ -261,9 +260,9 @@ def _sequential(shrinker: Shrinker[Step, Execution],
         state = simplified
 
 
-def _schedule(shrinker: Shrinker[LaneStep, ConcurrentExecution],
-              state: Shrunk[LaneStep, ConcurrentExecution]
-              ) -> Shrunk[LaneStep, ConcurrentExecution]:
+def _schedule(shrinker: Shrinker[ConcurrentExecution],
+              state: Shrunk[ConcurrentExecution]
+              ) -> Shrunk[ConcurrentExecution]:
     """The moves in turn, again while a round shortened the trace: a simplified step or a
     promoted start can open a deletion an earlier move could not make."""
     while True:
@@ -274,9 +273,9 @@ def _schedule(shrinker: Shrinker[LaneStep, ConcurrentExecution],
         state = smaller
 
 
-def _renamed(shrinker: Shrinker[LaneStep, ConcurrentExecution],
-             state: Shrunk[LaneStep, ConcurrentExecution], lanes: int
-             ) -> Shrunk[LaneStep, ConcurrentExecution]:
+def _renamed(shrinker: Shrinker[ConcurrentExecution],
+             state: Shrunk[ConcurrentExecution], lanes: int
+             ) -> Shrunk[ConcurrentExecution]:
     """Lanes are interchangeable, but the final recovery finishes them in lane order: the
     same interleaving with the lanes renamed may need fewer choices. Try each renaming,
     shrink it, keep it only if it ends shorter."""
@@ -293,12 +292,12 @@ def _renamed(shrinker: Shrinker[LaneStep, ConcurrentExecution],
     return state
 
 
-def _data(shrinker: Shrinker[S, E], state: Shrunk[S, E]) -> Shrunk[S, E]:
+def _data(shrinker: Shrinker[E], state: Shrunk[E]) -> Shrunk[E]:
     """Simpler data at the same length is a simpler finding too: ids renamed op-1, op-2, ...
     (a look-alike pair kept together), payloads made as plain as they can be."""
     current = [state]
 
-    def attempt_as_long(candidate: list[S]) -> list[S] | None:
+    def attempt_as_long(candidate: list[Step]) -> list[Step] | None:
         found = shrinker.attempt(candidate, current[0].size + 1)
         if found is None:
             return None
@@ -309,7 +308,7 @@ def _data(shrinker: Shrinker[S, E], state: Shrunk[S, E]) -> Shrunk[S, E]:
     return replace(current[0], steps=steps)
 
 
-def _sequential_shrinker(run: Run) -> Shrinker[Step, Execution]:
+def _sequential_shrinker(run: Run) -> Shrinker[Execution]:
     def kept(result: Execution, candidate: list[Step]) -> list[Step]:
         """A step failure keeps the steps up to it; a final one keeps the trace's own steps
         (replay recomputes the recovery)."""
@@ -319,7 +318,7 @@ def _sequential_shrinker(run: Run) -> Shrinker[Step, Execution]:
     return Shrinker(run, length, kept, machine_could_draw)
 
 
-def _schedule_shrinker(run: LaneRun) -> Shrinker[LaneStep, ConcurrentExecution]:
+def _schedule_shrinker(run: LaneRun) -> Shrinker[ConcurrentExecution]:
     return Shrinker(run, length, lambda result, _candidate: executed(result),
                     lanes_could_draw)
 
@@ -329,14 +328,14 @@ def minimise(trace: Trace, execution: Execution, run: Run) -> tuple[Trace, Execu
 
 
 @overload
-def minimise(trace: ConcurrentTrace, execution: ConcurrentExecution, run: LaneRun
-             ) -> tuple[ConcurrentTrace, ConcurrentExecution]: ...
+def minimise(trace: Trace, execution: ConcurrentExecution, run: LaneRun
+             ) -> tuple[Trace, ConcurrentExecution]: ...
 
 
 def minimise(
-    trace: Trace | ConcurrentTrace, execution: Execution | ConcurrentExecution,
+    trace: Trace, execution: Execution | ConcurrentExecution,
     run: Run | LaneRun,
-) -> tuple[Trace, Execution] | tuple[ConcurrentTrace, ConcurrentExecution]:
+) -> tuple[Trace, Execution] | tuple[Trace, ConcurrentExecution]:
     """Shrink a failing trace while it still fails (any invariant) and stays a trace the
     state machine could draw; return the shrunk trace and the execution that showed it.
 
@@ -346,7 +345,7 @@ def minimise(
     shows. A sequential trace that cannot shrink comes back as it was; a concurrent one's
     execution is a lenient one (the caller replays the shrunk trace as it is saved).
     """
-    if isinstance(trace, ConcurrentTrace):
+    if trace.laned:
         if not isinstance(execution, ConcurrentExecution):
             raise TypeError("a concurrent trace needs its concurrent execution")
         lanes = _schedule_shrinker(run)  # type: ignore[arg-type]

@@ -25,28 +25,23 @@ import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 from faultlab.base.canonical import canonical_json
-from faultlab.trace import LaneStep, Step
+from faultlab.trace import Step
 
 ATTEMPTS = 60
 _OP_N = re.compile(r"op-[0-9]+")
 TWO_53_PLUS_1 = 2**53 + 1
 PARCEL = "\U0001f4e6"
 
-#: A sequential trace's steps or a concurrent one's: the data are the operation ids and
-#: payloads either kind carries (a concurrent trace's ``run``/``start`` of a worker).
-S = TypeVar("S", Step, LaneStep)
-
-
-def simplify_data(steps: list[S], attempt: Callable[[list[S]], list[S] | None],
-                  budget: int = ATTEMPTS) -> list[S]:
+def simplify_data(steps: list[Step], attempt: Callable[[list[Step]], list[Step] | None],
+                  budget: int = ATTEMPTS) -> list[Step]:
     """The simplest data for ``steps`` that still fails; ``attempt`` returns the kept steps
     of a failing candidate or ``None``."""
     remaining = [budget]
 
-    def trying(candidate: list[S]) -> list[S] | None:
+    def trying(candidate: list[Step]) -> list[Step] | None:
         if remaining[0] <= 0 or candidate == steps:
             return None
         remaining[0] -= 1
@@ -88,7 +83,7 @@ def simplify_data(steps: list[S], attempt: Callable[[list[S]], list[S] | None],
     return steps
 
 
-def _ids(steps: list[S]) -> list[str]:
+def _ids(steps: list[Step]) -> list[str]:
     return list(dict.fromkeys(s.operation_id for s in steps if s.operation_id is not None))
 
 
@@ -97,7 +92,7 @@ _LOOKS: tuple[Callable[[str], str], ...] = (
 )
 
 
-def _lookalike_pairs(steps: list[S]) -> list[tuple[str, str, Callable[[str], str]]]:
+def _lookalike_pairs(steps: list[Step]) -> list[tuple[str, str, Callable[[str], str]]]:
     """Id pairs a finding may need together (``x`` and ``X``): renamed as a pair."""
     ids = _ids(steps)
     pairs = []
@@ -110,7 +105,7 @@ def _lookalike_pairs(steps: list[S]) -> list[tuple[str, str, Callable[[str], str
     return pairs
 
 
-def _rename(steps: list[S], old: str, new: str) -> list[S]:
+def _rename(steps: list[Step], old: str, new: str) -> list[Step]:
     # replace(): a power step keeps its choice
     return [replace(s, operation_id=new if s.operation_id == old else s.operation_id)
             for s in steps]
@@ -122,7 +117,7 @@ def _without_revision(payload: Any) -> Any:
     return payload
 
 
-def _payload_bases(steps: list[S]) -> list[Any]:
+def _payload_bases(steps: list[Step]) -> list[Any]:
     """Distinct payloads, a changed payload (``revision`` added) counted as its base."""
     plain = {canonical_json(s.payload): s.payload for s in steps if s.payload is not None}
     bases: dict[str, Any] = {}
@@ -133,10 +128,10 @@ def _payload_bases(steps: list[S]) -> list[Any]:
     return list(bases.values())
 
 
-def _replace_payload(steps: list[S], base: Any, new: Any) -> list[S] | None:
+def _replace_payload(steps: list[Step], base: Any, new: Any) -> list[Step] | None:
     """Every payload equal to ``base`` becomes ``new``; a derived one keeps its revision."""
     base_text = canonical_json(base)
-    out: list[S] = []
+    out: list[Step] = []
     for step in steps:
         payload = step.payload
         if payload is not None and canonical_json(payload) == base_text:

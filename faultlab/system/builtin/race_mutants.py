@@ -28,7 +28,7 @@ from faultlab.system.builtin.reference import (
     ReferenceOutbox,
 )
 from faultlab.system.contract import CrashPoint, WorkerContext
-from faultlab.trace import LaneStep
+from faultlab.trace import Step
 
 OP = "op-1"
 PAYLOAD: dict[str, Any] = {"title": "backlog", "priority": "normal"}
@@ -44,7 +44,7 @@ class ConcurrencyMutant(ReferenceOutbox):
     caught_by: tuple[str, ...] = ()
     concurrency: int = 2
     minimal_steps: int = 0
-    minimal_trace: tuple[LaneStep, ...] = ()
+    minimal_trace: tuple[Step, ...] = ()
     reported: str = ""
     #: False while ``mutants`` cannot yet judge it (explore with the zoo's seed and budget
     #: and enumerate with its fixed workload do not reach its trigger); it stays loadable by
@@ -64,10 +64,10 @@ class NoFencing(ConcurrencyMutant):
     # holds; the final recovery finishes lane 1 first: superseded, it completes anyway.
     minimal_steps = 4
     minimal_trace = (
-        LaneStep("run", 1, "accept", OP, PAYLOAD),
-        LaneStep("start", 1, "dispatch"),
-        LaneStep("tick", ticks=LEASE_TICKS),
-        LaneStep("start", 2, "dispatch"),
+        Step("accept", OP, PAYLOAD, lane=1),
+        Step("dispatch", lane=1, hold=True),
+        Step("tick", ticks=LEASE_TICKS),
+        Step("dispatch", lane=2, hold=True),
     )
 
     def complete(self, context: WorkerContext, operation_id: str, result: str) -> None:
@@ -97,9 +97,9 @@ class EagerRescue(ConcurrencyMutant):
     caught_by = ("EXCL",)
     minimal_steps = 3
     minimal_trace = (
-        LaneStep("run", 1, "accept", OP, PAYLOAD),
-        LaneStep("start", 1, "dispatch"),
-        LaneStep("start", 2, "dispatch"),
+        Step("accept", OP, PAYLOAD, lane=1),
+        Step("dispatch", lane=1, hold=True),
+        Step("dispatch", lane=2, hold=True),
     )
 
     def next_pending(self, connection: sqlite3.Connection) -> tuple[str, str] | None:
@@ -130,10 +130,10 @@ class FinishAndFail(ConcurrencyMutant):
     # had lane 2 finished first, the failure would overwrite a completion (TERM).
     minimal_steps = 4
     minimal_trace = (
-        LaneStep("run", 1, "accept", OP, PAYLOAD),
-        LaneStep("start", 1, "dispatch"),
-        LaneStep("tick", ticks=LEASE_TICKS),
-        LaneStep("start", 2, "dispatch"),
+        Step("accept", OP, PAYLOAD, lane=1),
+        Step("dispatch", lane=1, hold=True),
+        Step("tick", ticks=LEASE_TICKS),
+        Step("dispatch", lane=2, hold=True),
     )
 
     def complete(self, context: WorkerContext, operation_id: str, result: str) -> None:
@@ -171,9 +171,9 @@ class StaleRescue(ConcurrencyMutant):
     # (claims, completes), then lane 2 writes its stale claim over the completed row.
     minimal_steps = 3
     minimal_trace = (
-        LaneStep("run", 1, "accept", OP, PAYLOAD),
-        LaneStep("start", 1, "dispatch"),
-        LaneStep("start", 2, "dispatch"),
+        Step("accept", OP, PAYLOAD, lane=1),
+        Step("dispatch", lane=1, hold=True),
+        Step("dispatch", lane=2, hold=True),
     )
     context: WorkerContext | None = None
 
@@ -214,10 +214,10 @@ class SkipLocked(ConcurrencyMutant):
     # finishes lane 1 first: op-2 gets ticket 1.
     minimal_steps = 4
     minimal_trace = (
-        LaneStep("run", 1, "accept", OP, PAYLOAD),
-        LaneStep("run", 1, "accept", "op-2", PAYLOAD),
-        LaneStep("start", 2, "dispatch"),
-        LaneStep("start", 1, "dispatch"),
+        Step("accept", OP, PAYLOAD, lane=1),
+        Step("accept", "op-2", PAYLOAD, lane=1),
+        Step("dispatch", lane=2, hold=True),
+        Step("dispatch", lane=1, hold=True),
     )
 
     def next_pending(self, connection: sqlite3.Connection) -> tuple[str, str] | None:
@@ -249,9 +249,9 @@ class RacyDedup(ConcurrencyMutant):
     # Both deliveries find no receipt and hold; recovery finishes both: two tickets.
     minimal_steps = 3
     minimal_trace = (
-        LaneStep("run", 1, "accept", OP, PAYLOAD),
-        LaneStep("start", 1, "service", OP, PAYLOAD),
-        LaneStep("start", 2, "service", OP, PAYLOAD),
+        Step("accept", OP, PAYLOAD, lane=1),
+        Step("service", OP, PAYLOAD, lane=1, hold=True),
+        Step("service", OP, PAYLOAD, lane=2, hold=True),
     )
 
     def service(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
@@ -294,10 +294,10 @@ class LeaseTimeFence(ConcurrencyMutant):
     # runs, so lane 1's check passes and it completes although superseded.
     minimal_steps = 4
     minimal_trace = (
-        LaneStep("run", 1, "accept", OP, PAYLOAD),
-        LaneStep("start", 1, "dispatch"),
-        LaneStep("tick", ticks=LEASE_TICKS),
-        LaneStep("start", 2, "dispatch"),
+        Step("accept", OP, PAYLOAD, lane=1),
+        Step("dispatch", lane=1, hold=True),
+        Step("tick", ticks=LEASE_TICKS),
+        Step("dispatch", lane=2, hold=True),
     )
 
     def complete(self, context: WorkerContext, operation_id: str, result: str) -> None:
@@ -371,8 +371,8 @@ class RelayCursor(ConcurrencyMutant):
     # order relays op-2 first and its mark passes op-1's position: op-1 is skipped for good.
     minimal_steps = 2
     minimal_trace = (
-        LaneStep("start", 2, "accept", OP, PAYLOAD),
-        LaneStep("start", 1, "accept", "op-2", PAYLOAD),
+        Step("accept", OP, PAYLOAD, lane=2, hold=True),
+        Step("accept", "op-2", PAYLOAD, lane=1, hold=True),
     )
     position: int = 0
 

@@ -37,7 +37,7 @@ from faultlab.base.wall_clock import EPOCH
 from faultlab.stores.sqlite import Snapshot
 from faultlab.system.builtin.reference import LEASE_TICKS, ORDERING_KEY, ClaimLost
 from faultlab.system.contract import CrashPoint, Refusal, System, WorkerContext
-from faultlab.trace import DROP_CONNECTION, SERVER_CRASH, LaneStep, Step
+from faultlab.trace import DROP_CONNECTION, SERVER_CRASH, Step
 
 CALLER = "caller"
 DOWNSTREAM = "downstream"
@@ -546,12 +546,12 @@ class NoFencingPg(ReferencePg):
     # Lane 1 claims (token 1: held inside the claim, then released past its commit) and
     # holds before the downstream call; its lease lapses; lane 2 claims (token 2) and
     # completes; the final recovery finishes lane 1: superseded, it completes anyway.
-    minimal_trace: tuple[LaneStep, ...] = (
-        LaneStep("run", 1, "accept", "op-1", {"title": "backlog", "priority": "normal"}),
-        LaneStep("start", 1, "dispatch"),
-        LaneStep("release", 1),
-        LaneStep("tick", ticks=LEASE_TICKS),
-        LaneStep("run", 2, "dispatch"),
+    minimal_trace: tuple[Step, ...] = (
+        Step("accept", "op-1", {"title": "backlog", "priority": "normal"}, lane=1),
+        Step("dispatch", lane=1, hold=True),
+        Step("release", lane=1),
+        Step("tick", ticks=LEASE_TICKS),
+        Step("dispatch", lane=2),
     )
     minimal_steps = len(minimal_trace)
 
@@ -634,11 +634,11 @@ class AdvisoryLockPg(ReferencePg):
     enumerable = False
     # Lane 1 claims op-1 (the advisory lock) and holds before the downstream call; the
     # server drops its sessions; lane 2's dispatcher gets the lock and claims op-1 too.
-    minimal_trace: tuple[LaneStep, ...] = (
-        LaneStep("run", 1, "accept", "op-1", {"title": "backlog", "priority": "normal"}),
-        LaneStep("start", 1, "dispatch"),
-        LaneStep(DROP_CONNECTION, 1),
-        LaneStep("run", 2, "dispatch"),
+    minimal_trace: tuple[Step, ...] = (
+        Step("accept", "op-1", {"title": "backlog", "priority": "normal"}, lane=1),
+        Step("dispatch", lane=1, hold=True),
+        Step(DROP_CONNECTION, lane=1),
+        Step("dispatch", lane=2),
     )
     minimal_steps = len(minimal_trace)
 
@@ -722,12 +722,12 @@ class ServerClockLeasePg(ReferencePg):
     #: Judged by ``mutants`` with two lanes on a private server of its own.
     private_server = True
     enumerable = False
-    minimal_trace: tuple[LaneStep, ...] = (
-        LaneStep("run", 1, "accept", "op-1", {"title": "backlog", "priority": "normal"}),
-        LaneStep("start", 1, "dispatch"),
-        LaneStep("release", 1),
-        LaneStep("tick", ticks=LEASE_TICKS),
-        LaneStep("run", 2, "dispatch"),
+    minimal_trace: tuple[Step, ...] = (
+        Step("accept", "op-1", {"title": "backlog", "priority": "normal"}, lane=1),
+        Step("dispatch", lane=1, hold=True),
+        Step("release", lane=1),
+        Step("tick", ticks=LEASE_TICKS),
+        Step("dispatch", lane=2),
     )
     minimal_steps = len(minimal_trace)
     #: Where this dispatcher believes its lease ends, on its own clock.
