@@ -13,7 +13,6 @@ from conftest import explore_lanes
 
 from faultlab.base.errors import UsageError
 from faultlab.run.interleaving import LaneExecutor, execute_concurrent
-from faultlab.search.shrink import executed
 from faultlab.stores.sqlite import BUSY_TIMEOUT
 from faultlab.system import System, concurrency_mutant_names, load_system
 from faultlab.system.builtin import registry
@@ -180,7 +179,7 @@ def test_concurrency_mutant_minimal_trace(name: str, reference: System) -> None:
     assert isinstance(system, ConcurrencyMutant) and name in concurrency_mutant_names()
     trace = list(system.minimal_trace)
     caught = execute_concurrent(system, trace, concurrency=system.concurrency)
-    assert len(executed(caught)) == system.minimal_steps == len(trace)
+    assert len(caught.executed_prefix()) == system.minimal_steps == len(trace)
     assert set(caught.verdict.invariants) <= set(system.caught_by)
     assert caught.verdict.invariants
     # lenient: a step the reference's lanes cannot take there (relay-cursor's second accept
@@ -208,7 +207,7 @@ def test_minimiser_turns_a_held_start_released_to_its_end_into_a_run() -> None:
     steps = [Step("accept", OP, P, lane=1, hold=True), Step("release", lane=1),
              Step("dispatch", lane=2, hold=True), Step("dispatch", lane=1)]
     execution = execute_concurrent(system, steps, concurrency=2)
-    assert not execution.verdict.clean and len(executed(execution)) == 4
+    assert not execution.verdict.clean and len(execution.executed_prefix()) == 4
     trace = Trace(system=system.ref, deduplication=True, concurrency=2, steps=steps,
                   expected=execution.verdict)
     shrunk, _ = minimise(trace, execution, lambda candidate: execute_concurrent(

@@ -22,7 +22,6 @@ from conftest import ROOT, require_private_postgres, require_service
 from faultlab.base import wall_clock
 from faultlab.base.errors import UsageError
 from faultlab.run.interleaving import LaneExecutor, execute_concurrent
-from faultlab.search.shrink import executed
 from faultlab.stores import postgres as pgstores
 from faultlab.stores.pgserver import PrivateServer
 from faultlab.system import concurrency_mutant_names, load_system
@@ -141,7 +140,7 @@ def test_server_clock_lease_pg_is_caught_at_its_minimal_trace_and_reference_pg_i
     assert mutant.name in concurrency_mutant_names()
     trace = list(mutant.minimal_trace)
     caught = execute_concurrent(mutant, trace, concurrency=mutant.concurrency)
-    assert len(executed(caught)) == mutant.minimal_steps == len(trace) == 5
+    assert len(caught.executed_prefix()) == mutant.minimal_steps == len(trace) == 5
     assert caught.verdict.invariants == ("FENCE",)
     clean = execute_concurrent(load_system("reference-pg"), trace, concurrency=2)
     assert clean.verdict.clean

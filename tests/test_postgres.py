@@ -25,7 +25,6 @@ from faultlab.base.wall_clock import EPOCH
 from faultlab.process.spawn import Spawner, child_environment
 from faultlab.run.executor import Executor, execute
 from faultlab.run.interleaving import LaneExecutor, execute_concurrent
-from faultlab.search.shrink import executed
 from faultlab.stores import postgres as pgstores
 from faultlab.stores.sqlite import StoreError
 from faultlab.system import load_system
@@ -474,7 +473,7 @@ def test_no_fencing_pg_is_caught_at_its_minimal_trace_and_reference_pg_is_not(
     mutant = load_system("no-fencing-pg")
     trace = list(mutant.minimal_trace)
     caught = execute_concurrent(mutant, trace, concurrency=mutant.concurrency)
-    assert len(executed(caught)) == mutant.minimal_steps == len(trace) == 5
+    assert len(caught.executed_prefix()) == mutant.minimal_steps == len(trace) == 5
     assert caught.verdict.invariants == ("FENCE",)
     # the receiver deduplicates, so one ticket: only the history (FENCE) shows the defect
     assert caught.observations[-1].snapshot.counts()["tickets"] == 1

@@ -12,8 +12,7 @@ from typing import Any
 from faultlab.checks.history import History
 from faultlab.checks.invariants import Model, Violation
 from faultlab.process.records import ProcessRecord
-from faultlab.run.executor import Execution, Observation
-from faultlab.run.interleaving import ConcurrentExecution, LaneObservation
+from faultlab.run.executor import Execution, Observation, worker_observation
 from faultlab.search.enumeration import history_for, state_key
 from faultlab.search.shrink import machine_could_draw, minimise
 from faultlab.stores.sqlite import Operation, Snapshot
@@ -32,8 +31,8 @@ def execution_of(steps: list[Step], fails: Callable[[list[Step]], int | None],
     observations = []
     for index, step in enumerate(steps, 1):
         violations = (Violation("ONE", "two tickets"),) if index == failing else ()
-        observations.append(Observation(index, step, RECORD, before or Snapshot(), Snapshot(),
-                                        violations))
+        observations.append(worker_observation(index, step, RECORD, before or Snapshot(),
+                                               Snapshot(), violations))
         if violations:
             break
     return Execution(observations, [])
@@ -113,7 +112,7 @@ def test_machine_could_draw_refuses_service_calls_the_rules_never_make() -> None
                                               '{"ticket_id":1}'),))
 
     def one(step: Step, before: Snapshot) -> Execution:
-        return Execution([Observation(1, step, RECORD, before, before, ())], [])
+        return Execution([worker_observation(1, step, RECORD, before, before, ())], [])
 
     assert machine_could_draw(one(service, pending))
     assert not machine_could_draw(one(service, Snapshot()))  # an operation the caller lacks
@@ -233,7 +232,7 @@ def test_state_key_sees_the_order_of_stored_wall_clock_times_not_their_values(
 
 
 def lane_execution(steps: list[Step], fails: Callable[[list[Step]], int | None]
-                   ) -> ConcurrentExecution:
+                   ) -> Execution:
     """A synthetic concurrent execution run leniently as shrinking runs one: a ``release``
     of a lane with no held worker is dropped; ``fails(ran)`` names the 1-based failing step."""
     ran: list[Step] = []
@@ -251,11 +250,10 @@ def lane_execution(steps: list[Step], fails: Callable[[list[Step]], int | None]
     for index, step in enumerate(ran, 1):
         violations = (Violation("FENCE", "a stale holder completed"),) if index == failing \
             else ()
-        observations.append(LaneObservation(index, step, (), (), Snapshot(), Snapshot(),
-                                            violations))
+        observations.append(Observation(index, step, Snapshot(), Snapshot(), violations))
         if violations:
             break
-    return ConcurrentExecution(observations, [])
+    return Execution(observations, [], lanes=2)
 
 
 ACCEPTED = {"title": "a"}
@@ -287,7 +285,7 @@ def test_one_shrinker_merges_ticks_and_turns_a_held_start_into_a_run_over_lanes(
              Step("dispatch", lane=2)]
     runs: list[tuple[str, ...]] = []
 
-    def run(steps: list[Step]) -> ConcurrentExecution:
+    def run(steps: list[Step]) -> Execution:
         runs.append(tuple(step.describe() for step in steps))
         return lane_execution(steps, needs_an_accept_ten_ticks_then_a_dispatch)
 

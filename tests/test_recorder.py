@@ -10,8 +10,8 @@ from faultlab.checks.invariants import (
     Violation,
 )
 from faultlab.process.records import ProcessRecord
-from faultlab.run.executor import Observation
-from faultlab.run.interleaving import LaneObservation
+from faultlab.run.executor import Observation, worker_observation
+from faultlab.run.interleaving import checks_after
 from faultlab.search.recorder import Recorder
 from faultlab.stores.sqlite import Snapshot
 from faultlab.trace import Step, Verdict
@@ -30,7 +30,7 @@ def test_a_one_lane_step_counts_its_sigkills_checks_and_fired_point() -> None:
     recorder: Recorder = Recorder()
     killed = _record(11, -9, {"exit_code": -9})  # the dispatcher and its service
     step = Step("dispatch", crash="after_downstream_commit")
-    recorder.observe(Observation(1, step, killed, Snapshot(), Snapshot(), ()))
+    recorder.observe(worker_observation(1, step, killed, Snapshot(), Snapshot(), ()))
     assert (recorder.steps, recorder.sigkills) == (1, 2)
     assert recorder.checks == len(STEP_INVARIANTS) + len(UNCLAIMED_HISTORY)  # TERM, ORDER
     assert (recorder.held, recorder.blocked) == (0, 0)
@@ -38,22 +38,24 @@ def test_a_one_lane_step_counts_its_sigkills_checks_and_fired_point() -> None:
     assert recorder.actions == {"dispatch": 1}
     no_process = ProcessRecord(pid=0, exit_code=0, response=None, stdout="", stderr="",
                                elapsed=0.0)
-    cut = Observation(2, Step.power({"kind": "drop_all"}), no_process, Snapshot(), Snapshot(), ())
+    cut = worker_observation(2, Step.power({"kind": "drop_all"}), no_process, Snapshot(),
+                             Snapshot(), ())
     assert [o.processes for o in (
-        Observation(1, step, killed, Snapshot(), Snapshot(), ()), cut)] == [2, 0]
+        worker_observation(1, step, killed, Snapshot(), Snapshot(), ()), cut)] == [2, 0]
 
 
 def test_a_scheduling_choice_counts_held_and_blocked_lanes_and_each_ended_worker() -> None:
     recorder: Recorder = Recorder()
     ended = ((1, _record(21, 0)), (2, _record(22, 0)))
-    recorder.observe(LaneObservation(
-        1, Step("release", lane=1), ("dispatch @after_claim", "accept blocked"), ended,
-        Snapshot(), Snapshot(), (), sigkills=1))
+    recorder.observe(Observation(
+        1, Step("release", lane=1), Snapshot(), Snapshot(), (), exited=ended,
+        lanes=("dispatch @after_claim", "accept blocked"), sigkills=1,
+        checks=checks_after(len(ended))))
     assert (recorder.held, recorder.blocked, recorder.sigkills) == (1, 1, 1)
     per_step = len(STEP_INVARIANTS) - 1  # QUIET is judged apart in lanes
     assert recorder.checks == 2 * per_step + len(HISTORY_INVARIANTS)
-    recorder.observe(LaneObservation(2, Step("tick", ticks=1), ("-", "-"), (),
-                                     Snapshot(), Snapshot(), ()))
+    recorder.observe(Observation(2, Step("tick", ticks=1), Snapshot(), Snapshot(), (),
+                                 lanes=("-", "-"), checks=checks_after(0)))
     assert recorder.held == 1 and recorder.checks == 3 * per_step + 2 * len(HISTORY_INVARIANTS)
 
 

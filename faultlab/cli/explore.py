@@ -58,7 +58,6 @@ from faultlab.trace import Trace
 
 if TYPE_CHECKING:
     from faultlab.run.executor import Execution
-    from faultlab.run.interleaving import ConcurrentExecution
     from faultlab.search.rounds import Plan, StreamResult, Totals
 
 
@@ -453,7 +452,7 @@ def _keep_flaky(flakies: list[StreamResult], corpus: str, system: System) -> lis
     return lines
 
 
-def _finding_table(replay: Execution | ConcurrentExecution, fmt: str) -> list[str]:
+def _finding_table(replay: Execution, fmt: str) -> list[str]:
     """The finding's replay as ``replay`` prints it: a row per step (a column per lane)."""
     from faultlab.report import tables as report
 

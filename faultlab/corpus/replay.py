@@ -31,7 +31,7 @@ from faultlab.base.errors import UsageError
 from faultlab.process.spawn import Spawner
 from faultlab.report import tables as report
 from faultlab.run.executor import Execution, validate_step
-from faultlab.run.interleaving import ConcurrentExecution, execute_trace
+from faultlab.run.interleaving import execute_trace
 from faultlab.system.contract import System, check_crash_point
 from faultlab.trace import EXPECT_FINDING, EXPECT_FLAKY, Trace, Verdict
 
@@ -75,7 +75,7 @@ class Replayed:
     matches: bool
     table: str
     violation_lines: list[str]
-    execution: Execution | ConcurrentExecution | None  # what ran (a page is drawn from it)
+    execution: Execution | None  # what ran (a page is drawn from it)
     regression: bool = False  # a regression test of a recorded finding (no "expect")
     flaky: bool = False  # a flaky outcome's kept trace ("expect": "flaky")
 

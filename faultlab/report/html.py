@@ -31,7 +31,6 @@ from typing import Any
 
 from faultlab.process.records import KILLED
 from faultlab.run.executor import Execution, Observation
-from faultlab.run.interleaving import ConcurrentExecution, LaneObservation
 from faultlab.stores.sqlite import TABLES, Snapshot
 
 STORES = (("caller", ("operations", "outbox")), ("downstream", ("tickets", "receipts")))
@@ -49,7 +48,7 @@ class TraceReport:
     """One executed trace and how to title it."""
 
     title: str
-    execution: Execution | ConcurrentExecution
+    execution: Execution
     system: str
     deduplication: bool = True
     verdict: str = ""
@@ -196,7 +195,7 @@ def _timeline(anchor: str, observations: Sequence[Observation], final: bool,
     return f'<table class="timeline">{"".join(rows)}</table>'
 
 
-def _step_header(anchor: str, observation: Observation | LaneObservation, label: str,
+def _step_header(anchor: str, observation: Observation, label: str,
                  suffix: str = "") -> str:
     """A timeline column's heading: the step's number (a link to its stores) and label."""
     settle = " (settle)" if observation.phase != "step" else ""
@@ -204,7 +203,7 @@ def _step_header(anchor: str, observation: Observation | LaneObservation, label:
             f"<br><small>{escape(label)}{escape(settle)}{escape(suffix)}</small></th>")
 
 
-def _invariants_row(observations: Sequence[Observation | LaneObservation], final: bool,
+def _invariants_row(observations: Sequence[Observation], final: bool,
                     final_names: str) -> str:
     marks = ['<th class="lane-name">invariants</th>']
     for observation in observations:
@@ -217,7 +216,7 @@ def _invariants_row(observations: Sequence[Observation | LaneObservation], final
     return '<tr class="invariants">' + "".join(marks) + "</tr>"
 
 
-def _lane_timeline(anchor: str, observations: Sequence[LaneObservation], final: bool,
+def _lane_timeline(anchor: str, observations: Sequence[Observation], final: bool,
                    final_names: str) -> str:
     """A concurrent trace: a row per lane, a column per scheduling choice."""
     header = ['<th class="lane-name">lane</th>']
@@ -257,14 +256,14 @@ def _stores(before: Snapshot, after: Snapshot) -> str:
     return f'<div class="stores">{"".join(stores)}</div>'
 
 
-def _violations(observation: Observation | LaneObservation) -> str:
+def _violations(observation: Observation) -> str:
     items = "".join(f"<li><b>{escape(v.invariant)}</b>: {escape(v.message)}</li>"
                     for v in observation.violations)
     return (f'<div class="violations"><b>invariant violated at this step</b>'
             f"<ul>{items}</ul></div>") if items else ""
 
 
-def _lane_step_section(anchor: str, observation: LaneObservation) -> str:
+def _lane_step_section(anchor: str, observation: Observation) -> str:
     """A scheduling choice: the lanes after it, the workers that ended, both stores."""
     killed = observation.step.action == "kill" or observation.sigkills > 0
     classes = "step" + (" violated" if observation.violations else "")
@@ -308,7 +307,7 @@ def _trace_section(number: int, report: TraceReport) -> str:
     execution = report.execution
     final_names = ", ".join(sorted({v.invariant for v in execution.final_violations}))
     final = bool(execution.final_violations)
-    if isinstance(execution, ConcurrentExecution):
+    if execution.lanes:
         steps = "".join(_lane_step_section(anchor, o) for o in execution.observations)
         timeline = _lane_timeline(anchor, execution.observations, final, final_names)
         legend = ("one row per lane; a cell is the lane's state after the step (held at a "

@@ -19,7 +19,6 @@ from faultlab.base.version import __version__
 from faultlab.checks.invariants import Violation
 from faultlab.process.records import KILLED, ProcessRecord
 from faultlab.run.executor import Execution, Observation
-from faultlab.run.interleaving import ConcurrentExecution, LaneObservation
 from faultlab.search.coverage import Coverage
 from faultlab.stores.sqlite import Snapshot
 from faultlab.system.contract import System
@@ -151,7 +150,7 @@ def shown_step(step: Step) -> str:
     return replace(step, crash=None).describe()[:max(STEP_WIDTH - len(armed), 20)] + armed
 
 
-def lane_row(observation: LaneObservation) -> list[Any]:
+def lane_row(observation: Observation) -> list[Any]:
     """A scheduling choice: the choice, each lane's state after it, the workers it ended."""
     step = shown_step(observation.step)
     if observation.phase != "step":
@@ -161,13 +160,13 @@ def lane_row(observation: LaneObservation) -> list[Any]:
             *_store_cells(observation.snapshot, observation.violations)]
 
 
-def replay_table(execution: Execution | ConcurrentExecution, fmt: str) -> str:
+def replay_table(execution: Execution, fmt: str) -> str:
     """The replay table every command prints for an executed trace: a row per step and the
     stores after it; a trace with lanes adds a column per lane (who holds what when) and
     shows the workers each scheduling choice ended in place of one worker's pid and exit."""
     rows: list[list[Any]]
-    if isinstance(execution, ConcurrentExecution):
-        lanes = len(execution.observations[0].lanes) if execution.observations else 0
+    if execution.lanes:
+        lanes = execution.lanes
         headers = ["#", "step", *[f"L{n}" for n in range(1, lanes + 1)], "ended (pid exit)",
                    *STORE_HEADERS]
         rows = [lane_row(o) for o in execution.observations]
@@ -182,7 +181,7 @@ def replay_table(execution: Execution | ConcurrentExecution, fmt: str) -> str:
     return table(rows, headers, fmt)
 
 
-def violation_lines(execution: Execution | ConcurrentExecution) -> list[str]:
+def violation_lines(execution: Execution) -> list[str]:
     """Every violation, by the step that showed it (``final`` for the check after recovery)."""
     lines = []
     for observation in execution.observations:
@@ -225,11 +224,11 @@ def worker_stderr(record: ProcessRecord, indent: str = "    ") -> list[str]:
     return cut + [f"{indent}{printable(line, WORKER_STDERR_WIDTH)}" for line in shown]
 
 
-def worker_error_lines(execution: Execution | ConcurrentExecution) -> list[str]:
+def worker_error_lines(execution: Execution) -> list[str]:
     """``step N: the ROLE worker (pid P) failed with exit E; its stderr:`` and the stderr,
     for the first unexpected worker error of ``execution`` (none: no lines). In a concurrent
     execution the first such worker of any lane, at the scheduling step it ended in."""
-    if isinstance(execution, ConcurrentExecution):
+    if execution.lanes:
         for lane_step in execution.observations:
             for _, record in lane_step.exited:
                 if unexpected_exit(record):

@@ -67,61 +67,59 @@ NO_PROCESS = ProcessRecord(pid=0, exit_code=0, response=None, stdout="", stderr=
 
 @dataclass(frozen=True)
 class Observation:
-    """One executed step: what ran, how the process ended, both stores after it."""
+    """One executed step: the workers that ended at it, both stores before and after, what
+    failed and what was checked. One type for every trace: a sequential step's worker is
+    its one ``exited`` record; a laned step also shows each lane's state after it."""
 
     index: int
     step: Step
-    record: ProcessRecord
     before: Snapshot
     snapshot: Snapshot
     violations: tuple[Violation, ...]
     phase: str = "step"
+    #: The workers that ended at this step (their ordinal in the trace, their record); a
+    #: sequential step's own worker, none for a power cut or a server crash.
+    exited: tuple[tuple[int, ProcessRecord], ...] = ()
+    #: Each lane's state after the step, as the replay table shows it (none: sequential).
+    lanes: tuple[str, ...] = ()
+    #: The processes SIGKILLed at this step (workers and the services they started).
+    sigkills: int = 0
+    #: The processes started at this step (workers and the services they started).
+    processes: int = 0
+    #: Invariant checks run after the step.
+    checks: int = 0
+    #: The invariants that had something to check at this step (coverage's unit).
+    covered: frozenset[str] = frozenset()
+    #: The crash point this step armed (a worker started with one), and the armed points
+    #: that fired at it (a worker or its service SIGKILLed there, not by a kill step).
+    armed: str | None = None
+    fired: tuple[str, ...] = ()
     check: Check | None = field(default=None, compare=False, repr=False)  # what was checked
+
+    @property
+    def record(self) -> ProcessRecord:
+        """The first worker that ended at this step (a sequential step's own), else
+        :data:`NO_PROCESS`."""
+        return self.exited[0][1] if self.exited else NO_PROCESS
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(record.pid for _, record in self.exited)
 
     @property
     def crashed(self) -> bool:
         """The armed point fired: the worker, or the service it started, was SIGKILLed."""
-        if self.step.crash is None:
-            return False
-        return self.record.killed or self.record.service_killed
-
-    # What coverage and the recorder count (:class:`faultlab.search.coverage.Coverage`,
-    # :class:`faultlab.search.recorder.Recorder`), as a lane step's
-    # :class:`~faultlab.run.interleaving.LaneObservation` holds it.
+        return bool(self.fired)
 
     @property
-    def sigkills(self) -> int:
-        """The worker and the service it started that were SIGKILLed at this step."""
-        return int(self.record.killed) + int(self.record.service_killed)
+    def held(self) -> int:
+        """1 when some lane is held at a point after the step (workers overlap), else 0."""
+        return int(any(" @" in state for state in self.lanes))  # as Lane.shown shows it
 
     @property
-    def processes(self) -> int:
-        """The processes the step ran: its worker and the service it started (a power cut
-        or a server crash runs none)."""
-        return int(self.record.pid != 0) + int(bool(self.record.service))
-
-    @property
-    def checks(self) -> int:
-        """Invariant checks run after the step: every per-step invariant once, and each
-        history invariant that needs no announced claims (``TERM``, ``ORDER``) once."""
-        return len(STEP_INVARIANTS) + len(UNCLAIMED_HISTORY)
-
-    #: One lane: never held at a point while another moves, never blocked on its lock.
-    held = 0
-    blocked = 0
-
-    @property
-    def covered(self) -> frozenset[str]:
-        """The invariants that had something to check at this step."""
-        return frozenset() if self.check is None else covered(self.check)
-
-    @property
-    def armed(self) -> str | None:
-        return self.step.crash
-
-    @property
-    def fired(self) -> tuple[str, ...]:
-        return (self.step.crash,) if self.step.crash is not None and self.crashed else ()
+    def blocked(self) -> int:
+        """The lanes blocked on another lane's lock after the step."""
+        return sum(state.endswith("blocked") for state in self.lanes)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -132,6 +130,26 @@ class Observation:
             "snapshot": self.snapshot.to_json(),
             "violations": [v.to_json() for v in self.violations],
         }
+
+
+def worker_observation(index: int, step: Step, record: ProcessRecord, before: Snapshot,
+                       after: Snapshot, violations: tuple[Violation, ...], phase: str = "step",
+                       check: Check | None = None) -> Observation:
+    """A sequential step's observation: its one worker (none for a power cut or a server
+    crash), what it SIGKILLed and started, every per-step invariant and each history
+    invariant that needs no announced claims (``TERM``, ``ORDER``) checked once."""
+    killed = record.killed or record.service_killed
+    return Observation(
+        index, step, before, after, violations, phase,
+        exited=((index, record),) if record.pid != 0 else (),
+        sigkills=int(record.killed) + int(record.service_killed),
+        processes=int(record.pid != 0) + int(bool(record.service)),
+        checks=len(STEP_INVARIANTS) + len(UNCLAIMED_HISTORY),
+        covered=frozenset() if check is None else covered(check),
+        armed=step.crash,
+        fired=(step.crash,) if step.crash is not None and killed else (),
+        check=check,
+    )
 
 
 def validate_step(system: System, step: Step) -> None:
@@ -393,7 +411,7 @@ class Executor:
             deduplication=self.deduplication, unopenable=unopenable, history=found,
         )
         self.snapshot = after
-        observation = Observation(
+        observation = worker_observation(
             len(self.observations) + 1, step, record, before, after,
             (*check_step(check), *check_history(check)), phase, check,
         )
@@ -495,10 +513,12 @@ def cut_power(system: System, directory: Path, log: Path, choice: Mapping[str, A
 
 @dataclass
 class Execution:
-    """A whole trace executed: every observation, the final LIVE check, the verdict."""
+    """A whole trace executed: every observation, the final LIVE check, the verdict.
+    ``lanes``: the trace's lanes (0: a sequential trace, run one worker at a time)."""
 
     observations: list[Observation]
     final_violations: list[Violation]
+    lanes: int = 0
 
     @property
     def verdict(self) -> Verdict:
@@ -510,11 +530,13 @@ class Execution:
         return found + self.final_violations
 
     def executed_prefix(self) -> list[Step]:
-        """The steps executed up to the failing check (all of them, recovery included, for a
-        clean run or a final LIVE): the length a finding is measured and shrunk by."""
+        """The steps a finding is measured and shrunk by, up to the failing check (all of
+        them for a clean run or a final LIVE): a sequential trace's executed steps, its
+        recovery's included; a laned trace's own scheduling choices (its recovery is
+        implicit, the same for every trace)."""
         upto = self.verdict.step
         observations = self.observations if upto is None else self.observations[:upto]
-        return [observation.step for observation in observations]
+        return [o.step for o in observations if not self.lanes or o.phase == "step"]
 
 
 def execute(

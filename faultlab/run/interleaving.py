@@ -75,12 +75,19 @@ from faultlab.process.spawn import (
 # Imported here, not in the forked child: a child that imported a module from disk would
 # run whatever the file holds at that moment, not what this run loaded.
 from faultlab.run.directory import POWER_LOG, RunDirectory
-from faultlab.run.executor import Execution, check_server_crash, cut_power, execute
+from faultlab.run.executor import (
+    NO_PROCESS,
+    Execution,
+    Observation,
+    check_server_crash,
+    cut_power,
+    execute,
+)
 from faultlab.run.worker import run_worker
 from faultlab.stores import postgres as pgstores
 from faultlab.stores.sqlite import Snapshot, readers_are_kept
 from faultlab.system.contract import Program, System, check_crash_point
-from faultlab.trace import DROP_CONNECTION, POWER, SERVER_CRASH, Step, Trace, Verdict
+from faultlab.trace import DROP_CONNECTION, POWER, SERVER_CRASH, Step, Trace
 
 #: Seconds a released lane may run without reaching a point or ending before it counts as
 #: blocked on another lane's lock. Generous: a loaded machine must not misjudge a slow lane.
@@ -110,6 +117,12 @@ QUIET = BY_NAME["QUIET"]
 #: The per-step invariants judged after every lane step (QUIET apart).
 PER_STEP: tuple[str, ...] = tuple(i.name for i in STEP_INVARIANTS if i.name not in SEQUENTIAL_ONLY)
 MAX_OUTPUT = 1 << 20  # bytes of a lane's stdout or stderr kept, as for sequential workers
+
+
+def checks_after(ended: int) -> int:
+    """Invariant checks run after a scheduling choice at which ``ended`` workers ended: each
+    per-step invariant per worker (at least once), and each history invariant once."""
+    return len(PER_STEP) * max(1, ended) + len(HISTORY_INVARIANTS)
 
 
 def _lock_waiting(pid: int) -> bool:
@@ -201,66 +214,6 @@ class Lane:
         return f"{self.spec.role} {where}{' paused' if self.paused else ''}"
 
 
-@dataclass(frozen=True)
-class LaneObservation:
-    """One executed scheduling choice: the lanes after it, who ended, both stores."""
-
-    index: int
-    step: Step
-    lanes: tuple[str, ...]
-    exited: tuple[tuple[int, ProcessRecord], ...]
-    before: Snapshot
-    snapshot: Snapshot
-    violations: tuple[Violation, ...]
-    phase: str = "step"
-    sigkills: int = 0
-    #: The invariants that had something to check at this step (coverage's unit, as a
-    #: sequential step's :attr:`faultlab.run.executor.Observation.covered`).
-    covered: frozenset[str] = frozenset()
-    #: The crash point this step armed (a worker started with one), and the armed points
-    #: that fired at it (a worker or its service SIGKILLed there, not by a kill step).
-    armed: str | None = None
-    fired: tuple[str, ...] = ()
-
-    @property
-    def pids(self) -> tuple[int, ...]:
-        return tuple(record.pid for _, record in self.exited)
-
-    @property
-    def checks(self) -> int:
-        """Invariant checks run after the step: each per-step invariant per worker that
-        ended at it (at least once), and each history invariant once."""
-        return len(PER_STEP) * max(1, len(self.exited)) + len(HISTORY_INVARIANTS)
-
-    @property
-    def held(self) -> int:
-        """1 when some lane is held at a point after the step (workers overlap), else 0."""
-        return int(any(" @" in state for state in self.lanes))  # as Lane.shown shows it
-
-    @property
-    def blocked(self) -> int:
-        """The lanes blocked on another lane's lock after the step."""
-        return sum(state.endswith("blocked") for state in self.lanes)
-
-
-@dataclass
-class ConcurrentExecution:
-    observations: list[LaneObservation]
-    final_violations: list[Violation]
-
-    @property
-    def verdict(self) -> Verdict:
-        return Verdict.first(self.observations, self.final_violations)
-
-    @property
-    def violations(self) -> list[Violation]:
-        return [v for o in self.observations for v in o.violations] + self.final_violations
-
-
-def _dummy_record() -> ProcessRecord:
-    return ProcessRecord(pid=0, exit_code=0, response=None, stdout="", stderr="", elapsed=0.0)
-
-
 def _run_lane_worker(spec: WorkerSpec, environment: dict[str, str],
                      channel: tuple[int, int]) -> int:
     """The body of a forked lane worker, after :func:`faultlab.process.spawn.child_main` gave it
@@ -324,7 +277,7 @@ class LaneExecutor:
         self.checked: set[str] = set()
         self.snapshot = Snapshot()
         self.lanes: dict[int, Lane] = {}
-        self.observations: list[LaneObservation] = []
+        self.observations: list[Observation] = []
         self.workers = 0
         self.processes = 0
         self._selector = selectors.DefaultSelector()
@@ -675,7 +628,7 @@ class LaneExecutor:
         if step.action == "resume" and not lane.paused:
             raise UsageError(f"{step.describe()}: lane {step.lane} is not paused")
 
-    def run(self, step: Step, *, phase: str = "step") -> LaneObservation:
+    def run(self, step: Step, *, phase: str = "step") -> Observation:
         # after a SIGINT/SIGTERM no further step runs, as sequentially: a state machine's
         # teardown would otherwise settle the interrupted trace (resume, finish, recover),
         # and a worker left waiting on a lock held that up to its deadline
@@ -683,6 +636,7 @@ class LaneExecutor:
         self.check_step(step)
         self._exited = []
         sigkills = 0
+        started = self.processes
         moved: Lane | None = None
         if step.action == "tick":
             if self.clock is None:
@@ -737,7 +691,7 @@ class LaneExecutor:
                     self._wait(moved, self.block_bound)
         if step.action not in ("tick", "pause", POWER):  # none can free a lock (a cut
             self._settle_blocked(moved)                  # leaves no lane alive)
-        return self._observe(step, moved, phase, sigkills)
+        return self._observe(step, moved, phase, sigkills, self.processes - started)
 
     def _power_cut(self, step: Step) -> int:
         """The machine loses power now: every live lane dies with its service (SIGKILL of
@@ -796,7 +750,7 @@ class LaneExecutor:
             self._wait(lane, self.block_bound)
 
     def _observe(self, step: Step, moved: Lane | None, phase: str,
-                 sigkills: int) -> LaneObservation:
+                 sigkills: int, processes: int) -> Observation:
         before = self.snapshot
         unopenable, self._unopenable = self._unopenable, ()
         after = before if unopenable else self.system.snapshot(self.directory)
@@ -811,7 +765,7 @@ class LaneExecutor:
             for worker, record in exited if lane.worker == worker
         ]
         if not checks or step.action in (SERVER_CRASH, POWER):  # DURABLE judges the fault
-            checks.append((None, _dummy_record()))
+            checks.append((None, NO_PROCESS))
         for spec, record in checks:
             check = Check(
                 model=self.model, before=before, after=after,
@@ -841,7 +795,7 @@ class LaneExecutor:
             before, after, alone=alone, exited=exited, acknowledged=self.model.acknowledged,
             lone=lone)
         judged = Check(model=self.model, before=before, after=after, action=step.action,
-                       operation_id=None, payload=None, record=_dummy_record(),
+                       operation_id=None, payload=None, record=NO_PROCESS,
                        deduplication=self.deduplication, history=found)
         covered.update(i.name for i in HISTORY_INVARIANTS if not i.vacuous(judged))
         violations += check_history(judged)
@@ -858,10 +812,13 @@ class LaneExecutor:
                          if lane.worker == worker)
             if here and point is not None:
                 fired.append(point)
-        observation = LaneObservation(
-            len(self.observations) + 1, step, self.lane_states(), tuple(exited), before, after,
-            tuple(dict.fromkeys(violations)), phase, sigkills, frozenset(covered),
-            step.crash if step.starts else None, tuple(fired),
+        observation = Observation(
+            len(self.observations) + 1, step, before, after, tuple(dict.fromkeys(violations)),
+            phase, exited=tuple(exited), lanes=self.lane_states(), sigkills=sigkills,
+            processes=processes,
+            checks=checks_after(len(exited)),
+            covered=frozenset(covered), armed=step.crash if step.starts else None,
+            fired=tuple(fired),
         )
         self.observations.append(observation)
         return observation
@@ -892,7 +849,7 @@ class LaneExecutor:
             for n in range(1, self.concurrency + 1)
         )
 
-    def settle(self) -> tuple[list[LaneObservation], list[Violation]]:
+    def settle(self) -> tuple[list[Observation], list[Violation]]:
         """Recover to quiescence, then check LIVE.
 
         Paused lanes resume and every lane runs to its end (in lane order); then the
@@ -900,7 +857,7 @@ class LaneExecutor:
         delay shorter than that lapses; then fresh dispatchers run one at a time while
         work is pending, stopping when one makes no progress.
         """
-        observations: list[LaneObservation] = []
+        observations: list[Observation] = []
 
         def step(lane_step: Step) -> bool:
             observation = self.run(lane_step, phase="settle")
@@ -950,7 +907,7 @@ def execute_concurrent(
     system: System, steps: list[Step], *, concurrency: int, deduplication: bool = True,
     settle: bool = True, spawn: SpawnMode = "fork", deadline: float = DEFAULT_DEADLINE,
     lenient: bool = False, statement_points: bool = False,
-) -> ConcurrentExecution:
+) -> Execution:
     """Run a fixed concurrent trace on fresh stores; settle afterwards when asked and clean.
 
     A step the lanes' states do not allow raises UsageError before it runs; with
@@ -973,12 +930,12 @@ def execute_concurrent(
         final: list[Violation] = []
         if settle and not any(o.violations for o in executor.observations):
             _, final = executor.settle()
-        return ConcurrentExecution(list(executor.observations), final)
+        return Execution(list(executor.observations), final, concurrency)
 
 
 
 def execute_trace(system: System, trace: Trace, spawner: Spawner, *,
-                  deadline: float = DEFAULT_DEADLINE) -> Execution | ConcurrentExecution:
+                  deadline: float = DEFAULT_DEADLINE) -> Execution:
     """Run a whole trace on fresh stores, as it is saved: a sequential trace (one lane, one
     worker at a time) one process after another (:func:`faultlab.run.executor.execute`), a
     laned one through the lanes (:func:`execute_concurrent`)."""

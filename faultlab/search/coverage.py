@@ -21,9 +21,8 @@ from faultlab.system.contract import System
 
 
 class Observed(Protocol):
-    """What coverage reads of one executed step, sequential
-    (:class:`faultlab.run.executor.Observation`) or in lanes
-    (:class:`faultlab.run.interleaving.LaneObservation`)."""
+    """What coverage reads of one executed step (:class:`faultlab.run.executor.Observation`,
+    of a sequential or a laned trace): data only, so coverage is tested without processes."""
 
     @property
     def covered(self) -> frozenset[str]: ...

@@ -32,7 +32,7 @@ from faultlab.base.version import __version__
 from faultlab.process.records import DEFAULT_DEADLINE
 from faultlab.process.spawn import Spawner
 from faultlab.run.executor import Execution, execute
-from faultlab.run.interleaving import ConcurrentExecution, execute_concurrent, execute_trace
+from faultlab.run.interleaving import execute_concurrent, execute_trace
 from faultlab.search import defaults
 from faultlab.search.coverage import vacuity
 from faultlab.search.machine import (
@@ -68,7 +68,7 @@ class Exploration:
     seconds: float
     concurrency: int = 1
     trace: Trace | None = None
-    replay: Execution | ConcurrentExecution | None = None
+    replay: Execution | None = None
     notes: list[str] = field(default_factory=list)
     #: True when the run was told to stop before its examples were done (no finding).
     stopped: bool = False
@@ -278,7 +278,7 @@ def explore(
                 recorder.first_failure_examples, verdict_of, replay.verdict)
         result.notes.append(refused)
         return result
-    if isinstance(replay, ConcurrentExecution):
+    if trace.laned:
         shrunk, _ = minimise(trace, replay, _lenient_run(system, trace, spawner, deadline))
         # replayed as saved (not leniently): what replay of the corpus file will show
         result.trace, result.replay = shrunk, execute_trace(system, shrunk, spawner,
@@ -336,10 +336,10 @@ def _search(machine: type[RuleBasedStateMachine], base: Settings, seed_value: in
 
 
 def _lenient_run(system: System, trace: Trace, spawner: Spawner, deadline: float
-                 ) -> Callable[[list[Step]], ConcurrentExecution | None]:
+                 ) -> Callable[[list[Step]], Execution | None]:
     """How the shrinker runs a candidate of a concurrent trace: leniently (a step left
     without its worker is dropped), ``None`` when the lanes cannot run it at all."""
-    def run(candidate: list[Step]) -> ConcurrentExecution | None:
+    def run(candidate: list[Step]) -> Execution | None:
         try:
             return execute_concurrent(
                 system, candidate, concurrency=trace.concurrency,

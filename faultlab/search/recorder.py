@@ -25,9 +25,8 @@ from faultlab.trace import Step, Verdict
 
 
 class Counted(Observed, Protocol):
-    """What the recorder reads of one executed step, one lane's
-    (:class:`faultlab.run.executor.Observation`) or a scheduling choice's
-    (:class:`faultlab.run.interleaving.LaneObservation`)."""
+    """What the recorder reads of one executed step (:class:`faultlab.run.executor.Observation`,
+    a worker's run or a scheduling choice)."""
 
     @property
     def step(self) -> Step: ...

@@ -29,7 +29,8 @@ from typing import Any
 from faultlab.base.errors import UsageError
 from faultlab.checks.invariants import Violation
 from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
-from faultlab.run.interleaving import ConcurrentExecution, LaneExecutor
+from faultlab.run.executor import Execution
+from faultlab.run.interleaving import LaneExecutor
 from faultlab.search.coverage import Coverage
 from faultlab.system.contract import System
 from faultlab.trace import Step
@@ -52,7 +53,7 @@ class ConcurrentEnumeration:
     steps: int = 0
     seconds: float = 0.0
     finding: list[Step] | None = None
-    execution: ConcurrentExecution | None = None
+    execution: Execution | None = None
     by_depth: dict[int, int] = field(default_factory=dict)
     #: crash points armed and fired and the invariants that had something to check, counted
     #: in steps as every search counts them (a run is vacuous when a family of invariants
@@ -106,7 +107,7 @@ def _state(executor: LaneExecutor) -> tuple[Any, ...]:
 def _run(system: System, prefix: list[Step], choices: list[Step], *, concurrency: int,
          deduplication: bool, spawn: SpawnMode, deadline: float, crashes: int, ticks: int,
          operations: int, acceptors: int, coverage: Coverage,
-         ) -> tuple[ConcurrentExecution, tuple[Any, ...] | None, list[Step]]:
+         ) -> tuple[Execution, tuple[Any, ...] | None, list[Step]]:
     """Run a sequence; its state before the recovery (None if it failed earlier) and the
     choices that follow from that state. Counts its steps (its recovery's too) in
     ``coverage``."""
@@ -122,13 +123,13 @@ def _run(system: System, prefix: list[Step], choices: list[Step], *, concurrency
 
 
 def _counted(executor: LaneExecutor, final: list[Violation], coverage: Coverage
-             ) -> ConcurrentExecution:
+             ) -> Execution:
     """The sequence's execution, its steps (recovery included) counted in ``coverage``."""
     for observation in executor.observations:
         coverage.observe(observation)
     if "LIVE" in executor.checked:
         coverage.live_checked()
-    return ConcurrentExecution(list(executor.observations), final)
+    return Execution(list(executor.observations), final, executor.concurrency)
 
 
 def enumerate_concurrent(

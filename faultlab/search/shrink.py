@@ -25,24 +25,19 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Generic, TypeVar, overload
 
 from faultlab.base.canonical import canonical_json
 from faultlab.run.executor import Execution
-from faultlab.run.interleaving import ConcurrentExecution
 from faultlab.search.simplify import simplify_data
 from faultlab.trace import MAX_TICKS, POWER, Step, Trace
 
 #: The choice a power step shrinks to: no unsynced write survived.
 DROP_ALL = {"kind": "drop_all"}
 
-E = TypeVar("E", Execution, ConcurrentExecution)
 
-#: Executes a sequential candidate on fresh stores.
-Run = Callable[[list[Step]], Execution]
-#: Executes a concurrent candidate on fresh stores, leniently (a step the candidate left
-#: without its worker is dropped); ``None`` when the candidate cannot run at all.
-LaneRun = Callable[[list[Step]], ConcurrentExecution | None]
+#: Executes a candidate on fresh stores; a laned candidate leniently (a step the
+#: candidate left without its worker is dropped), ``None`` when it cannot run at all.
+Run = Callable[[list[Step]], Execution | None]
 
 
 def machine_could_draw(execution: Execution) -> bool:
@@ -65,7 +60,7 @@ def machine_could_draw(execution: Execution) -> bool:
     return True
 
 
-def lanes_could_draw(execution: ConcurrentExecution) -> bool:
+def lanes_could_draw(execution: Execution) -> bool:
     """A concurrent machine draws a direct service call only for an operation the caller
     holds."""
     for observation in execution.observations:
@@ -76,20 +71,10 @@ def lanes_could_draw(execution: ConcurrentExecution) -> bool:
     return True
 
 
-def executed(execution: ConcurrentExecution) -> list[Step]:
-    """A concurrent trace's own steps up to the failing check (all of them for a final
-    LIVE): its recovery is implicit, the same for every trace."""
-    verdict = execution.verdict
-    upto = len(execution.observations) if verdict.step is None else verdict.step
-    return [o.step for o in execution.observations[:upto] if o.phase == "step"]
-
-
-def length(execution: Execution | ConcurrentExecution) -> int:
+def length(execution: Execution) -> int:
     """A finding's length, as it is shrunk and reported: a sequential trace's steps executed
-    up to the failing check, recovery dispatches included; a concurrent trace's own
+    up to the failing check, recovery dispatches included; a laned trace's own
     scheduling choices (its recovery is implicit, the same for every trace)."""
-    if isinstance(execution, ConcurrentExecution):
-        return len(executed(execution))
     return len(execution.executed_prefix())
 
 
@@ -98,35 +83,35 @@ def _key(steps: list[Step]) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class Shrunk(Generic[E]):
+class Shrunk:
     """Where shrinking stands: the steps kept, their execution, and its size."""
 
     steps: list[Step]
-    execution: E
+    execution: Execution
     size: int
 
 
 @dataclass
-class Shrinker(Generic[E]):
+class Shrinker:
     """The engine: a cached ``run`` and how a kind of trace is measured and judged.
 
     ``size_of`` measures an execution (what a shorter finding means), ``kept`` gives the
     steps to keep of a failing candidate, ``could_draw`` refuses a candidate the state
     machine could never have drawn (it would fail on a correct system too)."""
 
-    run: Callable[[list[Step]], E | None]
-    size_of: Callable[[E], int]
-    kept: Callable[[E, list[Step]], list[Step]]
-    could_draw: Callable[[E], bool]
-    cache: dict[tuple[str, ...], E | None] = field(default_factory=dict)
+    run: Callable[[list[Step]], Execution | None]
+    size_of: Callable[[Execution], int]
+    kept: Callable[[Execution, list[Step]], list[Step]]
+    could_draw: Callable[[Execution], bool]
+    cache: dict[tuple[str, ...], Execution | None] = field(default_factory=dict)
 
-    def execute(self, candidate: list[Step]) -> E | None:
+    def execute(self, candidate: list[Step]) -> Execution | None:
         key = _key(candidate)
         if key not in self.cache:
             self.cache[key] = self.run(candidate)
         return self.cache[key]
 
-    def attempt(self, candidate: list[Step], bound: int) -> Shrunk[E] | None:
+    def attempt(self, candidate: list[Step], bound: int) -> Shrunk | None:
         """The candidate as the new state, if it still fails in fewer than ``bound``."""
         result = self.execute(candidate)
         if result is None or result.verdict.clean or not self.could_draw(result):
@@ -136,13 +121,13 @@ class Shrinker(Generic[E]):
             return None
         return Shrunk(self.kept(result, candidate), result, size)
 
-    def start(self, steps: list[Step], execution: E, kept: list[Step]) -> Shrunk[E]:
+    def start(self, steps: list[Step], execution: Execution, kept: list[Step]) -> Shrunk:
         """Shrinking begins: ``steps`` ran as ``execution``, of which ``kept`` are kept."""
         self.cache.setdefault(_key(steps), execution)
         return Shrunk(kept, execution, self.size_of(execution))
 
 
-def delete(shrinker: Shrinker[E], state: Shrunk[E]) -> Shrunk[E]:
+def delete(shrinker: Shrinker, state: Shrunk) -> Shrunk:
     """Delta debugging: remove chunks of half the steps, then quarters, down to single
     steps, while the trace still fails shorter."""
     chunk = max(1, len(state.steps) // 2)
@@ -171,7 +156,7 @@ def simpler(step: Step) -> Iterator[Step]:
         yield replace(step, crash=None)
 
 
-def simplify_one(shrinker: Shrinker[E], state: Shrunk[E]) -> Shrunk[E] | None:
+def simplify_one(shrinker: Shrinker, state: Shrunk) -> Shrunk | None:
     """The first step that fails in a simpler form (as long a trace is simpler too), or
     ``None`` when no step can be simpler."""
     steps = state.steps
@@ -184,7 +169,7 @@ def simplify_one(shrinker: Shrinker[E], state: Shrunk[E]) -> Shrunk[E] | None:
     return None
 
 
-def simplify_each(shrinker: Shrinker[E], state: Shrunk[E]) -> Shrunk[E]:
+def simplify_each(shrinker: Shrinker, state: Shrunk) -> Shrunk:
     """Each step in its simpler form, deleting again after each that still fails."""
     index = 0
     while index < len(state.steps):
@@ -200,9 +185,9 @@ def simplify_each(shrinker: Shrinker[E], state: Shrunk[E]) -> Shrunk[E]:
     return state
 
 
-def promote(shrinker: Shrinker[ConcurrentExecution],
-            state: Shrunk[ConcurrentExecution]
-            ) -> Shrunk[ConcurrentExecution]:
+def promote(shrinker: Shrinker,
+            state: Shrunk
+            ) -> Shrunk:
     """A worker started (held) and later released to its end is a worker run: try each
     ``start`` as a ``run`` (deletion then drops the steps left moving its ended lane)."""
     index = 0
@@ -222,9 +207,9 @@ def promote(shrinker: Shrinker[ConcurrentExecution],
     return state
 
 
-def merge_ticks(shrinker: Shrinker[ConcurrentExecution],
-                state: Shrunk[ConcurrentExecution]
-                ) -> Shrunk[ConcurrentExecution]:
+def merge_ticks(shrinker: Shrinker,
+                state: Shrunk
+                ) -> Shrunk:
     """Two clock advances in a row are one: ``tick(a), tick(b)`` as ``tick(a + b)``
     (deletion cannot merge them: either alone falls short of the lease)."""
     index = 0
@@ -249,8 +234,8 @@ def rename(step: Step, renaming: tuple[int, ...]) -> Step:
     return replace(step, lane=renaming[step.lane - 1])
 
 
-def _sequential(shrinker: Shrinker[Execution],
-                state: Shrunk[Execution]) -> Shrunk[Execution]:
+def _sequential(shrinker: Shrinker,
+                state: Shrunk) -> Shrunk:
     """Delete, then make one step simpler, again until neither shortens nor simplifies."""
     while True:
         state = delete(shrinker, state)
@@ -260,9 +245,9 @@ def _sequential(shrinker: Shrinker[Execution],
         state = simplified
 
 
-def _schedule(shrinker: Shrinker[ConcurrentExecution],
-              state: Shrunk[ConcurrentExecution]
-              ) -> Shrunk[ConcurrentExecution]:
+def _schedule(shrinker: Shrinker,
+              state: Shrunk
+              ) -> Shrunk:
     """The moves in turn, again while a round shortened the trace: a simplified step or a
     promoted start can open a deletion an earlier move could not make."""
     while True:
@@ -273,9 +258,9 @@ def _schedule(shrinker: Shrinker[ConcurrentExecution],
         state = smaller
 
 
-def _renamed(shrinker: Shrinker[ConcurrentExecution],
-             state: Shrunk[ConcurrentExecution], lanes: int
-             ) -> Shrunk[ConcurrentExecution]:
+def _renamed(shrinker: Shrinker,
+             state: Shrunk, lanes: int
+             ) -> Shrunk:
     """Lanes are interchangeable, but the final recovery finishes them in lane order: the
     same interleaving with the lanes renamed may need fewer choices. Try each renaming,
     shrink it, keep it only if it ends shorter."""
@@ -292,7 +277,7 @@ def _renamed(shrinker: Shrinker[ConcurrentExecution],
     return state
 
 
-def _data(shrinker: Shrinker[E], state: Shrunk[E]) -> Shrunk[E]:
+def _data(shrinker: Shrinker, state: Shrunk) -> Shrunk:
     """Simpler data at the same length is a simpler finding too: ids renamed op-1, op-2, ...
     (a look-alike pair kept together), payloads made as plain as they can be."""
     current = [state]
@@ -308,7 +293,7 @@ def _data(shrinker: Shrinker[E], state: Shrunk[E]) -> Shrunk[E]:
     return replace(current[0], steps=steps)
 
 
-def _sequential_shrinker(run: Run) -> Shrinker[Execution]:
+def _sequential_shrinker(run: Run) -> Shrinker:
     def kept(result: Execution, candidate: list[Step]) -> list[Step]:
         """A step failure keeps the steps up to it; a final one keeps the trace's own steps
         (replay recomputes the recovery)."""
@@ -318,24 +303,12 @@ def _sequential_shrinker(run: Run) -> Shrinker[Execution]:
     return Shrinker(run, length, kept, machine_could_draw)
 
 
-def _schedule_shrinker(run: LaneRun) -> Shrinker[ConcurrentExecution]:
-    return Shrinker(run, length, lambda result, _candidate: executed(result),
+def _schedule_shrinker(run: Run) -> Shrinker:
+    return Shrinker(run, length, lambda result, _candidate: result.executed_prefix(),
                     lanes_could_draw)
 
 
-@overload
-def minimise(trace: Trace, execution: Execution, run: Run) -> tuple[Trace, Execution]: ...
-
-
-@overload
-def minimise(trace: Trace, execution: ConcurrentExecution, run: LaneRun
-             ) -> tuple[Trace, ConcurrentExecution]: ...
-
-
-def minimise(
-    trace: Trace, execution: Execution | ConcurrentExecution,
-    run: Run | LaneRun,
-) -> tuple[Trace, Execution] | tuple[Trace, ConcurrentExecution]:
+def minimise(trace: Trace, execution: Execution, run: Run) -> tuple[Trace, Execution]:
     """Shrink a failing trace while it still fails (any invariant) and stays a trace the
     state machine could draw; return the shrunk trace and the execution that showed it.
 
@@ -345,22 +318,21 @@ def minimise(
     shows. A sequential trace that cannot shrink comes back as it was; a concurrent one's
     execution is a lenient one (the caller replays the shrunk trace as it is saved).
     """
+    if trace.laned != bool(execution.lanes):
+        raise TypeError("a trace is shrunk from an execution of its own kind")
     if trace.laned:
-        if not isinstance(execution, ConcurrentExecution):
-            raise TypeError("a concurrent trace needs its concurrent execution")
-        lanes = _schedule_shrinker(run)  # type: ignore[arg-type]
+        lanes = _schedule_shrinker(run)
         state = _schedule(lanes, lanes.start(
             list(trace.steps), execution,
-            executed(execution) if execution.verdict.step is not None else list(trace.steps)))
+            execution.executed_prefix() if execution.verdict.step is not None
+            else list(trace.steps)))
         state = _data(lanes, _renamed(lanes, state, trace.concurrency))
         return replace(
             trace, steps=state.steps, expected=state.execution.verdict,
             violations=list(state.execution.violations),
             meta={**trace.meta, "hypothesis_steps": len(trace.steps)},
         ), state.execution
-    if not isinstance(execution, Execution):
-        raise TypeError("a sequential trace needs its sequential execution")
-    steps = _sequential_shrinker(run)  # type: ignore[arg-type]
+    steps = _sequential_shrinker(run)
     original = list(trace.steps)
     shrunk = _data(steps, _sequential(steps, steps.start(
         original, execution, steps.kept(execution, original))))
