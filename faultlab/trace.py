@@ -5,7 +5,7 @@ with a crash point, with the verdict it showed when recorded. A laned trace (ver
 names lanes: several workers alive at once, each step one scheduling choice (see the
 section below); a sequential trace (version 1) is its one-lane case, one :class:`Trace` of
 :class:`Step` either way. This module is data and its JSON form only;
-:mod:`faultlab.run.interleaving` runs a trace (:func:`~faultlab.run.interleaving.execute_trace`).
+:mod:`faultlab.run.executor` runs a trace (:func:`~faultlab.run.executor.execute_trace`).
 The format is faultlab's own, independent of Hypothesis, so a corpus file replays whatever
 generated it.
 """
@@ -413,7 +413,7 @@ class Trace:
     #: ``"flaky"``: it did not happen again when re-run (see :data:`EXPECT_FLAKY`).
     expect: str | None = None
     concurrency: int = 1
-    #: Workers also hold at sql:K and commit:K (:class:`faultlab.run.interleaving.LaneExecutor`).
+    #: Workers also hold at sql:K and commit:K (:class:`faultlab.run.executor.Executor`).
     statement_points: bool = False
 
     @property

@@ -18,7 +18,7 @@ import pytest
 from conftest import explore_lanes
 
 from faultlab.cli import main
-from faultlab.run.interleaving import LaneExecutor
+from faultlab.run.executor import Executor
 from faultlab.system import load_system
 from faultlab.trace import Step
 
@@ -68,7 +68,7 @@ def taken_system(directory: Path) -> Path:
 
 def test_a_lane_reads_a_response_through_response_fields(tmp_path: Path) -> None:
     system = load_system(str(taken_system(tmp_path)))
-    with LaneExecutor(system, concurrency=2) as ex:
+    with Executor(system, concurrency=2) as ex:
         accepted = ex.run(Step("accept", "op-1", P, lane=1))
         ((_, record),) = accepted.exited
         assert record.raw_response is not None and "taken" in record.raw_response
@@ -103,12 +103,12 @@ def test_a_lane_step_arms_a_crash_point_by_argument() -> None:
     dispatcher dies at after_downstream_commit (one ticket, still pending), the recovery
     replays the receipt; the table shows the armed point."""
     from faultlab.report.tables import replay_table
-    from faultlab.run.interleaving import execute_concurrent
+    from faultlab.run.executor import execute
 
     system = load_system(ARGUMENT)
     steps = [Step("accept", "op-1", P, lane=1),
              Step("dispatch", lane=2, crash="after_downstream_commit")]
-    execution = execute_concurrent(system, steps, concurrency=2)
+    execution = execute(system, steps, concurrency=2, settle=True)
     crashed = execution.observations[1]
     assert [record.exit_code for _, record in crashed.exited] == [-9]
     assert crashed.sigkills == 1
@@ -116,8 +116,7 @@ def test_a_lane_step_arms_a_crash_point_by_argument() -> None:
     assert execution.verdict.clean and len(execution.observations[-1].snapshot.tickets) == 1
     assert "L2 run dispatch(crash=after_downstream_commit)" in replay_table(
         execution, "simple")
-    control = execute_concurrent(system, steps[:1] + [Step("dispatch", lane=2)],
-                                 concurrency=2)
+    control = execute(system, steps[:1] + [Step("dispatch", lane=2)], concurrency=2, settle=True)
     assert control.observations[1].sigkills == 0  # unarmed: it runs to its end
 
 
@@ -125,7 +124,7 @@ def test_an_armed_point_of_an_announcing_program_is_killed_there() -> None:
     """An announcing program holds at the points before its armed one and is SIGKILLed at
     the armed one by faultlab, as the sequential nemesis does."""
     system = load_system(ANNOUNCE)
-    with LaneExecutor(system, concurrency=2) as ex:
+    with Executor(system, concurrency=2) as ex:
         ex.run(Step("accept", "op-1", P, lane=1))
         held = ex.run(Step("dispatch", lane=2, hold=True, crash="after_downstream_commit"))
         assert held.lanes == ("exit 0", "dispatch @before_dispatch")
@@ -280,7 +279,7 @@ def test_a_broken_announcement_in_a_lane_is_a_run_failure(tmp_path: Path) -> Non
     from faultlab.base.errors import ExecutionError
 
     system = load_system(str(garbage_system(tmp_path)))
-    with LaneExecutor(system, concurrency=2) as ex:
+    with Executor(system, concurrency=2) as ex:
         ex.run(Step("accept", "op-1", P, lane=1))
         try:
             ex.run(Step("dispatch", lane=2, hold=True))

@@ -9,7 +9,8 @@ import pytest
 
 from faultlab.base.errors import UsageError
 from faultlab.process.spawn import Spawner
-from faultlab.run.executor import Observation, execute
+from faultlab.run.executor import execute
+from faultlab.run.observation import Observation
 from faultlab.stores.sqlite import Snapshot
 from faultlab.system import System
 from faultlab.trace import Step

@@ -461,7 +461,7 @@ def test_a_signal_held_back_while_the_lanes_directory_is_made_leaves_no_director
     left behind in about 7 % of interrupts landing at the start of a concurrent example)."""
     import tempfile
 
-    from faultlab.run import directory, interleaving
+    from faultlab.run import directory, executor
     from faultlab.system import load_system
 
     made: list[str] = []
@@ -475,7 +475,7 @@ def test_a_signal_held_back_while_the_lanes_directory_is_made_leaves_no_director
     monkeypatch.setattr(directory.tempfile, "mkdtemp", mkdtemp_then_signal)
     try:
         with interrupt.handling(), pytest.raises(interrupt.Interrupted):
-            with interleaving.LaneExecutor(load_system("reference"), concurrency=2):
+            with executor.Executor(load_system("reference"), concurrency=2):
                 raise AssertionError("the executor opened although a signal arrived")
     finally:
         interrupt.reset()
@@ -490,12 +490,12 @@ def test_after_a_signal_no_lane_step_runs() -> None:
     the lanes after the interrupt (a worker waiting on a paused lane's lock held that up to
     its deadline: an interrupted ``explore --jobs`` took 15 s to stop). The next step
     raises at once and starts no worker, as a sequential step does."""
-    from faultlab.run import interleaving
+    from faultlab.run import executor
     from faultlab.system import load_system
     from faultlab.trace import Step
 
     try:
-        with interleaving.LaneExecutor(load_system("reference"), concurrency=2) as ex:
+        with executor.Executor(load_system("reference"), concurrency=2) as ex:
             ex.run(Step("accept", "op-1", '{"title":"a"}', lane=1, hold=True))
             held = ex.lanes[1].pid
             with interrupt.handling():

@@ -12,7 +12,8 @@ import pytest
 from conftest import explore_lanes
 
 from faultlab.base.errors import UsageError
-from faultlab.run.interleaving import LaneExecutor, execute_concurrent
+from faultlab.process.spawn import Spawner
+from faultlab.run.executor import Executor, execute
 from faultlab.stores.sqlite import BUSY_TIMEOUT
 from faultlab.system import System, concurrency_mutant_names, load_system
 from faultlab.system.builtin import registry
@@ -37,7 +38,7 @@ def _gone(pid: int) -> bool:
 def test_superseded_dispatcher_is_fenced_on_the_reference(reference: System) -> None:
     """Lane 1 claims, holds; its lease lapses; lane 2 claims and completes; lane 1's
     completion is refused: one ticket, lane 1 answers superseded, FENCE holds."""
-    with LaneExecutor(reference, concurrency=2) as ex:
+    with Executor(reference, concurrency=2) as ex:
         ex.run(Step("accept", OP, P, lane=1))
         held = ex.run(Step("dispatch", lane=1, hold=True))
         assert held.lanes == ("dispatch @before_dispatch", "-")
@@ -67,7 +68,7 @@ def test_a_lane_still_starting_is_not_judged_blocked() -> None:
     waits for it and it holds at its point. Seen on a loaded machine as false 'blocked'
     lanes, then a 'lane is busy' refusal, before lanes were judged by their CPU use."""
     system = load_system("systems_for_tests:SlowStartOutbox")
-    with LaneExecutor(system, concurrency=2) as ex:
+    with Executor(system, concurrency=2) as ex:
         ex.run(Step("accept", "op-1", P, lane=1))
         started = ex.run(Step("dispatch", lane=2, hold=True))
         assert started.lanes == ("exit 0", "dispatch @before_dispatch")
@@ -80,7 +81,7 @@ def test_a_lane_waits_for_a_lock_as_long_as_the_schedule_holds_it(reference: Sys
     """The holder moves only when the schedule says: however long that takes in seconds
     (a loaded machine, a long trace), the blocked lane still gets the lock and the
     outcome is the same. With SQLite's ordinary busy timeout it gave up after 5 s."""
-    with LaneExecutor(reference, concurrency=2) as ex:
+    with Executor(reference, concurrency=2) as ex:
         ex.run(Step("accept", "op-1", P, lane=1, hold=True))
         blocked = ex.run(Step("accept", "op-2", P, lane=2))
         assert blocked.lanes == ("accept @during_accept", "accept blocked")
@@ -95,7 +96,7 @@ def test_a_lane_waits_for_a_lock_as_long_as_the_schedule_holds_it(reference: Sys
 def test_a_lane_blocked_on_a_lock_is_scheduled_around(reference: System) -> None:
     """Lane 1 holds inside its accept transaction; lane 2's accept blocks on the lock and
     the step ends with it blocked; releasing lane 1 lets lane 2 on. Never a deadlock."""
-    with LaneExecutor(reference, concurrency=2) as ex:
+    with Executor(reference, concurrency=2) as ex:
         ex.run(Step("accept", "op-1", P, lane=1, hold=True))
         blocked = ex.run(Step("accept", "op-2", P, lane=2))
         assert blocked.lanes == ("accept @during_accept", "accept blocked")
@@ -116,7 +117,7 @@ def test_a_lane_sleeping_on_a_lock_is_blocked_before_the_bound(reference: System
     once the holder finishes."""
     import time
 
-    with LaneExecutor(reference, concurrency=2, block_bound=20.0) as ex:
+    with Executor(reference, concurrency=2, block_bound=20.0) as ex:
         began = time.monotonic()
         assert ex.run(Step("accept", "op-1", P, lane=1, hold=True)).lanes == (
             "accept @during_accept", "-")
@@ -129,7 +130,7 @@ def test_a_lane_sleeping_on_a_lock_is_blocked_before_the_bound(reference: System
 
 
 def test_pause_stops_the_process_and_kill_ends_it(reference: System) -> None:
-    with LaneExecutor(reference, concurrency=1) as ex:
+    with Executor(reference, concurrency=1, laned=True) as ex:
         ex.run(Step("accept", OP, P, lane=1))
         ex.run(Step("dispatch", lane=1, hold=True))
         pid = ex.lanes[1].pid
@@ -147,7 +148,7 @@ def test_pause_stops_the_process_and_kill_ends_it(reference: System) -> None:
 
 
 def test_resume_continues_a_paused_lane(reference: System) -> None:
-    with LaneExecutor(reference, concurrency=1) as ex:
+    with Executor(reference, concurrency=1, laned=True) as ex:
         ex.run(Step("accept", OP, P, lane=1, hold=True))
         ex.run(Step("pause", lane=1))
         resumed = ex.run(Step("resume", lane=1))
@@ -157,7 +158,7 @@ def test_resume_continues_a_paused_lane(reference: System) -> None:
 
 
 def test_the_clock_file_is_what_workers_read(reference: System) -> None:
-    with LaneExecutor(reference, concurrency=1) as ex:
+    with Executor(reference, concurrency=1, laned=True) as ex:
         assert ex.clock is not None
         ex.run(Step("tick", ticks=7))
         assert ex.clock.path.read_text().strip() == "7"
@@ -165,9 +166,9 @@ def test_the_clock_file_is_what_workers_read(reference: System) -> None:
 
 def test_exec_mode_lanes(reference: System) -> None:
     trace = list(NoFencing.minimal_trace)
-    clean = execute_concurrent(reference, trace, concurrency=2, spawn="exec")
+    clean = execute(reference, trace, Spawner("exec"), concurrency=2, settle=True)
     assert clean.verdict.clean
-    caught = execute_concurrent(load_system("no-fencing"), trace, concurrency=2, spawn="exec")
+    caught = execute(load_system("no-fencing"), trace, Spawner("exec"), concurrency=2, settle=True)
     assert caught.verdict.invariants == ("FENCE",)
 
 
@@ -178,14 +179,14 @@ def test_concurrency_mutant_minimal_trace(name: str, reference: System) -> None:
     system = load_system(name)
     assert isinstance(system, ConcurrencyMutant) and name in concurrency_mutant_names()
     trace = list(system.minimal_trace)
-    caught = execute_concurrent(system, trace, concurrency=system.concurrency)
+    caught = execute(system, trace, laned=True, concurrency=system.concurrency, settle=True)
     assert len(caught.executed_prefix()) == system.minimal_steps == len(trace)
     assert set(caught.verdict.invariants) <= set(system.caught_by)
     assert caught.verdict.invariants
     # lenient: a step the reference's lanes cannot take there (relay-cursor's second accept
     # waits on the reference's held acceptance transaction) is dropped, as in shrinking
-    assert execute_concurrent(reference, trace, concurrency=system.concurrency,
-                              lenient=True).verdict.clean
+    assert execute(reference, trace, concurrency=system.concurrency, lenient=True,
+                   settle=True).verdict.clean
 
 
 def test_every_concurrency_mutant_is_judged() -> None:
@@ -206,22 +207,22 @@ def test_minimiser_turns_a_held_start_released_to_its_end_into_a_run() -> None:
     assert isinstance(system, ConcurrencyMutant)
     steps = [Step("accept", OP, P, lane=1, hold=True), Step("release", lane=1),
              Step("dispatch", lane=2, hold=True), Step("dispatch", lane=1)]
-    execution = execute_concurrent(system, steps, concurrency=2)
+    execution = execute(system, steps, concurrency=2, settle=True)
     assert not execution.verdict.clean and len(execution.executed_prefix()) == 4
     trace = Trace(system=system.ref, deduplication=True, concurrency=2, steps=steps,
                   expected=execution.verdict)
-    shrunk, _ = minimise(trace, execution, lambda candidate: execute_concurrent(
-        system, candidate, concurrency=2, lenient=True))
+    shrunk, _ = minimise(trace, execution, lambda candidate: execute(
+        system, candidate, concurrency=2, lenient=True, settle=True))
     assert len(shrunk.steps) == system.minimal_steps == 3
     assert shrunk.steps[0].action == "accept" and not shrunk.steps[0].hold  # a run
-    replay = execute_concurrent(system, shrunk.steps, concurrency=2)
+    replay = execute(system, shrunk.steps, concurrency=2, settle=True)
     assert replay.verdict == shrunk.expected
 
 
 def test_concurrent_finding_replays_identically_20_times() -> None:
     system = load_system("stale-rescue")
     assert isinstance(system, ConcurrencyMutant)
-    runs = [execute_concurrent(system, list(system.minimal_trace), concurrency=2)
+    runs = [execute(system, list(system.minimal_trace), concurrency=2, settle=True)
             for _ in range(20)]
     shown = {
         (r.verdict, tuple((o.lanes, o.snapshot) for o in r.observations)) for r in runs
@@ -260,7 +261,7 @@ def test_bad_version_2_steps_are_refused(tmp_path: Path, bad: dict[str, object],
 
 
 def test_a_step_on_a_lane_that_never_started_is_refused(reference: System) -> None:
-    with LaneExecutor(reference, concurrency=2) as ex, pytest.raises(UsageError, match="never"):
+    with Executor(reference, concurrency=2) as ex, pytest.raises(UsageError, match="never"):
         ex.run(Step("release", lane=2))
 
 
@@ -268,7 +269,7 @@ def test_no_process_descriptor_or_directory_left_behind(reference: System) -> No
     """Kills, pauses and lanes left held at the end: every lane process is reaped, every
     pipe closed, the run directory removed."""
     fds_before = set(os.listdir("/proc/self/fd"))
-    with LaneExecutor(reference, concurrency=3) as ex:
+    with Executor(reference, concurrency=3) as ex:
         directory = ex.directory
         ex.run(Step("accept", OP, P, lane=1))
         ex.run(Step("dispatch", lane=1, hold=True))
@@ -294,7 +295,7 @@ def test_command_line_system_is_scheduled_through_its_announcements() -> None:
     dispatchers held at before_dispatch at once, one paused (really stopped), one killed
     there, the other finished: one ticket, three distinct PIDs, recovery clean."""
     system = load_system(ANNOUNCE)
-    with LaneExecutor(system, concurrency=2) as ex:
+    with Executor(system, concurrency=2) as ex:
         ex.run(Step("accept", OP, P, lane=1))
         both = ex.run(Step("dispatch", lane=2, hold=True))
         assert both.lanes == ("exit 0", "dispatch @before_dispatch")
@@ -317,7 +318,7 @@ def test_command_line_system_is_scheduled_through_its_announcements() -> None:
 
 def test_command_line_system_without_announcements_runs_free() -> None:
     system = load_system(ARGUMENT)
-    with LaneExecutor(system, concurrency=2) as ex:
+    with Executor(system, concurrency=2) as ex:
         ex.run(Step("accept", OP, P, lane=1))
         ran = ex.run(Step("dispatch", lane=1, hold=True))
         assert ran.lanes == ("exit 0", "-") and len(ran.snapshot.tickets) == 1
@@ -333,7 +334,7 @@ def test_skip_judges_a_relay_by_the_leases_it_could_have_seen(reference: System)
     claims op-1 (the control: what it could have seen, it takes)."""
     crashed = [Step("accept", "op-1", {}, lane=1),
                Step("dispatch", lane=1, crash="during_completion")]
-    with LaneExecutor(reference, concurrency=2, statement_points=True) as ex:
+    with Executor(reference, concurrency=2, statement_points=True) as ex:
         for step in [*crashed, Step("dispatch", lane=2, hold=True), Step("tick", ticks=10)]:
             assert not ex.run(step).violations, step
         assert ex.lanes[2].point == "sql:1" and ex.clock is not None and ex.clock.ticks == 10
@@ -342,7 +343,7 @@ def test_skip_judges_a_relay_by_the_leases_it_could_have_seen(reference: System)
         assert relay.response == {"idle": True}  # it read the clock at tick 0
         assert not finished.violations
         assert not ex.history.vacuous("SKIP")  # judged (a lone idle relay, op-1 pending)
-    with LaneExecutor(reference, concurrency=2, statement_points=True) as ex:
+    with Executor(reference, concurrency=2, statement_points=True) as ex:
         for step in [*crashed, Step("tick", ticks=10), Step("dispatch", lane=2)]:
             ex.run(step)
         assert ex.observations[-1].exited[0][1].response["operation_id"] == "op-1"
@@ -353,7 +354,7 @@ def test_skip_names_the_row_a_relay_cursor_passes_over(reference: System) -> Non
     (committed below its high-water mark) is pending. The reference, given the same
     acceptances one after another and a relay, never trips it (vacuity shown too)."""
     system = load_system("relay-cursor")
-    with LaneExecutor(system, concurrency=2) as ex:
+    with Executor(system, concurrency=2) as ex:
         for step in system.minimal_trace:  # type: ignore[attr-defined]
             assert not ex.run(step).violations
         _, final = ex.settle()
@@ -362,7 +363,7 @@ def test_skip_names_the_row_a_relay_cursor_passes_over(reference: System) -> Non
         assert "op-1" in caught[0].message and "op-2" not in caught[0].message
         assert not ex.history.vacuous("SKIP")
         assert [op.state for op in ex.snapshot.operations] == ["pending", "complete"]
-    with LaneExecutor(reference, concurrency=2) as ex:
+    with Executor(reference, concurrency=2) as ex:
         ex.run(Step("accept", OP, P, lane=1))
         ex.run(Step("accept", "op-2", P, lane=2))
         ex.run(Step("dispatch", lane=2))
@@ -378,10 +379,10 @@ def test_quiet_judges_a_solitary_dispatcher_in_a_concurrent_trace(reference: Sys
     alive meanwhile QUIET is not judged (the control for the solitary rule)."""
     trace = [Step("accept", OP, P, lane=1), Step("dispatch", lane=1),
              Step("dispatch", lane=2)]
-    caught = execute_concurrent(load_system("idle-resend"), trace, concurrency=2)
+    caught = execute(load_system("idle-resend"), trace, concurrency=2, settle=True)
     assert caught.verdict.invariants == ("QUIET",) and caught.verdict.step == 3
-    assert execute_concurrent(reference, trace, concurrency=2).verdict.clean
-    with LaneExecutor(load_system("idle-resend"), concurrency=2) as ex:
+    assert execute(reference, trace, concurrency=2, settle=True).verdict.clean
+    with Executor(load_system("idle-resend"), concurrency=2) as ex:
         for step in trace[:2]:
             ex.run(step)
         held = ex.run(Step("dispatch", lane=1, hold=True))  # another worker alive throughout
@@ -407,7 +408,7 @@ def test_concurrent_explore_prints_invariant_coverage(tmp_path: Path) -> None:
         for point, count in stats["crash_points_fired"].items())
 
 
-def _points_until_exit(ex: LaneExecutor, lane: int) -> list[str]:
+def _points_until_exit(ex: Executor, lane: int) -> list[str]:
     shown = []
     while True:
         state = ex.run(Step("release", lane=lane)).lanes[lane - 1]
@@ -420,7 +421,7 @@ def test_statement_scheduling_points(reference: System) -> None:
     """With statement points a Python worker also holds before each SQL statement (sql:K)
     and after each COMMIT (commit:K), so a kill lands between any two statements: killed
     before its COMMIT an acceptance leaves nothing, killed after it both rows."""
-    with LaneExecutor(reference, concurrency=1, statement_points=True) as ex:
+    with Executor(reference, concurrency=1, statement_points=True) as ex:
         first = ex.run(Step("accept", OP, P, lane=1, hold=True)).lanes[0]
         points = [first.removeprefix("accept @"), *_points_until_exit(ex, 1)]
     assert points[0] == "sql:1" and "during_accept" in points and "commit:1" in points
@@ -428,14 +429,14 @@ def test_statement_scheduling_points(reference: System) -> None:
     before_commit = points[commit - 1]
     assert before_commit.startswith("sql:")
     for point, rows in ((before_commit, 0), ("commit:1", 1)):
-        with LaneExecutor(reference, concurrency=1, statement_points=True) as ex:
+        with Executor(reference, concurrency=1, statement_points=True) as ex:
             ex.run(Step("accept", OP, P, lane=1, hold=True))
             while ex.lanes[1].point != point:
                 ex.run(Step("release", lane=1))
             killed = ex.run(Step("kill", lane=1))
             assert killed.exited[0][1].killed
             assert len(killed.snapshot.operations) == len(killed.snapshot.outbox) == rows
-    with LaneExecutor(reference, concurrency=1) as ex:  # the control: named points only
+    with Executor(reference, concurrency=1, laned=True) as ex:  # the control: named points only
         assert ex.run(Step("accept", OP, P, lane=1, hold=True)).lanes == ("accept @during_accept",)
 
 
@@ -443,7 +444,7 @@ def test_statement_points_refused_for_a_command_line_system() -> None:
     system = load_system(str(Path(__file__).resolve().parent.parent / "examples"
                              / "standalone_outbox" / "system.json"))
     with pytest.raises(UsageError, match="statement scheduling points"):
-        LaneExecutor(system, concurrency=2, statement_points=True)
+        Executor(system, concurrency=2, statement_points=True)
 
 
 def test_a_lane_closed_right_after_its_fork_is_killed_and_reaped(reference: System) -> None:
@@ -452,8 +453,10 @@ def test_a_lane_closed_right_after_its_fork_is_killed_and_reaped(reference: Syst
     only the child set its group), and close must not wait out a deadline for it."""
     for _ in range(20):
         began = time.monotonic()
-        with LaneExecutor(reference, concurrency=1) as ex:
-            lane = ex._start(Step("accept", OP, P, lane=1, hold=True))  # no wait for its hold
+        with Executor(reference, concurrency=1, laned=True) as ex:
+            step = Step("accept", OP, P, lane=1, hold=True)
+            assert ex._lanes is not None
+            lane = ex._lanes.launch(step, ex._spec(step), ex.snapshot)  # no wait for its hold
         assert _gone(lane.pid)
         assert time.monotonic() - began < 5.0
 
@@ -464,7 +467,7 @@ def test_no_lane_forks_while_snapshot_connections_are_kept_open(reference: Syste
     from faultlab.base.errors import ExecutionError
     from faultlab.stores.sqlite import readers_kept_open
 
-    with LaneExecutor(reference, concurrency=1) as ex:
+    with Executor(reference, concurrency=1, laned=True) as ex:
         descriptors = set(os.listdir("/proc/self/fd"))
         with readers_kept_open(), pytest.raises(ExecutionError, match="kept open"):
             ex.run(Step("accept", OP, P, lane=1))
@@ -496,7 +499,7 @@ def test_a_dispatcher_waiting_for_its_blocked_service_is_blocked_before_the_boun
     poll, waiting for its service, which sleeps in SQLite's busy handler. The lane's
     process tree is looked at, so it is judged blocked in milliseconds, not at the bound
     (a second per such step by default), and moves on once the holder finishes."""
-    with LaneExecutor(reference, concurrency=2, block_bound=20.0) as ex:
+    with Executor(reference, concurrency=2, block_bound=20.0) as ex:
         ex.run(Step("accept", OP, P, lane=1))
         ex.run(Step("service", OP, P, lane=2, hold=True))
         while ex.lanes[2].point != "service_before_commit":
@@ -527,7 +530,7 @@ def test_a_dispatcher_killed_while_its_service_waits_leaves_no_zombie(
 
     become_subreaper()
     before = set(_zombie_children())
-    with LaneExecutor(reference, concurrency=2) as ex:
+    with Executor(reference, concurrency=2) as ex:
         ex.run(Step("accept", OP, P, lane=1))
         ex.run(Step("service", OP, P, lane=2, hold=True))
         while ex.lanes[2].point != "service_before_commit":

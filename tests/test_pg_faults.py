@@ -25,7 +25,8 @@ import pytest
 from conftest import ROOT, require_private_postgres
 
 from faultlab.process.spawn import Spawner
-from faultlab.run.executor import Execution, execute
+from faultlab.run.executor import execute
+from faultlab.run.observation import Execution
 from faultlab.stores import pgserver
 from faultlab.stores import postgres as pgstores
 from faultlab.stores.pgserver import PrivateServer
@@ -124,14 +125,14 @@ def test_a_server_crash_under_live_lanes_replays_identically(private: PrivateSer
     """Lane 2 holds inside its claim transaction when the server dies: its worker lives
     on, meets the dead connection when released (an undeclared error, exit 70), and lane
     1's fresh dispatcher completes the entry the crash rolled back."""
-    from faultlab.run.interleaving import execute_concurrent
+    from faultlab.run.executor import execute
 
     system = load_system("reference-pg")
     steps = [Step("accept", "op-1", PAYLOAD, lane=1), Step("dispatch", lane=2, hold=True),
              Step(SERVER_CRASH), Step("finish", lane=2), Step("dispatch", lane=1)]
 
     def outcome() -> list[Any]:
-        execution = execute_concurrent(system, steps, concurrency=2)
+        execution = execute(system, steps, concurrency=2, settle=True)
         return [(o.step, o.lanes, o.snapshot, o.violations,
                  tuple(record.exit_code for _, record in o.exited))
                 for o in execution.observations] + [execution.final_violations]
@@ -144,9 +145,9 @@ def test_a_server_crash_under_live_lanes_replays_identically(private: PrivateSer
 
 
 def _lane_outcome(system_name: str, steps: list[Step]) -> list[Any]:
-    from faultlab.run.interleaving import execute_concurrent
+    from faultlab.run.executor import execute
 
-    execution = execute_concurrent(load_system(system_name), steps, concurrency=2)
+    execution = execute(load_system(system_name), steps, concurrency=2, settle=True)
     return [(o.step, o.lanes, o.snapshot, o.violations,
              tuple(record.exit_code for _, record in o.exited))
             for o in execution.observations] + [execution.final_violations]
@@ -361,10 +362,10 @@ def test_a_dropped_connection_reaches_a_command_line_lanes_backends(
     from test_postgres_command_lanes import PAYLOAD as COMMAND_PAYLOAD
     from test_postgres_command_lanes import _announcing
 
-    from faultlab.run.interleaving import LaneExecutor
+    from faultlab.run.executor import Executor
 
     system = load_system(str(_announcing(tmp_path)))
-    with LaneExecutor(system, concurrency=2) as ex:
+    with Executor(system, concurrency=2) as ex:
         ex.run(Step("accept", "op-1", COMMAND_PAYLOAD, lane=1))
         held = ex.run(Step("dispatch", lane=2, hold=True))
         assert held.lanes == ("exit 0", "dispatch @before_dispatch"), held.lanes

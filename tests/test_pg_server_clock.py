@@ -21,7 +21,7 @@ from conftest import ROOT, require_private_postgres, require_service
 
 from faultlab.base import wall_clock
 from faultlab.base.errors import UsageError
-from faultlab.run.interleaving import LaneExecutor, execute_concurrent
+from faultlab.run.executor import Executor, execute
 from faultlab.stores import postgres as pgstores
 from faultlab.stores.pgserver import PrivateServer
 from faultlab.system import concurrency_mutant_names, load_system
@@ -95,7 +95,7 @@ def test_the_private_servers_now_follows_the_ticks(private: PrivateServer) -> No
     """Each trace starts the server's clock at its epoch; a tick moves it by exactly the
     ticks (one tick, one second), and nothing else moves it."""
     private.set_clock(500)  # what a previous trace may have left
-    with LaneExecutor(load_system("reference-pg"), concurrency=2) as ex:
+    with Executor(load_system("reference-pg"), concurrency=2) as ex:
         assert pgstores.stores_info(ex.directory).server_clock is True
         start = _server_now(ex.directory)
         assert start == 0.0
@@ -112,7 +112,7 @@ def test_reference_pg_stamps_its_lease_with_the_servers_now(private: PrivateServ
     """The lease is the claim transaction's now() + 10 s on the server: a dispatcher held
     inside its claim while 4 ticks pass commits a lease that ends at 10, announces it so,
     and a second dispatcher claims exactly when the server's lease lapses."""
-    with LaneExecutor(load_system("reference-pg"), concurrency=2) as ex:
+    with Executor(load_system("reference-pg"), concurrency=2) as ex:
         ex.run(Step("accept", "op-1", PAYLOAD, lane=1))
         ex.run(Step("dispatch", lane=1, hold=True))  # held inside the claim transaction
         assert _lease_ends(ex.directory) == [None]
@@ -139,10 +139,10 @@ def test_server_clock_lease_pg_is_caught_at_its_minimal_trace_and_reference_pg_i
     mutant = load_system("server-clock-lease-pg")
     assert mutant.name in concurrency_mutant_names()
     trace = list(mutant.minimal_trace)
-    caught = execute_concurrent(mutant, trace, concurrency=mutant.concurrency)
+    caught = execute(mutant, trace, laned=True, concurrency=mutant.concurrency, settle=True)
     assert len(caught.executed_prefix()) == mutant.minimal_steps == len(trace) == 5
     assert caught.verdict.invariants == ("FENCE",)
-    clean = execute_concurrent(load_system("reference-pg"), trace, concurrency=2)
+    clean = execute(load_system("reference-pg"), trace, concurrency=2, settle=True)
     assert clean.verdict.clean
 
 
@@ -151,7 +151,7 @@ def test_a_lane_killed_while_waiting_for_a_lock_loses_its_backend_on_a_frozen_cl
     """The client connection check is a timeout on the server's wall clock, which a frozen
     virtual clock never lets fire: the backend of a lane killed while it waits for a lock
     is ended by faultlab instead, as the check would end it, and the trace goes on."""
-    with LaneExecutor(load_system("reference-pg"), concurrency=2) as ex:
+    with Executor(load_system("reference-pg"), concurrency=2) as ex:
         ex.run(Step("accept", "op-1", PAYLOAD, lane=1, hold=True))
         blocked = ex.run(Step("accept", "op-1", PAYLOAD, lane=2))
         assert blocked.lanes == ("accept @during_accept", "accept blocked")

@@ -24,7 +24,6 @@ from faultlab.base.errors import ExecutionError, UsageError
 from faultlab.base.wall_clock import EPOCH
 from faultlab.process.spawn import Spawner, child_environment
 from faultlab.run.executor import Executor, execute
-from faultlab.run.interleaving import LaneExecutor, execute_concurrent
 from faultlab.stores import postgres as pgstores
 from faultlab.stores.sqlite import StoreError
 from faultlab.system import load_system
@@ -435,7 +434,7 @@ def test_reference_pg_claims_skip_locked_with_a_lease_and_fences_the_superseded(
     Lane 1 commits its claim (token 1, lease 10 ticks) and holds before the downstream call;
     before the lease lapses lane 2 is idle, after it lane 2 claims (token 2) and completes;
     lane 1's completion is refused: superseded, one ticket, FENCE holds."""
-    with LaneExecutor(reference_pg, concurrency=2) as ex:
+    with Executor(reference_pg, concurrency=2) as ex:
         ex.run(Step("accept", "op-1", PAYLOAD, lane=1))
         held = ex.run(Step("dispatch", lane=1, hold=True))
         assert held.lanes == ("dispatch @during_claim", "-")
@@ -472,12 +471,12 @@ def test_no_fencing_pg_is_caught_at_its_minimal_trace_and_reference_pg_is_not(
     superseded lane answers superseded."""
     mutant = load_system("no-fencing-pg")
     trace = list(mutant.minimal_trace)
-    caught = execute_concurrent(mutant, trace, concurrency=mutant.concurrency)
+    caught = execute(mutant, trace, laned=True, concurrency=mutant.concurrency, settle=True)
     assert len(caught.executed_prefix()) == mutant.minimal_steps == len(trace) == 5
     assert caught.verdict.invariants == ("FENCE",)
     # the receiver deduplicates, so one ticket: only the history (FENCE) shows the defect
     assert caught.observations[-1].snapshot.counts()["tickets"] == 1
-    clean = execute_concurrent(load_system("reference-pg"), trace, concurrency=2)
+    clean = execute(load_system("reference-pg"), trace, concurrency=2, settle=True)
     assert clean.verdict.clean, clean.verdict
     superseded = [r.response for o in clean.observations for _, r in o.exited
                   if r.response is not None and r.response.get("superseded")]
@@ -493,7 +492,7 @@ def test_a_lane_killed_while_waiting_for_a_row_lock_loses_its_backend(
     control without the check (0) shows the lingering backend reported."""
     monkeypatch.setattr(pgstores, "CLIENT_CHECK_MS", check_ms)
     monkeypatch.setattr(pgstores, "BACKEND_EXIT_BOUND", 2.0)
-    with LaneExecutor(reference_pg, concurrency=2) as ex:
+    with Executor(reference_pg, concurrency=2) as ex:
         ex.run(Step("accept", "op-1", PAYLOAD, lane=1, hold=True))
         blocked = ex.run(Step("accept", "op-1", PAYLOAD, lane=2))
         assert blocked.lanes == ("accept @during_accept", "accept blocked")

@@ -23,7 +23,7 @@ from conftest import ROOT, TESTS
 from test_postgres import DSN, server  # noqa: F401 - the fixture
 
 from faultlab.process.spawn import child_environment
-from faultlab.run.interleaving import LaneExecutor
+from faultlab.run.executor import Executor
 from faultlab.stores import postgres as pgstores
 from faultlab.system import load_system
 from faultlab.trace import Step
@@ -48,7 +48,7 @@ def _announcing(tmp_path: Path) -> Path:
 
 def test_a_held_command_lane_keeps_its_backends(tmp_path: Path) -> None:
     system = load_system(str(_announcing(tmp_path)))
-    with LaneExecutor(system, concurrency=2) as ex:
+    with Executor(system, concurrency=2) as ex:
         ex.run(Step("accept", "op-1", PAYLOAD, lane=1))
         held = ex.run(Step("dispatch", lane=2, hold=True))  # its claim's transaction open
         assert held.lanes == ("exit 0", "dispatch @before_dispatch")
@@ -62,7 +62,7 @@ def test_a_killed_command_lane_is_waited_for(tmp_path: Path) -> None:
     """A lane that ended (killed at its point) is an ended worker again: the snapshot
     waits for its backend, and shows its claim's transaction rolled back."""
     system = load_system(str(_announcing(tmp_path)))
-    with LaneExecutor(system, concurrency=2) as ex:
+    with Executor(system, concurrency=2) as ex:
         ex.run(Step("accept", "op-1", PAYLOAD, lane=1))
         ex.run(Step("dispatch", lane=2, hold=True))
         killed = ex.run(Step("kill", lane=2))

@@ -13,7 +13,7 @@ from conftest import ROOT
 from test_lanes import _gone
 
 from faultlab.base.errors import UsageError
-from faultlab.run.interleaving import LaneExecutor, execute_concurrent
+from faultlab.run.executor import Executor, execute
 from faultlab.system import load_system
 from faultlab.trace import Step, Trace
 
@@ -41,7 +41,7 @@ def test_a_power_step_is_data_in_a_concurrent_trace() -> None:
 
 def test_a_cut_kills_the_held_lane_and_loses_an_unsynced_acceptance() -> None:
     system = load_system("sync-off-caller")
-    with LaneExecutor(system, concurrency=2, power=True) as ex:
+    with Executor(system, concurrency=2, power=True) as ex:
         accepted = ex.run(Step("accept", "op-1", P, lane=1))
         assert accepted.violations == () and len(accepted.snapshot.operations) == 1
         held = ex.run(Step("dispatch", lane=2, hold=True))
@@ -58,7 +58,7 @@ def test_the_reference_keeps_what_it_acknowledged_through_a_cut_under_a_held_lan
              Step.power(DROP_ALL), Step("dispatch", lane=1),
              Step("accept", "op-2", P, lane=2), Step.power({"kind": "prefix",
                                                                        "keep": 1})]
-    execution = execute_concurrent(load_system("reference"), steps, concurrency=2)
+    execution = execute(load_system("reference"), steps, concurrency=2, settle=True)
     assert execution.verdict.clean, [str(v) for v in execution.violations]
     last = execution.observations[-1].snapshot
     assert len(last.operations) == 2 and len(last.tickets) == 2

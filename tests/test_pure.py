@@ -12,7 +12,7 @@ from typing import Any
 from faultlab.checks.history import History
 from faultlab.checks.invariants import Model, Violation
 from faultlab.process.records import ProcessRecord
-from faultlab.run.executor import Execution, Observation, worker_observation
+from faultlab.run.observation import Execution, Observation, worker_observation
 from faultlab.search.enumeration import history_for, state_key
 from faultlab.search.shrink import machine_could_draw, minimise
 from faultlab.stores.sqlite import Operation, Snapshot
@@ -239,7 +239,7 @@ def lane_execution(steps: list[Step], fails: Callable[[list[Step]], int | None]
     held: set[int | None] = set()
     for step in steps:
         if step.action == "release" and step.lane not in held:
-            continue  # its worker's start was deleted: dropped, as execute_concurrent does
+            continue  # its worker's start was deleted: dropped, as execute does
         if step.hold:
             held.add(step.lane)
         elif step.action == "release":

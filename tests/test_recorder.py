@@ -10,8 +10,8 @@ from faultlab.checks.invariants import (
     Violation,
 )
 from faultlab.process.records import ProcessRecord
-from faultlab.run.executor import Observation, worker_observation
-from faultlab.run.interleaving import checks_after
+from faultlab.run.executor import checks_after
+from faultlab.run.observation import Observation, worker_observation
 from faultlab.search.recorder import Recorder
 from faultlab.stores.sqlite import Snapshot
 from faultlab.trace import Step, Verdict

@@ -7,7 +7,6 @@ from faultlab.checks.invariants import Violation
 from faultlab.process.spawn import Spawner
 from faultlab.report.tables import replay_table, violation_lines
 from faultlab.run.executor import execute
-from faultlab.run.interleaving import execute_concurrent
 from faultlab.system import load_system
 from faultlab.trace import Step
 
@@ -40,10 +39,9 @@ def test_a_final_check_row_is_aligned_under_both_layouts() -> None:
     rows = _rows(replay_table(sequential, "tsv"))
     assert len(rows[-1]) == len(rows[0]) and rows[-1][1] == "settle: final check"
     assert rows[-1][-1] == "LIVE"
-    lanes = execute_concurrent(
-        load_system("reference"),
-        [Step("accept", "op-1", P, lane=1), Step("dispatch", lane=2, hold=True)],
-        concurrency=2, settle=False)
+    lanes = execute(load_system("reference"), [Step("accept", "op-1", P, lane=1),
+                                               Step("dispatch", lane=2, hold=True)],
+                    concurrency=2, settle=False)
     lanes.final_violations.append(_live())
     rows = _rows(replay_table(lanes, "tsv"))
     assert rows[0][:5] == ["#", "step", "L1", "L2", "ended (pid exit)"]

@@ -16,7 +16,6 @@ import pytest
 from faultlab.process.spawn import Spawner
 from faultlab.run.directory import RunDirectory
 from faultlab.run.executor import Executor
-from faultlab.run.interleaving import LaneExecutor
 from faultlab.stores.sqlite import StoreError
 from faultlab.system import System, load_system
 from faultlab.trace import Step
@@ -29,7 +28,7 @@ def test_both_executors_name_their_directory_by_pid_and_remove_it(
         sequential.run(Step("accept", "op-1", {"title": "a"}))
         one = sequential.directory
         assert one.is_dir() and one.name.startswith(f"faultlab-{os.getpid()}-")
-    with LaneExecutor(reference, concurrency=2) as lanes:
+    with Executor(reference, concurrency=2) as lanes:
         lanes.run(Step("accept", "op-1", '{"title":"a"}', lane=1))
         two = lanes.directory
         assert two.is_dir() and two.name.startswith(f"faultlab-lanes-{os.getpid()}-")
@@ -55,7 +54,7 @@ def test_the_directory_goes_when_the_stores_cannot_be_released(
     made: list[Path] = []
     with pytest.raises(StoreError, match="the server is gone"):
         if lanes:
-            with LaneExecutor(system, concurrency=2) as ex:
+            with Executor(system, concurrency=2) as ex:
                 made.append(ex.directory)
                 ex.run(Step("accept", "op-1", '{"title":"a"}', lane=1))
         else:

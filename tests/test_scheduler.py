@@ -17,7 +17,7 @@ from conftest import explore_lanes
 
 from faultlab.cli import main
 from faultlab.corpus import files as corpus
-from faultlab.run.interleaving import execute_concurrent
+from faultlab.run.executor import execute
 from faultlab.search.explore import Exploration
 from faultlab.search.schedules import check_scheduler, pct_span
 from faultlab.system import load_system
@@ -89,7 +89,7 @@ def test_a_pct_finding_replays_whatever_the_scheduler(
     path.write_text(json.dumps(document))
     saved = Trace.load(path)
     assert isinstance(saved, Trace)
-    replayed = execute_concurrent(load_system(MUTANT), saved.steps, concurrency=2)
+    replayed = execute(load_system(MUTANT), saved.steps, concurrency=2, settle=True)
     assert replayed.verdict == saved.expected
 
 

@@ -18,7 +18,8 @@ import pytest
 from conftest import ROOT, TESTS
 
 from faultlab.base.errors import ExecutionError
-from faultlab.run.interleaving import BLOCK_BOUND, LaneExecutor
+from faultlab.run.executor import Executor
+from faultlab.run.interleaving import BLOCK_BOUND
 from faultlab.system import load_system
 from faultlab.trace import Step
 
@@ -32,7 +33,7 @@ def test_a_lone_lane_that_sleeps_past_the_bound_runs_to_its_end(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAULTLAB_TEST_DISPATCH_SLEEP", str(SLEEP))
     system = load_system("systems_for_tests:SlowDispatchOutbox")
-    with LaneExecutor(system, concurrency=2) as ex:
+    with Executor(system, concurrency=2) as ex:
         ex.run(Step("accept", "op-1", P, lane=1))
         began = time.monotonic()
         dispatched = ex.run(Step("dispatch", lane=1))
@@ -48,7 +49,7 @@ def test_a_lone_lane_that_sleeps_past_the_bound_runs_to_its_end(
 
 def test_a_lone_lane_that_never_ends_misses_its_deadline() -> None:
     system = load_system("systems_for_tests:HangingDispatchOutbox")
-    with LaneExecutor(system, concurrency=2, deadline=2.0) as ex:
+    with Executor(system, concurrency=2, deadline=2.0) as ex:
         ex.run(Step("accept", "op-1", P, lane=1))
         began = time.monotonic()
         with pytest.raises(ExecutionError, match="missed its deadline") as failure:

@@ -18,7 +18,7 @@ import pytest
 from faultlab.base import interrupt
 from faultlab.process import starter
 from faultlab.process.records import WorkerSpec
-from faultlab.run.interleaving import LaneExecutor
+from faultlab.run.executor import Executor
 from faultlab.system import System
 from faultlab.trace import Step
 
@@ -94,11 +94,12 @@ def test_a_killed_worker_is_reported_killed_and_close_ends_the_rest() -> None:
 def test_lane_workers_are_not_forked_by_the_executors_process(reference: System) -> None:
     """The explorer forks the helper once per trace; every lane worker is the helper's."""
     payload = '{"title":"starter"}'
-    with LaneExecutor(reference, concurrency=2) as ex:
+    with Executor(reference, concurrency=2) as ex:
         ex.run(Step("accept", "op-1", payload, lane=1, hold=True))
         ex.run(Step("dispatch", lane=2, hold=True))
         pids = [lane.pid for lane in ex.lanes.values()]
-        helper = ex._launcher._starter
+        assert ex._lanes is not None
+        helper = ex._lanes._launcher._starter
         assert helper is not None and len(pids) == 2
         assert [_parent_of(pid) for pid in pids] == [helper.pid, helper.pid]
         ex.run(Step("finish", lane=1))

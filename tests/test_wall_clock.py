@@ -23,8 +23,8 @@ from faultlab.base.clock import SETTLE_HORIZON
 from faultlab.base.errors import UsageError
 from faultlab.process import spawn
 from faultlab.process.spawn import spawner
-from faultlab.run.executor import Execution, execute
-from faultlab.run.interleaving import LaneExecutor, execute_concurrent
+from faultlab.run.executor import Executor, execute
+from faultlab.run.observation import Execution
 from faultlab.search.rounds import Plan, run_stream
 from faultlab.stores.sqlite import scratch_directory
 from faultlab.system import load_system
@@ -45,8 +45,7 @@ def faketime() -> None:
 
 
 def test_workers_read_faultlabs_clock_through_time_time(faketime: None) -> None:
-    with LaneExecutor(load_system("systems_for_tests:WallClockRetryOutbox"),
-                      concurrency=2) as ex:
+    with Executor(load_system("systems_for_tests:WallClockRetryOutbox"), concurrency=2) as ex:
         ex.run(Step("tick", ticks=7))
         (_, record), = ex.run(Step("dispatch", lane=2)).exited
         assert record.exit_code == 0 and record.response is not None
@@ -56,7 +55,7 @@ def test_workers_read_faultlabs_clock_through_time_time(faketime: None) -> None:
 
 def test_a_retry_after_a_back_off_is_not_reported_lost(faketime: None) -> None:
     system = load_system("systems_for_tests:WallClockRetryOutbox")
-    result = execute_concurrent(system, TRACE, concurrency=2)
+    result = execute(system, TRACE, concurrency=2, settle=True)
     assert result.verdict.clean, result.final
     killed = result.observations[2].exited[0][1]
     assert killed.killed
@@ -69,16 +68,16 @@ def test_a_retry_after_a_back_off_is_not_reported_lost(faketime: None) -> None:
 
 
 def test_work_dropped_for_good_is_still_reported(faketime: None) -> None:
-    result = execute_concurrent(load_system("systems_for_tests:WallClockDroppedOutbox"),
-                                TRACE, concurrency=2)
+    result = execute(load_system("systems_for_tests:WallClockDroppedOutbox"), TRACE,
+                     concurrency=2, settle=True)
     assert result.verdict.invariants == ("LIVE",)
 
 
 def test_control_on_the_real_clock_the_retry_is_reported_lost() -> None:
     """Without the virtual wall clock the same library is reported LIVE: the retry is
     5 real seconds away when recovery runs (what the virtual wall clock fixes)."""
-    result = execute_concurrent(load_system("systems_for_tests:RealClockRetryOutbox"),
-                                TRACE, concurrency=2)
+    result = execute(load_system("systems_for_tests:RealClockRetryOutbox"), TRACE,
+                     concurrency=2, settle=True)
     assert result.verdict.invariants == ("LIVE",)
 
 
@@ -87,8 +86,7 @@ def test_no_library_is_one_line_error(monkeypatch: pytest.MonkeyPatch, tmp_path:
     scratch = Path(scratch_directory() or tempfile.gettempdir())
     before = set(scratch.glob("faultlab-lanes-*"))
     with pytest.raises(UsageError, match="libfaketime is not installed") as raised:
-        with LaneExecutor(load_system("systems_for_tests:WallClockRetryOutbox"),
-                          concurrency=2):
+        with Executor(load_system("systems_for_tests:WallClockRetryOutbox"), concurrency=2):
             pass
     assert "\n" not in str(raised.value)
     assert set(scratch.glob("faultlab-lanes-*")) == before  # nothing left behind
@@ -116,7 +114,7 @@ def _command_system(tmp_path: Path, wall: object) -> Path:
 def test_a_command_line_system_switches_it_on_in_its_file(faketime: None,
                                                           tmp_path: Path) -> None:
     system = load_system(str(_command_system(tmp_path, True)))
-    with LaneExecutor(system, concurrency=1) as ex:
+    with Executor(system, concurrency=1, laned=True) as ex:
         ex.run(Step("tick", ticks=12))
         (_, record), = ex.run(Step("dispatch", lane=1)).exited
         assert record.exit_code == 0, record.stderr
@@ -267,7 +265,7 @@ def test_a_killed_worker_under_libfaketime_leaves_nothing_in_dev_shm(
     system = load_system("systems_for_tests:WallClockRetryOutbox")
     servers: list[int] = []
     if mode == "lanes":
-        lanes = execute_concurrent(system, TRACE, concurrency=2)
+        lanes = execute(system, TRACE, concurrency=2, settle=True)
         killed = lanes.observations[2].exited[0][1]
     else:
         with spawner(mode) as runner:

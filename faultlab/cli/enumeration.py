@@ -230,8 +230,9 @@ def _enumerate_lanes(args: argparse.Namespace) -> int:
     from faultlab.base.version import __version__
     from faultlab.corpus import files as corpus
     from faultlab.corpus.files import flaky_directory
+    from faultlab.process.spawn import Spawner
     from faultlab.report import tables as report
-    from faultlab.run.interleaving import execute_concurrent
+    from faultlab.run.executor import execute
     from faultlab.search.coverage import vacuity
     from faultlab.search.explore import flaky_trace
     from faultlab.search.schedule_enumeration import ACCEPTORS, enumerate_concurrent
@@ -262,10 +263,9 @@ def _enumerate_lanes(args: argparse.Namespace) -> int:
             vacuity(result.coverage, system, result.sequences, concurrency=args.concurrency,
                     can_hold=system.holds_in_lanes()),
             result.sequences, "sequences")
-    confirmed = execute_concurrent(
-        system, result.finding, concurrency=args.concurrency,
-        deduplication=args.deduplication, spawn=args.spawn, deadline=args.deadline,
-    )
+    confirmed = execute(system, result.finding, Spawner(args.spawn), laned=True,
+                        concurrency=args.concurrency, deduplication=args.deduplication,
+                        deadline=args.deadline, settle=True)
     meta = {"found_by": "enumerate", "operations": args.operations, "crashes": args.crashes,
             "max_steps": max_steps, "faultlab": __version__}
     if confirmed.verdict != result.execution.verdict:

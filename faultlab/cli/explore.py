@@ -57,7 +57,7 @@ from faultlab.system.contract import System
 from faultlab.trace import Trace
 
 if TYPE_CHECKING:
-    from faultlab.run.executor import Execution
+    from faultlab.run.observation import Execution
     from faultlab.search.rounds import Plan, StreamResult, Totals
 
 

@@ -30,8 +30,8 @@ from pathlib import Path
 from faultlab.base.errors import UsageError
 from faultlab.process.spawn import Spawner
 from faultlab.report import tables as report
-from faultlab.run.executor import Execution, validate_step
-from faultlab.run.interleaving import execute_trace
+from faultlab.run.executor import execute_trace, validate_step
+from faultlab.run.observation import Execution
 from faultlab.system.contract import System, check_crash_point
 from faultlab.trace import EXPECT_FINDING, EXPECT_FLAKY, Trace, Verdict
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from faultlab.process.records import KILLED
-from faultlab.run.executor import Execution, Observation
+from faultlab.run.observation import Execution, Observation
 from faultlab.stores.sqlite import TABLES, Snapshot
 
 STORES = (("caller", ("operations", "outbox")), ("downstream", ("tickets", "receipts")))

@@ -18,7 +18,7 @@ from faultlab.base.messages import printable
 from faultlab.base.version import __version__
 from faultlab.checks.invariants import Violation
 from faultlab.process.records import KILLED, ProcessRecord
-from faultlab.run.executor import Execution, Observation
+from faultlab.run.observation import Execution, Observation
 from faultlab.search.coverage import Coverage
 from faultlab.stores.sqlite import Snapshot
 from faultlab.system.contract import System

@@ -1,10 +1,10 @@
-"""The concurrent executor: several real worker processes alive at once, scheduled by faultlab.
+"""The lanes of a laned trace: several real worker processes alive at once, scheduled by faultlab.
 
-Each lane runs one worker at a time as a real OS process (forked from this
-process, or a fresh interpreter in exec mode) with a control pipe
-(:mod:`faultlab.schedule`): the worker holds at every named point it reaches
+Each lane runs one worker at a time as a real OS process (forked by the starter's
+helper, or a fresh interpreter in exec mode) with a control pipe
+(:mod:`faultlab.nemesis.schedule`): the worker holds at every named point it reaches
 and announces it, and faultlab decides which lane moves next. Between points
-the processes run for real against the same SQLite files, with SQLite's own
+the processes run for real against the same stores, with the stores' own
 locks and busy timeouts. Only one lane is released at a time; a released lane
 that neither reaches a point nor ends within :data:`BLOCK_BOUND` seconds, and
 whose processes are not working (:func:`_still_working`), is
@@ -19,8 +19,8 @@ it already speaks (:mod:`faultlab.nemesis.announce`: ``reached POINT PID``,
 answered ``continue``); a program that announces nothing runs free from start
 to end, and can still be paused, resumed and killed.
 
-After every step both stores are read back and every per-step invariant is
-checked, plus the history invariants of :mod:`faultlab.checks.history`.
+:class:`Lanes` runs the processes; the one executor (:class:`faultlab.run.executor.Executor`)
+owns the stores, the clock and every check, and reads the stores back after each step.
 """
 
 from __future__ import annotations
@@ -30,64 +30,34 @@ import os
 import selectors
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
 from faultlab.base import interrupt
-from faultlab.base.canonical import canonical_json
-from faultlab.base.clock import SETTLE_HORIZON, VirtualClock
 from faultlab.base.errors import EXIT_USAGE, ExecutionError, UsageError
 from faultlab.base.messages import printable, worker_message
-from faultlab.base.wall_clock import WallClock
-from faultlab.checks.history import Claim, History, LoneRun
-from faultlab.checks.invariants import (
-    BY_NAME,
-    HISTORY_INVARIANTS,
-    STEP_INVARIANTS,
-    Check,
-    Model,
-    Violation,
-    check_history,
-    check_live,
-    check_quiet,
-)
+from faultlab.checks.history import Claim, History
 from faultlab.nemesis.announce import CONTINUE as ANNOUNCE_CONTINUE
 from faultlab.nemesis.announce import ProtocolError, channel_environment, parse_announcement
 from faultlab.nemesis.schedule import CONTINUE, RETRY_SIGNAL, SCHEDULE_ENV, STATEMENTS_ENV
 from faultlab.process.launch import Launcher, Running
 from faultlab.process.records import (
     DEFAULT_DEADLINE,
-    POWER_LOG_VARIABLE,
     ProcessRecord,
     SpawnMode,
     WorkerSpec,
     parse_response,
 )
-from faultlab.process.spawn import (
-    Spawner,
-    child_environment,
-    reap_group,
-    tree_activity,
-    tree_pids,
-)
+from faultlab.process.spawn import child_environment, reap_group, tree_activity, tree_pids
 
 # Imported here, not in the forked child: a child that imported a module from disk would
 # run whatever the file holds at that moment, not what this run loaded.
-from faultlab.run.directory import POWER_LOG, RunDirectory
-from faultlab.run.executor import (
-    NO_PROCESS,
-    Execution,
-    Observation,
-    check_server_crash,
-    cut_power,
-    execute,
-)
 from faultlab.run.worker import run_worker
 from faultlab.stores import postgres as pgstores
 from faultlab.stores.sqlite import Snapshot, readers_are_kept
-from faultlab.system.contract import Program, System, check_crash_point
-from faultlab.trace import DROP_CONNECTION, POWER, SERVER_CRASH, Step, Trace
+from faultlab.system.contract import Program, System
+from faultlab.trace import DROP_CONNECTION, POWER, SERVER_CRASH, Step
 
 #: Seconds a released lane may run without reaching a point or ending before it counts as
 #: blocked on another lane's lock. Generous: a loaded machine must not misjudge a slow lane.
@@ -110,19 +80,7 @@ LOCK_POLL = 0.004
 RETRY_POLL = 0.002
 #: What /proc/PID/wchan shows for a process in nanosleep() (SQLite's busy handler).
 SLEEPING = ("hrtimer_nanosleep", "do_nanosleep")
-#: Per-step checks that judge one worker's whole run against the snapshot before it
-#: started; with other lanes changing the stores meanwhile they do not apply.
-SEQUENTIAL_ONLY = ("QUIET",)  # judged apart, by :meth:`LaneExecutor._quiet`
-QUIET = BY_NAME["QUIET"]
-#: The per-step invariants judged after every lane step (QUIET apart).
-PER_STEP: tuple[str, ...] = tuple(i.name for i in STEP_INVARIANTS if i.name not in SEQUENTIAL_ONLY)
 MAX_OUTPUT = 1 << 20  # bytes of a lane's stdout or stderr kept, as for sequential workers
-
-
-def checks_after(ended: int) -> int:
-    """Invariant checks run after a scheduling choice at which ``ended`` workers ended: each
-    per-step invariant per worker (at least once), and each history invariant once."""
-    return len(PER_STEP) * max(1, ended) + len(HISTORY_INVARIANTS)
 
 
 def _lock_waiting(pid: int) -> bool:
@@ -235,129 +193,92 @@ def _program_environment(program: Program, decide: int, announce: int) -> dict[s
     return environment
 
 
-class LaneExecutor:
-    """Runs a concurrent trace's steps on one set of fresh stores, with its own clock."""
+class Lanes:
+    """The lanes of one laned trace: the worker processes alive at once, each started through
+    the process layer with a control channel, held at its points, released, killed, paused
+    and resumed, and judged blocked when it waits on another lane's lock.
+
+    It runs processes and reads what they announce (held points; claims, which go to the
+    trace's ``history``); the executor (:class:`faultlab.run.executor.Executor`) owns the
+    stores, the clock and every check, and asks this class to move a lane.
+    """
 
     def __init__(
-        self, system: System, *, concurrency: int, deduplication: bool = True,
+        self, system: System, *, concurrency: int, history: History, ticks: Callable[[], int],
         spawn: SpawnMode = "fork", deadline: float = DEFAULT_DEADLINE,
         block_bound: float = BLOCK_BOUND, statement_points: bool = False,
-        power: bool = False,
+        power: bool = False, wall: bool = False,
     ) -> None:
-        system.require_deduplication_switch(deduplication)
-        #: Record every SQLite change (the lanes' workers and this process's reads) so that
-        #: power steps can rebuild the stores as a power cut would leave them.
-        self.power = power
-        #: The stores' digests when recording began or at the last cut (see
-        #: :func:`faultlab.run.executor.cut_power`).
-        self.unrecorded_baseline: dict[str, str] = {}
         if statement_points and not system.supports_statement_points:
             raise UsageError(f"{system.name}: statement scheduling points (sql:K, commit:K) "
                              "need faultlab's own worker processes (a Python system)")
-        #: Python workers also hold at sql:K and commit:K (before the K-th statement,
-        #: after the K-th COMMIT), not only at their named points.
-        self.statement_points = statement_points
         self.system = system
         self.concurrency = concurrency
-        self.deduplication = deduplication
+        #: Where the workers' announced claims go, and the trace's clock when they claimed.
+        self.history = history
+        self.ticks = ticks
         self.spawn = spawn
         self.deadline = deadline
         self.block_bound = block_bound
+        #: Python workers also hold at sql:K and commit:K (before the K-th statement,
+        #: after the K-th COMMIT), not only at their named points.
+        self.statement_points = statement_points
+        #: Workers record for power cuts, or run under libfaketime: each is exec'd (a lane
+        #: forked from a recording process failed a dispatcher's first write).
+        self.power = power
+        self.wall = wall
         #: A Python system's workers sleep only in SQLite's busy handler (waiting for a
         #: lock); a command-line program may sleep for reasons of its own.
         self.fast_blocking = system.sleeps_only_on_locks
-        #: The trace's stores, made at enter (named by this process's pid) and gone at close.
-        self._run = RunDirectory(system, "faultlab-lanes-", power=power)
-        self.directory = Path()
-        self.clock: VirtualClock | None = None
-        self.wall: WallClock | None = None  # libfaketime's file, for virtual_wall_clock
-        self.model = Model()
-        self.history = History(ordering_key=system.ordering_key)
-        #: The per-step invariants (and LIVE) that had something to check in this trace.
-        self.checked: set[str] = set()
-        self.snapshot = Snapshot()
         self.lanes: dict[int, Lane] = {}
-        self.observations: list[Observation] = []
         self.workers = 0
         self.processes = 0
+        #: The workers that ended during the current step (see :meth:`begin`).
+        self.exited: list[tuple[int, ProcessRecord]] = []
         self._selector = selectors.DefaultSelector()
         #: Starts this trace's workers (the process layer's; closed with the trace).
         self._launcher = Launcher(_run_lane_worker)
-        self._exited: list[tuple[int, ProcessRecord]] = []
-        #: Why each store does not open after the power cut of the step being observed.
-        self._unopenable: tuple[str, ...] = ()
-
-    # -- lifetime ------------------------------------------------------------------------
-
-    def __enter__(self) -> LaneExecutor:
-        try:
-            # inside the try: a signal held back while the directory is made is raised
-            # as the deferred block ends, and close() must then remove the directory
-            self.directory = self._run.open()
-            self.unrecorded_baseline = self._run.baseline
-            self.clock = VirtualClock(self.directory)
-            self._set_server_clock()
-            if getattr(self.system, "virtual_wall_clock", False):
-                self.wall = WallClock(self.directory)
-            self.snapshot = self.system.snapshot(self.directory)
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def _set_server_clock(self) -> None:
-        """A private PostgreSQL server's ``now()`` follows the trace's clock (one tick, one
-        second after its epoch), so a lease the server stamps lapses at the tick that
-        passes it; each trace starts the server's clock at 0 again. A shared server's
-        clock is not faultlab's: nothing moves there."""
-        if self.clock is not None and getattr(self.system, "store_kind", None) == "postgres":
-            pgstores.set_server_clock(self.clock.ticks)
-
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
     def close(self) -> None:
-        """Kill every lane still alive (faultlab started them all), reap, remove the stores.
+        """Kill every lane still alive (faultlab started them all) and reap them."""
+        try:
+            lanes = list(self.lanes.values())
+            for lane in lanes:  # every lane is killed first: they die together
+                if lane.alive:
+                    self._signal(lane, signal.SIGKILL)
+                    if lane.paused:
+                        self._signal(lane, signal.SIGCONT)
+            for lane in lanes:
+                if lane.alive:
+                    self._wait_exit(lane)
+                # a service child reparented to this process; a killed group may take
+                # a while to die on a loaded machine (returns as soon as it is gone)
+                reap_group(lane.pid, wait=2.0)
+        finally:  # the helper kills whatever is left
+            self._selector.close()
+            self._launcher.close()
 
-        Under deferred signals: a SIGINT that lands here (at the end of an example) must
-        not leave the run directory behind; it is raised once the directory is gone."""
-        with interrupt.deferred():
-            try:
-                lanes = list(self.lanes.values())
-                for lane in lanes:  # every lane is killed first: they die together
-                    if lane.alive:
-                        self._signal(lane, signal.SIGKILL)
-                        if lane.paused:
-                            self._signal(lane, signal.SIGCONT)
-                for lane in lanes:
-                    if lane.alive:
-                        self._wait_exit(lane)
-                    # a service child reparented to this process; a killed group may take
-                    # a while to die on a loaded machine (returns as soon as it is gone)
-                    reap_group(lane.pid, wait=2.0)
-            finally:  # the stores go whatever happened above (the helper kills the rest)
-                self._selector.close()
-                self._launcher.close()
-                if self.wall is not None:
-                    self.wall.close()
-                # PostgreSQL databases (and their snapshot connection) never outlive a
-                # trace: a long concurrent run would otherwise exhaust the server's
-                # connections
-                self._run.close()
-                self.directory = Path()
+    def begin(self) -> None:
+        """A step begins: no worker has ended at it yet."""
+        self.exited = []
+
+    def worker_lane(self, worker: int) -> Lane:
+        """The lane that ran the trace's ``worker``-th worker (its latest)."""
+        return next(lane for lane in self.lanes.values() if lane.worker == worker)
+
+    @property
+    def alive(self) -> bool:
+        return any(lane.alive for lane in self.lanes.values())
 
     # -- processes -----------------------------------------------------------------------
 
-    def _spawn(self, number: int, spec: WorkerSpec) -> Lane:
-        if self.clock is None:
-            raise ExecutionError("the lane executor is not open")
+    def _spawn(self, number: int, spec: WorkerSpec, snapshot: Snapshot) -> Lane:
         # the system decides what runs: a program of its own (argv, environment, whether it
         # announces its points), or faultlab's worker (None), as for a sequential step
         program = self.system.program(spec)
         # exec for a libfaketime preload, and when recording for power cuts: a lane forked
         # from this (recording) process failed a dispatcher's first write (disk I/O error)
-        forks = program is None and self.spawn == "fork" and self.wall is None \
+        forks = program is None and self.spawn == "fork" and not self.wall \
             and not self.power
         if forks and readers_are_kept():  # needs an exec; SQLite: no open connection may
             raise ExecutionError("cannot fork a lane while snapshot connections are kept "
@@ -393,8 +314,8 @@ class LaneExecutor:
         for other in others:
             other.solitary = False
         lane = Lane(number, self.workers, spec, running, dict(running.outputs), go=go,
-                    chunks={"stdout": [], "stderr": []}, start_snapshot=self.snapshot,
-                    solitary=not others, program=program, started_at=self.clock.ticks)
+                    chunks={"stdout": [], "stderr": []}, start_snapshot=snapshot,
+                    solitary=not others, program=program, started_at=self.ticks())
         for fd in lane.fds:
             self._selector.register(fd, selectors.EVENT_READ, lane)
         return lane
@@ -448,7 +369,7 @@ class LaneExecutor:
                 operation_id = json.loads(quoted)
                 claim = Claim(lane.worker, lane.number, lane.pid, str(operation_id),
                               int(token), None if until == "-" else float(until),
-                              self.clock.ticks if self.clock is not None else 0)
+                              self.ticks())
             except ValueError:
                 lane.broken = True
                 self._signal(lane, signal.SIGKILL)
@@ -506,13 +427,13 @@ class LaneExecutor:
         if (lane.record.response or {}).get("service"):
             self.processes += 1  # the service child the dispatcher started
         lane.status, lane.point = "exited", None
-        self._exited.append((lane.worker, lane.record))
+        self.exited.append((lane.worker, lane.record))
         if lane.record.exit_code == EXIT_USAGE:
             last = worker_message(lane.record.stderr, lane.record.response)
             raise ExecutionError(f"lane {lane.number} worker pid {lane.pid} refused its input "
                                  f"(exit 2): {last}")
 
-    def _wait(self, lane: Lane, bound: float) -> None:
+    def wait(self, lane: Lane, bound: float) -> None:
         """Let a running lane go until it holds or ends; past ``bound`` it is blocked,
         unless its processes are still working (see :func:`_still_working`): then it gets
         another slice, up to the deadline. Before the bound, a faultlab worker seen sleeping
@@ -578,11 +499,11 @@ class LaneExecutor:
     def _signal(self, lane: Lane, signum: int) -> None:
         lane.process.signal(signum)
 
-    def _settle_blocked(self, moved: Lane | None) -> None:
+    def settle_blocked(self, moved: Lane | None) -> None:
         """After a step, give lanes that were blocked a chance to reach their next point."""
         for lane in self.lanes.values():
             if lane is not moved and lane.status == "blocked" and not lane.paused:
-                self._wait(lane, self.block_bound / 2)
+                self.wait(lane, self.block_bound / 2)
 
     def _stopped(self, lane: Lane) -> None:
         """Wait until the kernel shows the lane's process stopped (so a pause is real)."""
@@ -598,24 +519,15 @@ class LaneExecutor:
 
     # -- steps ---------------------------------------------------------------------------
 
-    def check_step(self, step: Step) -> None:
+    def check(self, step: Step) -> None:
         """Refuse a step the lanes' current states do not allow (UsageError)."""
-        step.validate(self.concurrency)
-        if step.action == "tick":
-            return
-        if step.action == SERVER_CRASH:
-            check_server_crash(self.system)
-            return
-        if step.action == POWER:
-            return  # names no lane; the choice was checked when the step was made
-        if step.action == DROP_CONNECTION:
-            check_server_crash(self.system, "a drop_connection step")
+        if step.action in ("tick", SERVER_CRASH, POWER):
+            return  # names no lane
         lane = self.lanes.get(step.lane or 0)
         alive = lane is not None and lane.alive
         if step.starts:
             if alive:
                 raise UsageError(f"{step.describe()}: lane {step.lane} is busy")
-            check_crash_point(self.system, step.role or "", step.crash)
             return
         if lane is None:
             raise UsageError(f"{step.describe()}: lane {step.lane} never started a worker")
@@ -628,77 +540,65 @@ class LaneExecutor:
         if step.action == "resume" and not lane.paused:
             raise UsageError(f"{step.describe()}: lane {step.lane} is not paused")
 
-    def run(self, step: Step, *, phase: str = "step") -> Observation:
-        # after a SIGINT/SIGTERM no further step runs, as sequentially: a state machine's
-        # teardown would otherwise settle the interrupted trace (resume, finish, recover),
-        # and a worker left waiting on a lock held that up to its deadline
-        interrupt.check()
-        self.check_step(step)
-        self._exited = []
+    def launch(self, step: Step, spec: WorkerSpec, snapshot: Snapshot) -> Lane:
+        """Start ``spec``'s worker in the step's lane and return at once. ``snapshot``: the
+        stores as it starts."""
+        with interrupt.deferred():  # a started lane is known (killed and reaped at close)
+            lane = self.lanes[step.lane or 0] = self._spawn(step.lane or 0, spec, snapshot)
+        return lane
+
+    def start(self, step: Step, spec: WorkerSpec, snapshot: Snapshot) -> Lane:
+        """Start ``spec``'s worker in the step's lane; it runs to its first point (or, for a
+        ``run``, to its end)."""
+        moved = self.launch(step, spec, snapshot)
+        self.wait(moved, self.block_bound)
+        if not step.hold:
+            self.finish(moved)
+        return moved
+
+    def move(self, step: Step, directory: Path) -> tuple[Lane | None, int]:
+        """Move the step's lane (release, finish, drop its connections, kill, pause,
+        resume); the lane moved (None: its worker had ended) and the SIGKILLs it took."""
+        moved = self.lanes[step.lane or 0]
+        if not moved.alive:
+            return None, 0
         sigkills = 0
-        started = self.processes
-        moved: Lane | None = None
-        if step.action == "tick":
-            if self.clock is None:
-                raise ExecutionError("the lane executor is not open")
-            self.clock.advance(step.ticks or 0)
-            self._set_server_clock()
-            if self.wall is not None:
-                self.wall.set(self.clock.ticks)
-        elif step.action == SERVER_CRASH:
-            # every live lane's connections die with the server; its worker runs on (held,
-            # blocked or paused where it was) and meets the failure at its next statement
-            pgstores.crash_server()
-        elif step.action == POWER:
-            sigkills = self._power_cut(step)
-        elif step.starts:
-            moved = self._start(step)
-            self._wait(moved, self.block_bound)
-            if not step.hold:
-                self._finish(moved)
-        elif self.lanes[step.lane or 0].alive:
-            moved = self.lanes[step.lane or 0]
-            if moved.status == "blocked" and step.action in ("release", "finish"):
-                self._wait(moved, self.block_bound)  # still blocked: the step waits once more
-            if step.action == "release" and moved.status == "held":
-                os.write(moved.process.decide, moved.go)
-                moved.status = "running"
-                self._wait(moved, self.block_bound)
-            elif step.action == "finish":
-                self._finish(moved)
-            elif step.action == DROP_CONNECTION:
-                # the process lives on (held, blocked or paused where it was); a statement
-                # it was blocked in fails now, so it moves on to its next point or its end
-                tag = moved.program.backend_tag if moved.program is not None else None
-                pgstores.drop_worker_connections(self.directory, moved.pid, tag)
-                if moved.status == "blocked" and not moved.paused:
-                    self._wait(moved, self.block_bound)
-            elif step.action == "kill":
-                self._signal(moved, signal.SIGKILL)
-                if moved.paused:
-                    self._signal(moved, signal.SIGCONT)
-                    moved.paused = False
-                self._wait_exit(moved)
-                sigkills = 1
-            elif step.action == "pause":
-                moved.paused = True  # first: a lane stopped is always known as paused
-                self._signal(moved, signal.SIGSTOP)
-                self._stopped(moved)
-            elif step.action == "resume":
+        if moved.status == "blocked" and step.action in ("release", "finish"):
+            self.wait(moved, self.block_bound)  # still blocked: the step waits once more
+        if step.action == "release" and moved.status == "held":
+            os.write(moved.process.decide, moved.go)
+            moved.status = "running"
+            self.wait(moved, self.block_bound)
+        elif step.action == "finish":
+            self.finish(moved)
+        elif step.action == DROP_CONNECTION:
+            # the process lives on (held, blocked or paused where it was); a statement
+            # it was blocked in fails now, so it moves on to its next point or its end
+            tag = moved.program.backend_tag if moved.program is not None else None
+            pgstores.drop_worker_connections(directory, moved.pid, tag)
+            if moved.status == "blocked" and not moved.paused:
+                self.wait(moved, self.block_bound)
+        elif step.action == "kill":
+            self._signal(moved, signal.SIGKILL)
+            if moved.paused:
                 self._signal(moved, signal.SIGCONT)
                 moved.paused = False
-                if moved.status == "blocked":
-                    self._wait(moved, self.block_bound)
-        if step.action not in ("tick", "pause", POWER):  # none can free a lock (a cut
-            self._settle_blocked(moved)                  # leaves no lane alive)
-        return self._observe(step, moved, phase, sigkills, self.processes - started)
+            self._wait_exit(moved)
+            sigkills = 1
+        elif step.action == "pause":
+            moved.paused = True  # first: a lane stopped is always known as paused
+            self._signal(moved, signal.SIGSTOP)
+            self._stopped(moved)
+        elif step.action == "resume":
+            self._signal(moved, signal.SIGCONT)
+            moved.paused = False
+            if moved.status == "blocked":
+                self.wait(moved, self.block_bound)
+        return moved, sigkills
 
-    def _power_cut(self, step: Step) -> int:
-        """The machine loses power now: every live lane dies with its service (SIGKILL of
-        its group, reaped, so nothing records any more), then the stores are rebuilt as the
-        step's choice says (:func:`faultlab.run.executor.cut_power`). Returns the SIGKILLs."""
-        if not self.power:
-            raise ExecutionError("a power step needs a lane executor that records (power=True)")
+    def kill_all(self) -> int:
+        """Every live lane dies with its service (SIGKILL of its group, reaped, so nothing
+        records any more): a power cut. Returns the SIGKILLs."""
         killed = 0
         for lane in self.lanes.values():
             if not lane.alive:
@@ -710,189 +610,21 @@ class LaneExecutor:
             self._wait_exit(lane)
             reap_group(lane.pid, wait=2.0)
             killed += 1
-        self._unopenable, self.unrecorded_baseline = cut_power(
-            self.system, self.directory, self.directory / POWER_LOG, step.choice or {},
-            self.unrecorded_baseline, f"power step {step.describe()}")
         return killed
 
-    def _start(self, step: Step) -> Lane:
-        number = step.lane or 0
-        payload = None if step.role == "dispatch" else canonical_json(step.payload)
-        spec = WorkerSpec(
-            system=self.system.ref, role=step.role or "", directory=str(self.directory),
-            operation_id=step.operation_id if step.role != "dispatch" else None,
-            crash=step.crash, payload=payload, deduplication=self.deduplication,
-            spawn=self.spawn, deadline=self.deadline, environment=self._environment(),
-        )
-        if step.role == "service" and step.operation_id is not None:
-            self.history.direct.add(step.operation_id)
-        if step.role == "accept" and step.operation_id is not None:
-            self.history.accept_begins(step.operation_id)
-        with interrupt.deferred():  # a started lane is known (killed and reaped at close)
-            lane = self._spawn(number, spec)
-            self.lanes[number] = lane
-        return lane
-
-    def _environment(self) -> tuple[tuple[str, str], ...]:
-        """The trace's clock variables (and libfaketime's), and where to record for power
-        cuts, in every lane worker's spec as in a sequential step's."""
-        if self.clock is None:
-            raise ExecutionError("the lane executor is not open")
-        wall = self.wall.environment() if self.wall is not None else {}
-        power = {POWER_LOG_VARIABLE: str(self.directory / POWER_LOG)} if self.power else {}
-        return tuple(sorted({**self.clock.environment(), **wall, **power}.items()))
-
-    def _finish(self, lane: Lane) -> None:
+    def finish(self, lane: Lane) -> None:
         """Release the lane point after point until it ends (or blocks on a lock)."""
         while lane.status == "held":
             os.write(lane.process.decide, lane.go)
             lane.status = "running"
-            self._wait(lane, self.block_bound)
+            self.wait(lane, self.block_bound)
 
-    def _observe(self, step: Step, moved: Lane | None, phase: str,
-                 sigkills: int, processes: int) -> Observation:
-        before = self.snapshot
-        unopenable, self._unopenable = self._unopenable, ()
-        after = before if unopenable else self.system.snapshot(self.directory)
-        violations: list[Violation] = []
-        covered: set[str] = set()
-        exited = list(self._exited)
-        for worker, record in exited:
-            lane = next(lane for lane in self.lanes.values() if lane.worker == worker)
-            self.model.observe(lane.spec.role, lane.spec.operation_id, lane.spec.payload, record)
-        checks: list[tuple[WorkerSpec | None, ProcessRecord]] = [
-            (lane.spec, record) for lane in self.lanes.values()
-            for worker, record in exited if lane.worker == worker
-        ]
-        if not checks or step.action in (SERVER_CRASH, POWER):  # DURABLE judges the fault
-            checks.append((None, NO_PROCESS))
-        for spec, record in checks:
-            check = Check(
-                model=self.model, before=before, after=after,
-                action=spec.role if spec is not None else step.action,
-                operation_id=spec.operation_id if spec is not None else None,
-                payload=spec.payload if spec is not None else None, record=record,
-                deduplication=self.deduplication,
-                unopenable=unopenable if spec is None else (),
-            )
-            for invariant in STEP_INVARIANTS:
-                if invariant.check is not None and invariant.name not in SEQUENTIAL_ONLY:
-                    if not invariant.vacuous(check):
-                        covered.add(invariant.name)
-                    violations += [Violation(invariant.name, message)
-                                   for message in invariant.check(check)]
-        violations += self._quiet(exited, after, covered)
-        others_moving = any(
-            lane is not moved and lane.alive and not lane.paused and lane.status != "held"
-            for lane in self.lanes.values()
-        )
-        alone = moved.worker if moved is not None and not others_moving else None
-        ended = {worker for worker, _ in exited}
-        lone = tuple(LoneRun(lane.worker, lane.start_snapshot, lane.started_at)
-                     for lane in self.lanes.values()
-                     if lane.worker in ended and lane.solitary)
-        found = self.history.check(
-            before, after, alone=alone, exited=exited, acknowledged=self.model.acknowledged,
-            lone=lone)
-        judged = Check(model=self.model, before=before, after=after, action=step.action,
-                       operation_id=None, payload=None, record=NO_PROCESS,
-                       deduplication=self.deduplication, history=found)
-        covered.update(i.name for i in HISTORY_INVARIANTS if not i.vacuous(judged))
-        violations += check_history(judged)
-        self.checked |= covered
-        self.snapshot = after
-        # an armed point that fired: the worker, or the service a dispatcher started (a kill
-        # or power step's own SIGKILLs are counted by the step)
-        fired: list[str] = []
-        for worker, record in exited:
-            here = int(record.killed and step.action not in ("kill", POWER)) \
-                + int(record.service_killed)
-            sigkills += here
-            point = next(lane.spec.crash for lane in self.lanes.values()
-                         if lane.worker == worker)
-            if here and point is not None:
-                fired.append(point)
-        observation = Observation(
-            len(self.observations) + 1, step, before, after, tuple(dict.fromkeys(violations)),
-            phase, exited=tuple(exited), lanes=self.lane_states(), sigkills=sigkills,
-            processes=processes,
-            checks=checks_after(len(exited)),
-            covered=frozenset(covered), armed=step.crash if step.starts else None,
-            fired=tuple(fired),
-        )
-        self.observations.append(observation)
-        return observation
-
-    def _quiet(self, exited: list[tuple[int, ProcessRecord]], after: Snapshot,
-               covered: set[str]) -> list[Violation]:
-        """QUIET for a dispatcher that was the only worker alive from its start to its exit:
-        judged against the stores as it found them, as a sequential trace judges it (added
-        to ``covered`` when it had something to check)."""
-        found: list[Violation] = []
-        for worker, record in exited:
-            lane = next(lane for lane in self.lanes.values() if lane.worker == worker)
-            if lane.spec.role != "dispatch" or not lane.solitary:
-                continue
-            check = Check(
-                model=self.model, before=lane.start_snapshot, after=after, action="dispatch",
-                operation_id=None, payload=None, record=record,
-                deduplication=self.deduplication,
-            )
-            if not QUIET.vacuous(check):
-                covered.add(QUIET.name)
-            found += [Violation(QUIET.name, message) for message in check_quiet(check)]
-        return found
-
-    def lane_states(self) -> tuple[str, ...]:
+    def states(self) -> tuple[str, ...]:
+        """Each lane's state, as the replay table shows it."""
         return tuple(
             self.lanes[n].shown() if n in self.lanes else "-"
             for n in range(1, self.concurrency + 1)
         )
-
-    def settle(self) -> tuple[list[Observation], list[Violation]]:
-        """Recover to quiescence, then check LIVE.
-
-        Paused lanes resume and every lane runs to its end (in lane order); then the
-        virtual clock advances by :data:`SETTLE_HORIZON` ticks, so every lease and
-        delay shorter than that lapses; then fresh dispatchers run one at a time while
-        work is pending, stopping when one makes no progress.
-        """
-        observations: list[Observation] = []
-
-        def step(lane_step: Step) -> bool:
-            observation = self.run(lane_step, phase="settle")
-            observations.append(observation)
-            return bool(observation.violations)
-
-        for _ in range(3):
-            for number in sorted(self.lanes):
-                lane = self.lanes[number]
-                if lane.alive and lane.paused and step(Step("resume", lane=number)):
-                    return observations, []
-                if lane.alive and lane.status == "held" and step(Step("finish", lane=number)):
-                    return observations, []
-            if not any(lane.alive for lane in self.lanes.values()):
-                break
-            for lane in self.lanes.values():
-                if lane.alive and lane.status == "blocked":
-                    self._wait(lane, self.deadline)
-        for lane in self.lanes.values():
-            if lane.alive:
-                raise ExecutionError(f"lane {lane.number} pid {lane.pid} is still "
-                                     f"{lane.status} after recovery")
-        if step(Step("tick", ticks=SETTLE_HORIZON)):
-            return observations, []
-        bound = 2 * len(self.snapshot.pending_outbox()) + 2
-        recovered = 0
-        while self.snapshot.pending_outbox() and recovered < bound:
-            recovered += 1
-            if step(Step("dispatch", lane=1)):
-                return observations, []
-            if observations[-1].snapshot == observations[-1].before:
-                break
-        stuck = recovered if self.snapshot.pending_outbox() else None
-        self.checked.add("LIVE")
-        return observations, check_live(self.snapshot, still_pending_after=stuck)
 
 
 def _still_working(pid: int, cpu_before: int) -> tuple[bool, int]:
@@ -903,46 +635,3 @@ def _still_working(pid: int, cpu_before: int) -> tuple[bool, int]:
     return runnable or cpu - cpu_before >= WORKING_TICKS, cpu
 
 
-def execute_concurrent(
-    system: System, steps: list[Step], *, concurrency: int, deduplication: bool = True,
-    settle: bool = True, spawn: SpawnMode = "fork", deadline: float = DEFAULT_DEADLINE,
-    lenient: bool = False, statement_points: bool = False,
-) -> Execution:
-    """Run a fixed concurrent trace on fresh stores; settle afterwards when asked and clean.
-
-    A step the lanes' states do not allow raises UsageError before it runs; with
-    ``lenient`` (shrinking) it is skipped instead, and the observations show only the
-    steps that ran.
-    """
-    power = any(lane_step.action == POWER for lane_step in steps)
-    with LaneExecutor(system, concurrency=concurrency, deduplication=deduplication,
-                      spawn=spawn, deadline=deadline, statement_points=statement_points,
-                      power=power) as executor:
-        for lane_step in steps:
-            if lenient:
-                try:
-                    executor.check_step(lane_step)
-                except UsageError:
-                    continue  # a shrinking candidate: this step lost its worker; drop it
-            observation = executor.run(lane_step)
-            if observation.violations:
-                break
-        final: list[Violation] = []
-        if settle and not any(o.violations for o in executor.observations):
-            _, final = executor.settle()
-        return Execution(list(executor.observations), final, concurrency)
-
-
-
-def execute_trace(system: System, trace: Trace, spawner: Spawner, *,
-                  deadline: float = DEFAULT_DEADLINE) -> Execution:
-    """Run a whole trace on fresh stores, as it is saved: a sequential trace (one lane, one
-    worker at a time) one process after another (:func:`faultlab.run.executor.execute`), a
-    laned one through the lanes (:func:`execute_concurrent`)."""
-    if trace.laned:
-        return execute_concurrent(
-            system, trace.steps, concurrency=trace.concurrency,
-            deduplication=trace.deduplication, settle=trace.settle, spawn=spawner.mode,
-            deadline=deadline, statement_points=trace.statement_points)
-    return execute(system, trace.steps, spawner, deduplication=trace.deduplication,
-                   settle=trace.settle, deadline=deadline)

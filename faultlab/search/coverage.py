@@ -21,7 +21,7 @@ from faultlab.system.contract import System
 
 
 class Observed(Protocol):
-    """What coverage reads of one executed step (:class:`faultlab.run.executor.Observation`,
+    """What coverage reads of one executed step (:class:`faultlab.run.observation.Observation`,
     of a sequential or a laned trace): data only, so coverage is tested without processes."""
 
     @property

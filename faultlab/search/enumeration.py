@@ -79,7 +79,8 @@ from faultlab.checks.invariants import Model
 from faultlab.process.records import DEFAULT_DEADLINE
 from faultlab.process.spawn import Spawner
 from faultlab.run.directory import POWER_LOG, store_digests
-from faultlab.run.executor import Execution, Executor, execute
+from faultlab.run.executor import Executor, execute
+from faultlab.run.observation import Execution
 from faultlab.search import defaults
 from faultlab.search.coverage import Coverage
 from faultlab.stores import vfs

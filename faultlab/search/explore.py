@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hypothesis import Phase, Verbosity, seed
@@ -31,8 +31,8 @@ from faultlab.base.errors import UsageError
 from faultlab.base.version import __version__
 from faultlab.process.records import DEFAULT_DEADLINE
 from faultlab.process.spawn import Spawner
-from faultlab.run.executor import Execution, execute
-from faultlab.run.interleaving import execute_concurrent, execute_trace
+from faultlab.run.executor import execute, execute_trace
+from faultlab.run.observation import Execution
 from faultlab.search import defaults
 from faultlab.search.coverage import vacuity
 from faultlab.search.machine import (
@@ -341,10 +341,8 @@ def _lenient_run(system: System, trace: Trace, spawner: Spawner, deadline: float
     without its worker is dropped), ``None`` when the lanes cannot run it at all."""
     def run(candidate: list[Step]) -> Execution | None:
         try:
-            return execute_concurrent(
-                system, candidate, concurrency=trace.concurrency,
-                deduplication=trace.deduplication, settle=trace.settle, spawn=spawner.mode,
-                deadline=deadline, lenient=True, statement_points=trace.statement_points)
+            return execute_trace(system, replace(trace, steps=candidate), spawner,
+                                 deadline=deadline, lenient=True)
         except UsageError:
             return None  # not a trace these lanes can run
 

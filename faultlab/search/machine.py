@@ -32,7 +32,8 @@ from hypothesis.stateful import (
 from faultlab.checks.invariants import Violation
 from faultlab.process.records import DEFAULT_DEADLINE
 from faultlab.process.spawn import Spawner
-from faultlab.run.executor import Executor, Observation
+from faultlab.run.executor import Executor
+from faultlab.run.observation import Observation
 from faultlab.search import data as generated
 from faultlab.search import defaults
 from faultlab.search.recorder import Recorder

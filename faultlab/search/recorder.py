@@ -25,7 +25,7 @@ from faultlab.trace import Step, Verdict
 
 
 class Counted(Observed, Protocol):
-    """What the recorder reads of one executed step (:class:`faultlab.run.executor.Observation`,
+    """What the recorder reads of one executed step (:class:`faultlab.run.observation.Observation`,
     a worker's run or a scheduling choice)."""
 
     @property

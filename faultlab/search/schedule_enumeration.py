@@ -9,7 +9,7 @@ free lane, held at its first point (an acceptance that commits late, after
 later ones), release a held lane to its next point, SIGKILL a held lane (at most
 ``crashes`` times), advance the virtual clock past a lease (at most ``ticks``
 times). Each sequence runs on
-fresh stores in :class:`faultlab.run.interleaving.LaneExecutor`, every invariant checked
+fresh stores in :class:`faultlab.run.executor.Executor`, every invariant checked
 after every step, then the final recovery and ``LIVE``.
 
 Reduction: after its choices run, a sequence's state is the stores, every
@@ -29,8 +29,9 @@ from typing import Any
 from faultlab.base.errors import UsageError
 from faultlab.checks.invariants import Violation
 from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
-from faultlab.run.executor import Execution
-from faultlab.run.interleaving import LaneExecutor
+from faultlab.process.spawn import Spawner
+from faultlab.run.executor import Executor
+from faultlab.run.observation import Execution
 from faultlab.search.coverage import Coverage
 from faultlab.system.contract import System
 from faultlab.trace import Step
@@ -65,7 +66,7 @@ def workload(operations: int) -> list[Step]:
     return [Step("accept", f"op-{n}", PAYLOAD, lane=1) for n in range(1, operations + 1)]
 
 
-def _choices(executor: LaneExecutor, steps: list[Step], crashes: int,
+def _choices(executor: Executor, steps: list[Step], crashes: int,
              ticks: int, operations: int, acceptors: int) -> list[Step]:
     kills = sum(step.action == "kill" for step in steps)
     advanced = sum(step.action == "tick" for step in steps)
@@ -93,7 +94,7 @@ def _choices(executor: LaneExecutor, steps: list[Step], crashes: int,
     return found + acceptor
 
 
-def _state(executor: LaneExecutor) -> tuple[Any, ...]:
+def _state(executor: Executor) -> tuple[Any, ...]:
     lanes = tuple(
         (n, lane.spec.role, lane.spec.operation_id, lane.status, lane.point, lane.paused)
         for n, lane in sorted(executor.lanes.items()) if lane.alive
@@ -111,8 +112,8 @@ def _run(system: System, prefix: list[Step], choices: list[Step], *, concurrency
     """Run a sequence; its state before the recovery (None if it failed earlier) and the
     choices that follow from that state. Counts its steps (its recovery's too) in
     ``coverage``."""
-    with LaneExecutor(system, concurrency=concurrency, deduplication=deduplication,
-                      spawn=spawn, deadline=deadline) as executor:
+    with Executor(system, Spawner(spawn), concurrency=concurrency, laned=True,
+                  deduplication=deduplication, deadline=deadline) as executor:
         for step in prefix + choices:
             if executor.run(step).violations:
                 return _counted(executor, [], coverage), None, []
@@ -122,7 +123,7 @@ def _run(system: System, prefix: list[Step], choices: list[Step], *, concurrency
         return _counted(executor, final, coverage), state, following
 
 
-def _counted(executor: LaneExecutor, final: list[Violation], coverage: Coverage
+def _counted(executor: Executor, final: list[Violation], coverage: Coverage
              ) -> Execution:
     """The sequence's execution, its steps (recovery included) counted in ``coverage``."""
     for observation in executor.observations:

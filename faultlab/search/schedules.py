@@ -8,7 +8,7 @@ advance the virtual clock; one rule, ``rescue``, is the lease scenario in a few 
 (the clock to the earliest lease's end, a rescuer, the holder waking). Hypothesis
 switches rules off per example (swarm testing), and each example draws the payload
 titles it uses as a swarm (:func:`faultlab.search.machine.swarm`). Every step runs for real in
-:class:`faultlab.run.interleaving.LaneExecutor`, which checks the per-step and history
+:class:`faultlab.run.executor.Executor`, which checks the per-step and history
 invariants after it; teardown recovers (finishes every lane, advances the clock
 past every lease, dispatches) and checks ``LIVE``. A failure is minimised by
 delta debugging over the scheduling choices, saved as a version 2 trace and
@@ -30,9 +30,8 @@ from hypothesis.stateful import (
 
 from faultlab.base.errors import UsageError
 from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
-from faultlab.run.interleaving import (
-    LaneExecutor,
-)
+from faultlab.process.spawn import Spawner
+from faultlab.run.executor import Executor
 from faultlab.search import data as generated
 from faultlab.search import defaults
 from faultlab.search.data import TITLES
@@ -82,9 +81,9 @@ class ConcurrentMachine(TraceMachine):
     def __init__(self) -> None:
         super().__init__()
         cls = type(self)
-        self.executor = LaneExecutor(
-            load_system(cls.system_ref), concurrency=cls.concurrency,
-            deduplication=cls.deduplication, spawn=cls.spawn, deadline=cls.deadline,
+        self.executor = Executor(
+            load_system(cls.system_ref), Spawner(cls.spawn), concurrency=cls.concurrency,
+            laned=True, deduplication=cls.deduplication, deadline=cls.deadline,
             statement_points=cls.statement_points, power=cls.power_loss,
         )
         self.titles: tuple[str, ...] | None = None  # the example's swarm, drawn when first used

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from faultlab.base.canonical import canonical_json
-from faultlab.run.executor import Execution
+from faultlab.run.observation import Execution
 from faultlab.search.simplify import simplify_data
 from faultlab.trace import MAX_TICKS, POWER, Step, Trace
 

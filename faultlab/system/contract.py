@@ -162,7 +162,7 @@ class Program:
     announces (``points``: the names it may announce).
 
     Sequential steps (:meth:`System.run_step`) and lanes
-    (:class:`faultlab.run.interleaving.LaneExecutor`) start the same program for the same
+    (:class:`faultlab.run.interleaving.Lanes`) start the same program for the same
     spec; only how they answer its announcements differs (a sequential step answers at
     once unless the point is armed, a lane when the schedule releases it).
     """

@@ -16,7 +16,8 @@ from typing import Any
 
 from faultlab.process.records import DEFAULT_DEADLINE, KILLED, ProcessRecord
 from faultlab.process.spawn import Spawner
-from faultlab.run.executor import Execution, Observation, execute
+from faultlab.run.executor import execute
+from faultlab.run.observation import Execution, Observation
 from faultlab.system.contract import SCENARIO_ROLES, System, scenario_point
 from faultlab.system.fields import describe_unknown
 from faultlab.trace import Step
