@@ -622,3 +622,24 @@ def test_a_lane_worker_woken_in_the_busy_handler_retries_its_lock_at_once(
             waiter.kill()
             waiter.wait()
         holder.close()
+
+
+def test_one_executor_runs_both_kinds_of_trace_and_refuses_a_step_of_the_other(
+        reference: System) -> None:
+    """The one executor: a sequential trace runs one worker to its end per step (no lane,
+    no clock unless the system asks for one); a laned trace keeps its workers in lanes.
+    Each refuses, before any process starts, a step only the other kind can run."""
+    with Executor(reference) as sequential:
+        assert not sequential.laned and sequential.clock is None
+        first = sequential.run(Step("accept", OP, P))
+        assert first.lanes == () and first.record.exit_code == 0 and first.processes == 1
+        with pytest.raises(UsageError, match="names no lane"):
+            sequential.run(Step("dispatch", lane=1))
+        assert len(sequential.observations) == 1
+    with Executor(reference, concurrency=2) as laned:
+        assert laned.laned and laned.clock is not None
+        held = laned.run(Step("accept", OP, P, lane=1, hold=True))
+        assert held.lanes[0].startswith("accept @") and held.processes == 1
+        with pytest.raises(UsageError, match="needs a lane"):
+            laned.run(Step("dispatch"))
+        assert len(laned.observations) == 1 and laned.workers == 1
