@@ -201,7 +201,7 @@ def test_every_command_stops_cleanly(tmp_path: Path, command: list[str], delay: 
     ), result["stderr"]
     assert "FOUND" not in result["stdout"] and "PASS" not in result["stdout"]
     assert not (tmp_path / "out.json").exists()
-    if command[0] in ("enumerate", "explore"):
+    if command[0] in ("enumerate", "explore", "mutants"):
         assert not (tmp_path / "corpus").exists()
 
 
@@ -558,3 +558,22 @@ def glob_paths(pattern: str) -> list[str]:
     import glob
 
     return glob.glob(pattern)
+
+
+def test_mutants_interrupted_after_a_judge_finished_saves_nothing(tmp_path: Path) -> None:
+    """A finished judge's finding waits for the whole run: interrupted while the reference
+    is still judged (no-dedup done and caught), ``mutants`` says nothing was saved, and
+    the corpus holds nothing (a judge that saved its own finding left a file behind)."""
+    corpus = tmp_path / "corpus"
+    result = interrupted_run(
+        ["mutants", "--only", "reference", "--only", "no-dedup", "--jobs", "2",
+         "--examples", "400", "--corpus", str(corpus), "--output", str(tmp_path / "out.json")],
+        "TERM", "stderr", text="mutants: no-dedup judged (ok)", delay=0.2, limit=120.0)
+    assert result["signalled"], result
+    assert "mutants: no-dedup judged (ok)" in result["stderr"], result
+    assert result["returncode"] == STATUS["TERM"], result
+    assert result["stderr"].splitlines()[-1] == (
+        "faultlab: interrupted by SIGTERM; workers stopped, nothing reported or saved")
+    assert not corpus.exists(), list(corpus.rglob("*"))
+    assert not (tmp_path / "out.json").exists()
+    assert result["leftovers"] == {} and result["run_directories"] == [], result

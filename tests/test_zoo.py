@@ -83,6 +83,9 @@ def test_mutants_command_judges_reference_and_a_mutant(tmp_path: Path) -> None:
     assert mutant["shrunk_steps"] == mutant["minimal_steps"] == 1
     saved = [Path(p).name for p in corpus.glob("*.json")]
     assert len(saved) == 1 and saved[0].startswith("split-accept-ATOM-")
+    # saved once the run ended, and named in the row (the trace itself is not in the JSON)
+    assert Path(mutant["corpus_file"]).name == saved[0] and "finding" not in mutant
+    assert rows["reference"]["corpus_file"] is None
 
 
 @pytest.mark.parametrize(

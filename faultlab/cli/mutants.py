@@ -34,7 +34,8 @@ def register(commands: Commands) -> None:
                     "median examples until explore found the concurrency mutants (none when "
                     "one was missed). Exit 0 only when the "
                     "reference is clean and every mutant is caught by both; 1 otherwise; 2 on "
-                    "bad input. Each shrunk finding is saved to the corpus. The mutants that need "
+                    "bad input. Each shrunk finding is saved to the corpus once every system "
+                    "is judged (an interrupted run saves nothing). The mutants that need "
                     "faultlab's own PostgreSQL server (async-commit-pg, shown by a server "
                     "crash; server-clock-lease-pg, whose lease runs on the server's clock) "
                     "are judged by explore alone on a private server of their own (as "
@@ -87,6 +88,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
         Judgement,
         concurrency_examples,
         judge_all,
+        save_findings,
         timing_summary,
     )
 
@@ -112,6 +114,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
               f"{time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
 
     judgements = judge_all(names, budget, jobs=min(args.jobs, len(names)), progress=progress)
+    save_findings(judgements, args.corpus)  # every judge done: the run's commit point
     seconds = time.monotonic() - started
     rows = []
     for j in judgements:

@@ -14,7 +14,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,8 @@ class Judgement:
     shrunk_steps: int | None
     explore_seconds: float
     explore_steps: int
+    #: Where the shrunk finding was saved: set by :func:`save_findings` once the whole run
+    #: has ended (a judge saves nothing itself: an interrupted run saves nothing).
     corpus_file: str | None
     #: False for data and depth mutants, which enumerate's defaults cannot express.
     enumerable: bool = True
@@ -50,6 +52,8 @@ class Judgement:
     unjudged: str | None = None
     #: The lanes the system was explored with (2 for a concurrency mutant).
     lanes: int = 1
+    #: The shrunk finding's trace document, until :func:`save_findings` saves it.
+    finding: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -65,7 +69,9 @@ class Judgement:
             or self.shrunk_steps == self.minimal_steps
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "ok": self.ok, "at_minimum": self.at_minimum}
+        row = {**asdict(self), "ok": self.ok, "at_minimum": self.at_minimum}
+        del row["finding"]  # saved to the corpus, named by corpus_file
+        return row
 
 
 @dataclass(frozen=True)
@@ -165,7 +171,6 @@ def _judge(name: str, budget: Budget, *, lanes: int, power_loss: bool) -> Judgem
     ``power_loss``: both with power cuts (enumerate with its one job: its recording is per
     process). Two lanes use the schedule enumerator with its defaults; one lane the
     sequential enumerator with the budget's operations and crashes."""
-    from faultlab.corpus import files as corpus
     from faultlab.system import load_system
 
     system = load_system("reference" if name in _REFERENCES else name)
@@ -202,9 +207,6 @@ def _judge(name: str, budget: Budget, *, lanes: int, power_loss: bool) -> Judgem
                 seconds=sequences.first_found_seconds or time.monotonic() - began,
                 traces=sequences.traces)
     trace = explored.trace
-    saved = None
-    if trace is not None and budget.corpus is not None:
-        saved = str(corpus.save(trace, Path(budget.corpus), system.name))
     recorder = explored.recorder
     return Judgement(
         system=name,
@@ -225,9 +227,10 @@ def _judge(name: str, budget: Budget, *, lanes: int, power_loss: bool) -> Judgem
         shrunk_steps=explored.shrunk_steps,
         explore_seconds=round(explored.seconds, 3),
         explore_steps=recorder.steps,
-        corpus_file=saved,
+        corpus_file=None,
         enumerable=enumerable,
         lanes=lanes,
+        finding=trace.to_json() if trace is not None else None,
     )
 
 
@@ -263,6 +266,21 @@ def judge_all(
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     return [results[name] for name in names]
+
+
+def save_findings(judgements: Sequence[Judgement], directory: Path) -> None:
+    """Save every judge's shrunk finding to the corpus, once the whole run has ended (the
+    run's commit point, as for ``explore``): each file atomically, all of them before a
+    signal that lands meanwhile is acted on."""
+    from faultlab.corpus import files as corpus
+    from faultlab.trace import Trace
+
+    with interrupt.deferred():
+        for judgement in judgements:
+            if judgement.finding is not None:
+                trace = Trace.from_json(judgement.finding, source=judgement.system)
+                judgement.corpus_file = str(corpus.save(trace, directory))
+                judgement.finding = None
 
 
 def concurrency_examples(judgements: Sequence[Judgement]) -> dict[str, Any]:
