@@ -119,3 +119,17 @@ def test_mutants_reports_the_concurrency_mutants_median(tmp_path: Path) -> None:
     assert lanes["median"] == lanes["sqlite_median"] == found["eager-rescue"] > 0
     assert (f"concurrency mutants: median {found['eager-rescue']} examples until found "
             "over 1\n") in done.stdout
+
+
+def test_a_judge_whose_run_failed_is_named_and_nothing_is_saved(tmp_path: Path) -> None:
+    """A run error in one judge (every worker misses a 1 ms deadline) fails the command
+    with exit 3 and one line that names the system judged; the other judges stop quietly
+    (no traceback from a pool process stopped while it waited), and nothing is saved."""
+    corpus, output = tmp_path / "corpus", tmp_path / "out.json"
+    done = run_cli("mutants", "--only", "no-dedup", "--only", "split-accept", "--jobs", "2",
+                   "--deadline", "0.001", "--corpus", str(corpus), "--output", str(output))
+    assert done.returncode == 3, done.stdout + done.stderr
+    lines = [line for line in done.stderr.splitlines() if not line.startswith("mutants: ")]
+    assert len(lines) == 1 and lines[0].startswith("faultlab: run failed: judging "), lines
+    assert "missed its 0.001s deadline" in lines[0]
+    assert not corpus.exists() and not output.exists()

@@ -16,9 +16,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from faultlab.base import interrupt
+from faultlab.base.errors import ExecutionError, UsageError
 from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
 
 
@@ -95,10 +97,41 @@ _REFERENCES = {"reference": "", REFERENCE_CONCURRENT: "two dispatchers at once",
                REFERENCE_POWER: "with power cuts"}
 
 
+#: Whether this pool process is judging a system now (see :func:`_pool_process`).
+_judging = False
+
+
+def _pool_process() -> None:
+    """A pool process's signals: while it judges, SIGINT and SIGTERM raise
+    :class:`~faultlab.base.interrupt.Interrupted` (its workers and stores are cleaned up);
+    while it waits for work, they end it quietly (an exit status, not a traceback of the
+    pool's queue when the command stops its judges after one failed)."""
+    interrupt.install()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if _judging:
+            interrupt.handler(signum, frame)
+        else:
+            raise SystemExit(128 + signum)
+
+    for signum in interrupt.SIGNALS:
+        signal.signal(signum, handler)
+
+
 def judge(name: str, budget: Budget) -> Judgement:
     """Explore and enumerate one system (runs in a worker process of the pool) the way
     the registry says its defect shows: with the lanes it needs, with power cuts, or on a
     private PostgreSQL server (whose whole-server crashes or moved clock the trace draws)."""
+    global _judging
+    _judging = True
+    try:
+        interrupt.check()  # a signal that came while it waited ended it already
+        return _judged(name, budget)
+    finally:
+        _judging = False
+
+
+def _judged(name: str, budget: Budget) -> Judgement:
     from faultlab.system.builtin import registry
 
     if name in _REFERENCES:
@@ -246,12 +279,15 @@ def judge_all(
     context = multiprocessing.get_context("spawn")
     results: dict[str, Judgement] = {}
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context,
-                               initializer=interrupt.install)
+                               initializer=_pool_process)
     try:
         first = sorted(names, key=lambda name: name not in _REFERENCES)
         futures = {pool.submit(judge, name, budget): name for name in first}
         for future in as_completed(futures):
-            judgement = future.result()
+            try:
+                judgement = future.result()
+            except (ExecutionError, UsageError) as error:  # the run failed: say where
+                raise type(error)(f"judging {futures[future]}: {error}") from None
             results[judgement.system] = judgement
             if progress is not None:
                 progress(judgement)
