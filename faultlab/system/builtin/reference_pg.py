@@ -527,6 +527,19 @@ class NoSkipLockedClaimPg(ReferencePg):
         }
 
 
+#: Lane 1 claims (held inside the claim, then released past its commit) and holds before
+#: the downstream call; its lease lapses; lane 2 claims and completes; the final recovery
+#: finishes lane 1. A completion that is not fenced completes anyway, superseded: the
+#: minimal trace of both mutants whose lease or fencing is wrong on PostgreSQL.
+LAPSED_LEASE_TRACE: tuple[Step, ...] = (
+    Step("accept", "op-1", {"title": "backlog", "priority": "normal"}, lane=1),
+    Step("dispatch", lane=1, hold=True),
+    Step("release", lane=1),
+    Step("tick", ticks=LEASE_TICKS),
+    Step("dispatch", lane=2),
+)
+
+
 class NoFencingPg(ReferencePg):
     """Completes without checking it still holds the claim: a dispatcher whose lease lapsed
     (and whose entry another dispatcher claimed with a higher token) completes anyway.
@@ -543,16 +556,7 @@ class NoFencingPg(ReferencePg):
                    "claim (no fencing token check)")
     caught_by = ("FENCE",)
     concurrency = 2
-    # Lane 1 claims (token 1: held inside the claim, then released past its commit) and
-    # holds before the downstream call; its lease lapses; lane 2 claims (token 2) and
-    # completes; the final recovery finishes lane 1: superseded, it completes anyway.
-    minimal_trace: tuple[Step, ...] = (
-        Step("accept", "op-1", {"title": "backlog", "priority": "normal"}, lane=1),
-        Step("dispatch", lane=1, hold=True),
-        Step("release", lane=1),
-        Step("tick", ticks=LEASE_TICKS),
-        Step("dispatch", lane=2),
-    )
+    minimal_trace = LAPSED_LEASE_TRACE
     minimal_steps = len(minimal_trace)
 
     def complete(
@@ -722,13 +726,7 @@ class ServerClockLeasePg(ReferencePg):
     #: Judged by ``mutants`` with two lanes on a private server of its own.
     private_server = True
     enumerable = False
-    minimal_trace: tuple[Step, ...] = (
-        Step("accept", "op-1", {"title": "backlog", "priority": "normal"}, lane=1),
-        Step("dispatch", lane=1, hold=True),
-        Step("release", lane=1),
-        Step("tick", ticks=LEASE_TICKS),
-        Step("dispatch", lane=2),
-    )
+    minimal_trace = LAPSED_LEASE_TRACE
     minimal_steps = len(minimal_trace)
     #: Where this dispatcher believes its lease ends, on its own clock.
     deadline = float("inf")
