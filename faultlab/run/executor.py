@@ -166,7 +166,8 @@ class Executor:
         self.history = History(ordering_key=system.ordering_key)
         self.snapshot = Snapshot()
         self.observations: list[Observation] = []
-        #: The trace's virtual clock and libfaketime's file, for virtual_wall_clock systems.
+        #: The trace's virtual clock (a laned trace's own; a sequential trace's only on the
+        #: virtual wall clock) and libfaketime's file, for virtual_wall_clock systems.
         self.clock: VirtualClock | None = None
         self.wall: WallClock | None = None
         #: The snapshots' read connections, kept open from enter to close.
