@@ -2,8 +2,9 @@
 the tests all do with a corpus file.
 
 A trace is checked against its system before anything runs (:func:`plan`), then
-executed on fresh stores by the executor its version needs (:func:`replay`): the
-sequential executor for version 1, the lane executor for version 2. The outcome
+executed on fresh stores by the one executor (:func:`replay`,
+:func:`faultlab.run.executor.execute_trace`): one worker at a time for version 1,
+through the lanes for version 2. The outcome
 carries its table and verdict line, so every caller prints the same thing.
 
 Which system a trace runs on is :func:`faultlab.corpus.trust.system_for`. How it

@@ -282,7 +282,7 @@ class Lanes:
             and not self.power
         if forks and readers_are_kept():  # needs an exec; SQLite: no open connection may
             raise ExecutionError("cannot fork a lane while snapshot connections are kept "
-                                 "open (a sequential executor is open in this process)")
+                                 "open (a sequential trace's executor is open in this process)")
         variables = dict(spec.environment)
         if self.statement_points:
             variables[STATEMENTS_ENV] = "1"
