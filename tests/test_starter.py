@@ -8,6 +8,7 @@ and that nothing outlives :meth:`Starter.close`.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -206,3 +207,15 @@ def test_orphans_of_the_workers_it_kills_as_it_closes_are_reaped_too() -> None:
     assert not Path(f"/proc/{grandchild}").exists()
     for fd in (decide, announce, out):
         os.close(fd)
+
+
+def test_a_lane_worker_takes_a_payload_larger_than_one_datagram(reference: System) -> None:
+    """A request to the starter's spare is sent in pieces: a generated payload of 210 KB
+    failed a long concurrent exploration (``Message too long``: one datagram may not exceed
+    the socket's buffer, 208 KiB by default). Accepted in a lane, it is stored whole."""
+    payload = {"title": "big", "blob": "x" * 300_000}
+    with Executor(reference, concurrency=2) as ex:
+        done = ex.run(Step("accept", "op-1", payload, lane=1))
+        assert done.lanes[0] == "exit 0" and done.violations == ()
+        (operation,) = done.snapshot.operations
+        assert json.loads(operation.payload) == payload

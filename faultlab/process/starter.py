@@ -30,9 +30,11 @@ Protocol, over ``AF_UNIX`` ``SOCK_SEQPACKET`` pairs (one message per datagram):
 
 * helper to caller: ``spare PID`` with one descriptor attached, the caller's end of
   the spare's own socket, once the spare leads its own group;
-* caller to spare: JSON ``{"spec": {...}, "environment": {...}}`` with four
-  descriptors attached, the child's ends of its pipes (schedule decisions in,
-  announcements out, stdout, stderr); the spare runs it as a worker;
+* caller to spare: JSON ``{"spec": {...}, "environment": {...}}`` led by its length
+  (8 bytes, big-endian) and cut into datagrams of at most 64 KiB (a generated payload
+  may be larger than one datagram can be), four descriptors attached to the first:
+  the child's ends of its pipes (schedule decisions in, announcements out, stdout,
+  stderr); the spare runs it as a worker;
 * caller to helper: ``took`` once a spare was given its request: fork the next one;
 * helper to caller: ``exited PID STATUS`` whenever a worker or spare ends (its raw wait
   status).
@@ -58,7 +60,12 @@ from faultlab.process.spawn import become_subreaper, child_main, lead_own_group
 #: The body of a started worker: the spec, the environment variables it must set, and its
 #: two control descriptors as numbered in the child (decisions in, announcements out).
 StartedMain = Callable[[WorkerSpec, dict[str, str], tuple[int, int]], int]
-_MESSAGE = 1 << 20  # bytes: a request is a spec and an environment, far below this
+#: A request (a spec and an environment) goes in datagrams of at most this many bytes: one
+#: datagram may not exceed the sender's socket buffer (``wmem_default``, 208 KiB on many
+#: machines), and a generated payload can be larger than that.
+_CHUNK = 64 << 10
+#: The length that leads a request, so the spare knows when it has all of it.
+_LENGTH = 8
 _NOTICE = 256  # bytes: "spare PID", "exited PID STATUS", "took"
 #: While orphans it has taken in are still alive, the helper looks again this often (ms).
 ORPHAN_POLL_MS = 5
@@ -101,13 +108,16 @@ class Starter:
         its pid (it leads its own process group already). The descriptors stay open here
         (the caller closes its copies)."""
         request = json.dumps({"spec": vars(spec), "environment": dict(environment)}).encode()
+        framed = len(request).to_bytes(_LENGTH, "big") + request
         try:
             while self._spare is None:
                 self._receive(None)
             pid, spare = self._spare
             self._spare = None
             try:
-                socket.send_fds(spare, [request], list(descriptors))
+                socket.send_fds(spare, [framed[:_CHUNK]], list(descriptors))
+                for at in range(_CHUNK, len(framed), _CHUNK):  # the spare reads as we send
+                    spare.sendall(framed[at:at + _CHUNK])
             finally:
                 spare.close()
             self._socket.send(b"took")  # the helper forks the next spare meanwhile
@@ -217,12 +227,20 @@ def _spare_main(assignment: socket.socket, run: StartedMain) -> NoReturn:
     os.setpgid(0, 0)
     _batch(False)
     try:
-        message, descriptors, _, _ = socket.recv_fds(assignment, _MESSAGE, 4)
+        message, descriptors, _, _ = socket.recv_fds(assignment, _CHUNK, 4)
+        if not message:  # the caller closed its end unused (the trace ended)
+            os._exit(0)
+        size = int.from_bytes(message[:_LENGTH], "big")
+        body = bytearray(message[_LENGTH:])
+        while len(body) < size:
+            part = assignment.recv(_CHUNK)
+            if not part:
+                break  # the caller went away: the request below is short and refused
+            body += part
+        message = bytes(body)
     except BaseException:  # noqa: BLE001 - a spare never returns into the helper's loop
         os._exit(70)
     assignment.close()
-    if not message:  # the caller closed its end unused (the trace ended)
-        os._exit(0)
     try:
         if len(descriptors) != 4:
             raise ValueError(f"the request carried {len(descriptors)} descriptors, not 4")
