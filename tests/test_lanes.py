@@ -219,6 +219,29 @@ def test_minimiser_turns_a_held_start_released_to_its_end_into_a_run() -> None:
     assert replay.verdict == shrunk.expected
 
 
+def test_minimiser_turns_a_run_that_waited_on_a_lock_into_a_held_start() -> None:
+    """eager-rescue found with a dispatcher that waited on a held acceptance's lock (4
+    choices) shrinks to its minimal 3: the waiting run as a held start, which lets the
+    acceptance run and its release go. Deletion and promotion alone stop at 4."""
+    from faultlab.search.shrink import minimise
+
+    system = load_system("eager-rescue")
+    assert isinstance(system, ConcurrencyMutant)
+    steps = [Step("accept", OP, P, lane=2, hold=True), Step("dispatch", lane=1),
+             Step("release", lane=2), Step("dispatch", lane=2)]
+    execution = execute(system, steps, concurrency=2, settle=True)
+    assert execution.verdict.invariants == ("EXCL",)
+    assert len(execution.executed_prefix()) == 4
+    trace = Trace(system=system.ref, deduplication=True, concurrency=2, steps=steps,
+                  expected=execution.verdict)
+    shrunk, _ = minimise(trace, execution, lambda candidate: execute(
+        system, candidate, concurrency=2, lenient=True, settle=True))
+    assert len(shrunk.steps) == system.minimal_steps == 3
+    assert [step.hold for step in shrunk.steps if step.action == "dispatch"].count(True) >= 1
+    replay = execute(system, shrunk.steps, concurrency=2, settle=True)
+    assert replay.verdict == shrunk.expected
+
+
 def test_concurrent_finding_replays_identically_20_times() -> None:
     system = load_system("stale-rescue")
     assert isinstance(system, ConcurrencyMutant)

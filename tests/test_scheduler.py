@@ -115,7 +115,8 @@ def test_the_overtake_rule_starts_a_second_relay_on_the_held_claims_key() -> Non
     accepted and a second relay starts: the overtake rule makes that one move. Called on
     the reference's machine after one accept, whatever Hypothesis draws: a relay starts
     and holds op-1's claim, a new operation with op-1's title runs in the other lane, and
-    a second relay starts there while the first still holds."""
+    a second relay starts there while the first still holds and, ``through``, runs to its
+    end before the first moves."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
@@ -134,7 +135,8 @@ def test_the_overtake_rule_starts_a_second_relay_on_the_held_claims_key() -> Non
         try:
             state.payloads["op-1"] = {"title": "backlog"}
             state.execute(Step("accept", "op-1", {"title": "backlog"}, lane=1))
-            state.overtake(data)
+            through = data.draw(st.booleans())
+            state.overtake(data, through)
             steps = [o.step for o in state.executor.observations]
             holder = steps[1].lane
             assert (steps[1].action, steps[1].hold) == ("dispatch", True), steps
@@ -142,6 +144,12 @@ def test_the_overtake_rule_starts_a_second_relay_on_the_held_claims_key() -> Non
             assert steps[2].lane != holder and steps[2].payload["title"] == "backlog", steps
             assert (steps[3].action, steps[3].hold, steps[3].lane) == (
                 "dispatch", True, steps[2].lane), steps
+            # through: the second relay runs to its end, if it still holds (the reference's
+            # finds op-1's key claimed, has nothing to take and has ended already)
+            second = state.executor.lanes[steps[3].lane]
+            assert steps[4:] == ([Step("finish", lane=steps[3].lane)]
+                                 if through and len(steps) > 4 else []), steps
+            assert not second.alive or not through, steps
             assert state.executor.lanes[holder].alive, steps  # the first relay still holds
             seen.append(steps)
         finally:
@@ -186,3 +194,17 @@ def test_the_nemesis_kills_a_blocked_lane_but_never_pauses_it() -> None:
 
     nemesis_once()
     assert done == {"blocked": {"kill"}, "held": {"kill", "pause"}}, done
+
+
+def test_every_example_opens_with_a_drawn_scenario_the_same_for_a_seed() -> None:
+    """The opening is Hypothesis's draw: a seed opens its examples alike, Hypothesis's first
+    examples vary it (they no longer all repeat one simplest example), and the opening ran
+    its steps (a rescue ticks the clock to a lease's end)."""
+    system = load_system("reference")
+    runs = [explore_lanes(system, examples=8, seed_value=3) for _ in range(2)]
+    first, second = (run.recorder.openings for run in runs)
+    assert first == second
+    assert sum(first.values()) >= runs[0].recorder.examples
+    assert len(first) >= 3, first
+    assert set(first) <= {"rescue", "overtake", "redeliver", "overlap", "none"}
+    assert runs[0].recorder.actions["tick"] >= first["rescue"] > 0

@@ -224,7 +224,7 @@ def explore(
             recorder=recorder, statement_points=bool(statement_points), scheduler=scheduler,
             power_loss=power_loss,
         )
-        base = machine_settings(examples, scheduled_steps(scheduler, steps))
+        base = machine_settings(examples, scheduled_steps(steps))
     else:
         recorder = Recorder(progress=progress, stop=stop)
         machine = outbox_machine(

@@ -82,6 +82,8 @@ class Recorder:
     actions: Counter[str] = field(default_factory=Counter)
     #: Per example PCT scheduled: its lane priorities (highest first) and change points.
     pct_draws: list[tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+    #: Examples with lanes by the scenario they opened with (``none``: plain draws only).
+    openings: Counter[str] = field(default_factory=Counter)
     last_steps: list[Step] = field(default_factory=list)
     last_verdict: Verdict = field(default_factory=Verdict)
     last_violations: list[Violation] = field(default_factory=list)

@@ -64,6 +64,12 @@ SCHEDULERS = defaults.SCHEDULERS
 DEFAULT_SCHEDULER = defaults.SCHEDULER
 #: PCT's bug depth d: an example draws d - 1 priority change points among its holds.
 PCT_DEPTH = 3
+#: What an example opens with (the ``opening`` initialize rule, :func:`_opening_rule`): one
+#: of the rules that set up in one step the moment a class of concurrency bug waits for (a
+#: lease that lapses under its holder, a relay overtaken on its key, a delivery retried
+#: while the first is in flight, an acceptance committed after a later one), or nothing
+#: (``None``: an example of plain draws only).
+OPENINGS: tuple[str | None, ...] = ("rescue", "overtake", "redeliver", "overlap", None)
 
 
 class ConcurrentMachine(TraceMachine):
@@ -282,12 +288,13 @@ class ConcurrentMachine(TraceMachine):
             self.execute(Step("finish", lane=holder))
 
     @precondition(lambda self: len(self.free_lanes()) >= 2)
-    @rule(data=st.data())
-    def overtake(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), through=st.booleans())
+    def overtake(self, data: st.DataObject, through: bool) -> None:
         """The moment every per-key order bug waits for: a relay holds its claim, new work of
         the claimed operation's key is accepted in another lane, and a second relay starts
         while the first still holds (after accepting the first work when nothing is
-        pending). Drawn step by step from the plain rules, this took hundreds of examples
+        pending) and, when ``through``, runs to its end while the first still holds (it
+        overtakes). Drawn step by step from the plain rules, this took hundreds of examples
         (four steps in the right lanes, on one key)."""
         if not self.has_pending_work() and not self.accept_first(data):
             return
@@ -305,6 +312,8 @@ class ConcurrentMachine(TraceMachine):
         if holder.alive and self.free_lanes():
             lane = data.draw(st.sampled_from(self.free_lanes()), label="second relay")
             self.execute(Step("dispatch", lane=lane, hold=True))
+            if through and lane in self.held_lanes():
+                self.execute(Step("finish", lane=lane))
 
     @precondition(lambda self: bool(self.free_lanes()) and bool(self.accepted()))
     @rule(data=st.data())
@@ -379,24 +388,39 @@ class ConcurrentMachine(TraceMachine):
         self.execute(Step("tick", ticks=ticks))
 
 
-def _schedule_rule(scheduler: str) -> Any:
-    """The ``schedule`` initialize rule of a PCT or swarm machine: before the example's
-    first step it draws (through Hypothesis, so a seed draws the same) whether the example is
-    PCT's (swarm: either, as in swarm testing), a priority per lane and the change points.
-    A trace still records its concrete lane steps: replay never needs these draws."""
+def _opening_rule(scheduler: str) -> Any:
+    """The ``opening`` initialize rule, before an example's first step: under PCT (swarm:
+    when the example draws PCT, as in swarm testing) a priority per lane and the change
+    points, then the example's opening (:data:`OPENINGS`), every draw Hypothesis's, so a
+    seed draws the same. A trace records its concrete lane steps: replay needs none of it.
 
-    def schedule(self: ConcurrentMachine, data: st.DataObject) -> None:
-        if scheduler == "swarm" and not data.draw(st.booleans(), label="pct"):
-            return  # this example is uniform's
-        order = data.draw(st.permutations(range(1, self.concurrency + 1)), label="priorities")
-        span = st.integers(1, pct_span(self.steps))
-        points = data.draw(st.lists(span, min_size=PCT_DEPTH - 1, max_size=PCT_DEPTH - 1),
-                           label="change points")
-        self.priorities = {lane: len(order) - rank for rank, lane in enumerate(order)}
-        self.change_points = frozenset(points)
-        self.recorder.pct_draws.append((tuple(order), tuple(sorted(points))))
+    The opening is drawn first in the example, so Hypothesis's first examples, which take
+    a new value of an early draw and the simplest value of every later one, each open with
+    a different scenario (they would otherwise all repeat its one simplest example), and
+    every later example opens with one of them on its fresh stores: the moments most
+    concurrency bugs wait for, while the rest of the example is drawn from every rule."""
 
-    return initialize(data=st.data())(schedule)
+    def opening(self: ConcurrentMachine, data: st.DataObject) -> None:
+        if scheduler == "pct" or (scheduler == "swarm" and data.draw(st.booleans(),
+                                                                     label="pct")):
+            order = data.draw(st.permutations(range(1, self.concurrency + 1)),
+                              label="priorities")
+            span = st.integers(1, pct_span(self.steps))
+            points = data.draw(st.lists(span, min_size=PCT_DEPTH - 1,
+                                        max_size=PCT_DEPTH - 1), label="change points")
+            self.priorities = {lane: len(order) - rank for rank, lane in enumerate(order)}
+            self.change_points = frozenset(points)
+            self.recorder.pct_draws.append((tuple(order), tuple(sorted(points))))
+        scenario = data.draw(st.sampled_from(OPENINGS), label="opening")
+        self.recorder.openings[scenario or "none"] += 1
+        if scenario == "rescue":
+            self.rescue(data, data.draw(st.booleans(), label="wake"))
+        elif scenario == "overtake":
+            self.overtake(data, data.draw(st.booleans(), label="through"))
+        elif scenario is not None:
+            getattr(self, scenario)(data)
+
+    return initialize(data=st.data())(opening)
 
 
 def pct_span(steps: int) -> int:
@@ -411,9 +435,9 @@ def check_scheduler(scheduler: str) -> str:
     return scheduler
 
 
-def scheduled_steps(scheduler: str, steps: int) -> int:
-    """Hypothesis's steps per example: PCT's initialize rule counts as one."""
-    return steps if scheduler == "uniform" else steps + 1
+def scheduled_steps(steps: int) -> int:
+    """Hypothesis's steps per example: the ``opening`` initialize rule counts as one."""
+    return steps + 1
 
 
 def _server_crash_rule() -> Any:
@@ -472,8 +496,7 @@ def concurrent_machine(
     Machine.deadline = deadline
     Machine.statement_points = statement_points
     Machine.scheduler, Machine.steps = scheduler, steps
-    if scheduler != "uniform":  # uniform draws exactly as before: the same seed, the same run
-        Machine.schedule = _schedule_rule(scheduler)
+    Machine.opening = _opening_rule(scheduler)
     Machine.draw_data_of(system)  # the system's own payloads and ids, as sequentially
     Machine.accept_points = tuple(p.name for p in system.points_for("accept"))
     Machine.dispatch_points = tuple(p.name for p in system.points_for("dispatch"))
@@ -484,5 +507,5 @@ def concurrent_machine(
     if power_loss:  # only then: without it the rules, and so every seed's examples, are as before
         Machine.power_loss = True
         Machine.power = _power_rule()
-    Machine.TestCase.settings = machine_settings(examples, scheduled_steps(scheduler, steps))
+    Machine.TestCase.settings = machine_settings(examples, scheduled_steps(steps))
     return Machine

@@ -14,7 +14,8 @@ The moves are small functions over a :class:`Shrunk` state, chosen by the kind o
 * :func:`simplify_one` / :func:`simplify_each`: a step in its simpler form (an armed
   crash disarmed, a power cut that keeps no unsynced write), as long a trace being simpler;
 * for scheduling choices, :func:`merge_ticks` (two clock advances as one), :func:`promote`
-  (a held start as a run) and a renaming of the lanes;
+  (a held start as a run), :func:`hold` (a run as a held start, kept only when it opens
+  a deletion) and a renaming of the lanes;
 * last, the data the steps carry (:func:`faultlab.search.simplify.simplify_data`).
 
 Any invariant may fail in the smaller trace, as Hypothesis's own shrinker allows.
@@ -207,6 +208,28 @@ def promote(shrinker: Shrinker,
     return state
 
 
+def hold(shrinker: Shrinker, state: Shrunk) -> Shrunk:
+    """A worker run that waited on another lane's lock did in effect what a worker started
+    and held does, and the steps that held the lock were needed only to make it wait: try
+    each ``run`` as a ``start``, then promote and delete again, and keep it only if that
+    ends shorter (the two forms are as long, so neither is preferred for its own sake)."""
+    index = 0
+    while index < len(state.steps):
+        steps = state.steps
+        step = steps[index]
+        index += 1
+        if not step.starts or step.hold or step.lane is None:
+            continue
+        found = shrinker.attempt(steps[:index - 1] + [replace(step, hold=True)]
+                                 + steps[index:], state.size + 1)
+        if found is None:
+            continue
+        smaller = delete(shrinker, promote(shrinker, delete(shrinker, found)))
+        if smaller.size < state.size:
+            state, index = smaller, 0
+    return state
+
+
 def merge_ticks(shrinker: Shrinker,
                 state: Shrunk
                 ) -> Shrunk:
@@ -251,8 +274,8 @@ def _schedule(shrinker: Shrinker,
     """The moves in turn, again while a round shortened the trace: a simplified step or a
     promoted start can open a deletion an earlier move could not make."""
     while True:
-        smaller = simplify_each(shrinker, promote(shrinker, merge_ticks(
-            shrinker, delete(shrinker, state))))
+        smaller = simplify_each(shrinker, hold(shrinker, promote(shrinker, merge_ticks(
+            shrinker, delete(shrinker, state)))))
         if smaller.size >= state.size:
             return smaller
         state = smaller
