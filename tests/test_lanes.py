@@ -484,20 +484,51 @@ def test_a_lane_closed_right_after_its_fork_is_killed_and_reaped(reference: Syst
         assert time.monotonic() - began < 5.0
 
 
-def test_no_lane_forks_while_snapshot_connections_are_kept_open(reference: System) -> None:
-    """SQLite forbids carrying an open connection across fork(): a fork-mode lane refuses
-    to start inside a sequential executor's kept-readers block, and starts outside it."""
-    from faultlab.base.errors import ExecutionError
-    from faultlab.stores.sqlite import readers_kept_open
+def _store_descriptors(pid: int, directory: Path) -> set[str]:
+    """The files of ``directory`` (the trace's stores) that process ``pid`` holds open."""
+    held = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(directory)):
+            held.add(target)
+    return held
 
-    with Executor(reference, concurrency=1, laned=True) as ex:
-        descriptors = set(os.listdir("/proc/self/fd"))
-        with readers_kept_open(), pytest.raises(ExecutionError, match="kept open"):
-            ex.run(Step("accept", OP, P, lane=1))
-        assert ex.lanes == {}
-        assert set(os.listdir("/proc/self/fd")) <= descriptors | {"listing"}  # no pipe left
-        observation = ex.run(Step("accept", OP, P, lane=1))
+
+def test_no_store_connection_is_carried_across_a_fork(
+        reference: System, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite forbids carrying an open connection across fork() (the child's copy of
+    SQLite's own lock bookkeeping would name this process's connections): a laned trace
+    keeps its snapshot connections open, closes them before this process forks the helper
+    that forks its workers (its first start), and opens them again at the next snapshot.
+    Each fork of this process is watched: no store is open in it at that moment."""
+    forks: list[set[str]] = []
+    real_fork = os.fork
+    directory = Path()
+
+    def watched_fork() -> int:
+        forks.append(_store_descriptors(os.getpid(), directory))
+        return real_fork()
+
+    monkeypatch.setattr(os, "fork", watched_fork)
+    with Executor(reference, concurrency=2, laned=True) as ex:
+        directory = ex.directory.resolve()
+        assert _store_descriptors(os.getpid(), directory)  # the readers, kept open
+        ex.run(Step("accept", OP, P, lane=1, hold=True))
+        assert forks == [set()]  # the helper, forked with no store open here
+        assert ex._lanes is not None and ex._lanes._launcher._starter is not None
+        helper = ex._lanes._launcher._starter.pid
+        assert not _store_descriptors(helper, directory)
+        kept = _store_descriptors(os.getpid(), directory)
+        assert kept  # opened again by the step's snapshot
+        observation = ex.run(Step("finish", lane=1))
         assert [op.id for op in observation.snapshot.operations] == [OP]
+        assert _store_descriptors(os.getpid(), directory) == kept  # the same, kept
+        assert not _store_descriptors(helper, directory)
+        assert forks == [set()]  # this process forked nothing more
+    assert not _store_descriptors(os.getpid(), directory)  # closed with the trace
 
 
 def _zombie_children() -> list[int]:

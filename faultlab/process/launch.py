@@ -114,6 +114,11 @@ class Launcher:
         if self._starter is not None:
             self._starter.collect()
 
+    def forks_here(self) -> bool:
+        """Whether the next :meth:`start_worker` forks this process: to make the helper
+        (its first), or the worker itself where no helper can be made."""
+        return self._starter is None
+
     def start_worker(self, spec: WorkerSpec, environment: ChannelEnvironment) -> Running:
         """Fork faultlab's worker for ``spec``: from the starter's helper (made on the
         first start, before this worker's pipes), or from this process where the helper

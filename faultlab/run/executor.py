@@ -288,8 +288,11 @@ class Executor:
             self.directory = self._run.open()
             self.unrecorded_baseline = self._run.baseline
             if self.laned:
-                # a laned trace's own clock; its readers are not kept open, since a lane
-                # forked from this process must not inherit an open SQLite connection
+                # a laned trace's own clock; its readers are kept open too (released before
+                # this process forks: see Lanes._spawn), except under power cuts, whose
+                # lanes record as they run and whose readers open as a cut leaves the stores
+                if not self.power:
+                    self._readers.enter_context(readers_kept_open())
                 self.clock = VirtualClock(self.directory)
                 self._set_server_clock()
                 if getattr(self.system, "virtual_wall_clock", False):

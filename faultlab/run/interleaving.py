@@ -55,7 +55,7 @@ from faultlab.process.spawn import child_environment, reap_group, tree_activity,
 # run whatever the file holds at that moment, not what this run loaded.
 from faultlab.run.worker import run_worker
 from faultlab.stores import postgres as pgstores
-from faultlab.stores.sqlite import Snapshot, readers_are_kept
+from faultlab.stores.sqlite import Snapshot, release_kept_readers
 from faultlab.system.contract import Program, System
 from faultlab.trace import DROP_CONNECTION, POWER, SERVER_CRASH, Step
 
@@ -280,9 +280,10 @@ class Lanes:
         # from this (recording) process failed a dispatcher's first write (disk I/O error)
         forks = program is None and self.spawn == "fork" and not self.wall \
             and not self.power
-        if forks and readers_are_kept():  # needs an exec; SQLite: no open connection may
-            raise ExecutionError("cannot fork a lane while snapshot connections are kept "
-                                 "open (a sequential trace's executor is open in this process)")
+        if forks and self._launcher.forks_here():
+            # SQLite: no open connection may be carried across fork(); the executor's
+            # snapshot opens them again after it (once a trace, when the helper is made)
+            release_kept_readers()
         variables = dict(spec.environment)
         if self.statement_points:
             variables[STATEMENTS_ENV] = "1"

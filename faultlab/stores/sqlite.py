@@ -274,9 +274,12 @@ class KeptReaders:
 _kept: KeptReaders | None = None
 
 
-def readers_are_kept() -> bool:
-    """Whether a :func:`readers_kept_open` block is open (a forking caller refuses to fork)."""
-    return _kept is not None
+def release_kept_readers() -> None:
+    """Close the connections a :func:`readers_kept_open` block holds now, before this
+    process forks a child that does not exec (SQLite: no open connection may be carried
+    across ``fork()``); the block goes on, and its next query opens them again."""
+    if _kept is not None:
+        _kept.close()
 
 
 def kept_connections() -> list[sqlite3.Connection]:
@@ -292,7 +295,8 @@ def readers_kept_open() -> Iterator[None]:
     For one trace on one set of stores, in the process that judges it. Not nested: an
     inner block shares the outer one's connections and leaves closing them to it. Not in
     a process that forks children without exec meanwhile (SQLite: an open connection must
-    not be carried across fork()); see :func:`readers_are_kept`."""
+    not be carried across fork()), unless it releases them first
+    (:func:`release_kept_readers`)."""
     global _kept
     if _kept is not None:
         yield
