@@ -264,7 +264,10 @@ def explore(
         **({"scheduler": scheduler} if lanes and scheduler != "uniform" else {}),
         # no timestamp: the documented commands must reproduce committed files byte for byte
     }
-    if isinstance(failure, Flaky):
+    # With lanes the machine itself stops Hypothesis's re-run of the failing example
+    # (ConcurrentMachine.should_stop), which Hypothesis always calls flaky: no news. The
+    # replay below judges the finding either way.
+    if isinstance(failure, Flaky) and not lanes:
         result.notes.append(f"Hypothesis reported a flaky failure: {failure}")
     trace = Trace(system=system.ref, deduplication=deduplication, steps=list(steps_of),
                   expected=verdict_of, violations=list(violations_of), meta=meta,
