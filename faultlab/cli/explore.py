@@ -164,7 +164,11 @@ def register(commands: Commands) -> None:
                              "traces). With N >= 2 each step is a "
                              "scheduling choice over N lanes (start a worker held at its "
                              "first point, release, finish, kill, pause, resume, tick the "
-                             "virtual clock); findings are version 2 traces")
+                             "virtual clock); each example opens with a drawn scenario "
+                             "(a lease that lapses under its holder, a relay overtaken on its "
+                             "key, a delivery retried in flight, an acceptance committed after a "
+                             "later one, or none) before its --steps drawn steps; findings are "
+                             "version 2 traces")
     parser.add_argument("--scheduler", choices=defaults.SCHEDULERS, default=None,
                         help="with --concurrency: which held lane a release or finish "
                              "moves: uniform (any), pct (probabilistic concurrency testing: "
