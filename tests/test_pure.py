@@ -322,3 +322,29 @@ def test_one_shrinker_makes_a_power_cut_its_simplest_in_either_kind_of_trace() -
               expected=started.verdict),
         started, lambda steps: lane_execution(steps, needs_a_power_cut))
     assert [step.choice for step in shrunk_lanes.steps] == [{"kind": "drop_all"}]
+
+
+def fails_with_an_even_number_of_accepts(steps: list[Step]) -> int | None:
+    """Fails at a dispatch that comes after an even number of acceptances (none too)."""
+    accepts = 0
+    for index, step in enumerate(steps, 1):
+        if step.action == "accept":
+            accepts += 1
+        elif step.action == "dispatch" and accepts % 2 == 0:
+            return index
+    return None
+
+
+def test_the_lane_shrinker_deletes_two_steps_apart_that_only_go_together() -> None:
+    """Neither acceptance can go alone, nor can any run of steps: only the two together.
+    The shrinker deletes that pair (a trace this short tries every pair)."""
+    noisy = [Step("accept", "op-1", ACCEPTED, lane=1), Step("tick", ticks=5),
+             Step("accept", "op-2", ACCEPTED, lane=2), Step("dispatch", lane=1)]
+    original = lane_execution(noisy, fails_with_an_even_number_of_accepts)
+    assert original.verdict.step == 4
+    trace = Trace(system="no-fencing", deduplication=True, concurrency=2, steps=noisy,
+                  expected=original.verdict)
+    shrunk, execution = minimise(trace, original, lambda steps: lane_execution(
+        steps, fails_with_an_even_number_of_accepts))
+    assert [step.describe() for step in shrunk.steps] == ["L1 run dispatch()"]
+    assert execution.verdict.step == 1

@@ -15,7 +15,8 @@ The moves are small functions over a :class:`Shrunk` state, chosen by the kind o
   crash disarmed, a power cut that keeps no unsynced write), as long a trace being simpler;
 * for scheduling choices, :func:`merge_ticks` (two clock advances as one), :func:`promote`
   (a held start as a run), :func:`hold` (a run as a held start, kept only when it opens
-  a deletion) and a renaming of the lanes;
+  a deletion), :func:`delete_pairs` (two steps apart, in a short trace) and a renaming
+  of the lanes;
 * last, the data the steps carry (:func:`faultlab.search.simplify.simplify_data`).
 
 Any invariant may fail in the smaller trace, as Hypothesis's own shrinker allows.
@@ -208,6 +209,29 @@ def promote(shrinker: Shrinker,
     return state
 
 
+#: Traces of at most this many steps also try deleting each pair of steps apart
+#: (:func:`delete_pairs`): a handful of candidates more per round, where it matters most.
+PAIR_STEPS = 8
+
+
+def delete_pairs(shrinker: Shrinker, state: Shrunk) -> Shrunk:
+    """Two steps that only go together (the first work accepted and the dispatch that took
+    it, with others between): delete each pair, in a trace short enough
+    (:data:`PAIR_STEPS`), where deleting either alone fails to (:func:`delete` tries runs
+    of two only as halves of the trace or of its halves)."""
+    improved = True
+    while improved and len(state.steps) <= PAIR_STEPS:
+        improved = False
+        steps = state.steps
+        for first, second in itertools.combinations(range(len(steps)), 2):
+            found = shrinker.attempt(steps[:first] + steps[first + 1:second]
+                                     + steps[second + 1:], state.size)
+            if found is not None:
+                state, improved = delete(shrinker, found), True
+                break
+    return state
+
+
 def hold(shrinker: Shrinker, state: Shrunk) -> Shrunk:
     """A worker run that waited on another lane's lock did in effect what a worker started
     and held does, and the steps that held the lock were needed only to make it wait: try
@@ -274,8 +298,8 @@ def _schedule(shrinker: Shrinker,
     """The moves in turn, again while a round shortened the trace: a simplified step or a
     promoted start can open a deletion an earlier move could not make."""
     while True:
-        smaller = simplify_each(shrinker, hold(shrinker, promote(shrinker, merge_ticks(
-            shrinker, delete(shrinker, state)))))
+        smaller = simplify_each(shrinker, delete_pairs(shrinker, hold(shrinker, promote(
+            shrinker, merge_ticks(shrinker, delete(shrinker, state))))))
         if smaller.size >= state.size:
             return smaller
         state = smaller
