@@ -19,6 +19,7 @@ import pytest
 from faultlab.base import interrupt
 from faultlab.process import starter
 from faultlab.process.records import WorkerSpec
+from faultlab.process.spawn import spawner
 from faultlab.run.executor import Executor
 from faultlab.system import System
 from faultlab.trace import Step
@@ -219,3 +220,22 @@ def test_a_lane_worker_takes_a_payload_larger_than_one_datagram(reference: Syste
         assert done.lanes[0] == "exit 0" and done.violations == ()
         (operation,) = done.snapshot.operations
         assert json.loads(operation.payload) == payload
+
+
+@pytest.mark.parametrize("laned", [False, True])
+def test_an_exec_worker_takes_a_payload_longer_than_one_argument(reference: System,
+                                                                   laned: bool) -> None:
+    """An exec'd worker (``--spawn exec``; lanes that record for power cuts) got its payload
+    as one argument, and Linux refuses to execute a command with an argument over 128 KiB
+    (E2BIG): a generated payload of 210 KB would have ended the run. It now goes in a file
+    of the run directory; accepted sequentially or in a lane, it is stored whole."""
+    payload = {"title": "big", "blob": "x" * 300_000}
+    step = Step("accept", "op-1", payload, lane=1 if laned else None)
+    with spawner("exec") as runner, Executor(reference, runner, concurrency=2 if laned else 1,
+                                             laned=laned) as ex:
+        done = ex.run(step)
+        assert done.violations == ()
+        (operation,) = done.snapshot.operations
+        assert json.loads(operation.payload) == payload
+        (written,) = ex.directory.glob("payload-*.json")
+        assert json.loads(written.read_text()) == payload

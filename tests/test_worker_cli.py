@@ -191,3 +191,33 @@ def test_an_empty_directory_has_no_stores(tmp_path: Path) -> None:
     result = faultlab("worker", "dispatch", "--directory", str(tmp_path))
     assert_refused(result, "no such store")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_payload_file_is_read_and_a_bad_one_refused(stores: Path, tmp_path: Path) -> None:
+    """--payload-file (how faultlab passes a payload too long for one argument): read and
+    stored as --payload would be; a missing or invalid file, or both options, refused with
+    one line and nothing changed."""
+    given = tmp_path / "payload.json"
+    given.write_text(PAYLOAD)
+    before = tree(stores)
+    for args, words in (
+        (["--payload-file", str(tmp_path / "missing.json")], ["missing.json", "cannot read"]),
+        (["--payload-file", str(stores)], ["cannot read"]),
+        (["--payload", PAYLOAD, "--payload-file", str(given)], ["not allowed with"]),
+    ):
+        result = faultlab("worker", "accept", "--directory", str(stores), "--operation-id",
+                          "op-1", *args)
+        assert_refused(result, *words)
+        assert tree(stores) == before
+    given.write_text('{"title": ')
+    result = faultlab("worker", "accept", "--directory", str(stores), "--operation-id", "op-1",
+                      "--payload-file", str(given))
+    assert_refused(result, "--payload-file", "not valid JSON")
+    assert tree(stores) == before
+    given.write_text(PAYLOAD)
+    accepted = faultlab("worker", "accept", "--directory", str(stores), "--operation-id", "op-1",
+                        "--payload-file", str(given))
+    assert accepted.returncode == 0, accepted.stderr
+    row = sqlite3.connect(stores / "caller.sqlite").execute(
+        "SELECT payload FROM operations WHERE id = 'op-1'").fetchone()
+    assert json.loads(row[0]) == json.loads(PAYLOAD)

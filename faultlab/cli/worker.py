@@ -26,9 +26,13 @@ def register(commands: Commands) -> None:
     parser.add_argument("--operation-id", metavar="ID",
                         help="the operation to accept or deliver (required for accept and "
                              "service; dispatch claims what its outbox holds)")
-    parser.add_argument("--payload", metavar="JSON",
-                        help="the operation's payload as one JSON value (required for accept "
-                             "and service)")
+    given = parser.add_mutually_exclusive_group()
+    given.add_argument("--payload", metavar="JSON",
+                       help="the operation's payload as one JSON value (accept and service "
+                            "need it or --payload-file)")
+    given.add_argument("--payload-file", metavar="PATH", type=Path,
+                       help="read the payload (one JSON value) from this file instead: "
+                            "faultlab passes a payload too long for one argument this way")
     parser.add_argument("--crash", metavar="POINT",
                         help="arm a crash point: a declared name, sql:K or commit:K")
     add_system(parser)
@@ -51,11 +55,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.operation_id is not None:
         check_operation_id(args.operation_id, "--operation-id")
     if args.role in ("accept", "service"):
-        if args.payload is None:
-            raise UsageError(f"worker {args.role}: --payload is required")
+        text = args.payload
+        if args.payload_file is not None:
+            try:
+                text = args.payload_file.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as error:
+                raise UsageError(f"--payload-file {args.payload_file}: cannot read it: "
+                                 f"{getattr(error, 'strerror', None) or error}") from None
+        if text is None:
+            raise UsageError(f"worker {args.role}: --payload (or --payload-file) is required")
         if args.operation_id is None:
             raise UsageError(f"worker {args.role}: --operation-id is required")
-        payload = parse_payload(args.payload)
+        payload = parse_payload(text, what="--payload" if args.payload_file is None
+                                else f"--payload-file {args.payload_file}")
     check_crash_point(system, args.role, args.crash)
     spec = WorkerSpec(
         system=args.system, role=args.role, directory=str(directory),

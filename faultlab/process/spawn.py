@@ -523,7 +523,7 @@ def child_environment() -> dict[str, str]:
 
 def exec_worker(spec: WorkerSpec, *, new_group: bool) -> ProcessRecord:
     """Run the worker in a fresh interpreter: ``python -m faultlab worker ...``."""
-    return run_command(spec.argv(), deadline=spec.deadline,
+    return run_command(spec.command(), deadline=spec.deadline,
                        env={**child_environment(), **dict(spec.environment)},
                        new_group=new_group)
 

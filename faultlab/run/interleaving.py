@@ -307,7 +307,7 @@ class Lanes:
                 self._selector.register(notices, selectors.EVENT_READ, None)
         else:
             running = self._launcher.start_command(
-                spec.argv(), lambda decide, announce: {**child_environment(),
+                spec.command(), lambda decide, announce: {**child_environment(),
                                                        **scheduled(decide, announce)})
         self.workers += 1
         self.processes += 1
