@@ -5,7 +5,8 @@ worker in a free lane (it runs to its first point and holds: a dispatcher, a dir
 delivery, or the acceptor of a new operation) or run one to its end, release a held
 lane to its next point, finish it, SIGKILL it where it is, SIGSTOP/SIGCONT it, or
 advance the virtual clock; one rule, ``rescue``, is the lease scenario in a few steps
-(the clock to the earliest lease's end, a rescuer, the holder waking). Hypothesis
+(the clock to the earliest lease's end, a rescuer, the holder waking); every example
+opens with one such set-up, drawn (the ``opening`` initialize rule). Hypothesis
 switches rules off per example (swarm testing), and each example draws the payload
 titles it uses as a swarm (:func:`faultlab.search.machine.swarm`). Every step runs for real in
 :class:`faultlab.run.executor.Executor`, which checks the per-step and history
