@@ -178,6 +178,13 @@ def test_advisory_lock_pg_runs_one_job_twice_after_a_dropped_connection(
     assert not any(row[3] for row in _lane_outcome("reference-pg", minimal)[:-1])
     without_drop = [step for step in minimal if step.action != DROP_CONNECTION]
     assert not any(row[3] for row in _lane_outcome("advisory-lock-pg", without_drop)[:-1])
+    # its one defect: a second relay skips the entry another session's lock holds and
+    # takes only a later entry of another key, as reference-pg does (it took op-2 of the
+    # same key once, breaking per-key order: ORDER without any dropped connection)
+    overtaking = [Step("accept", "op-1", PAYLOAD, lane=2), Step("dispatch", lane=1, hold=True),
+                  Step("accept", "op-2", PAYLOAD, lane=2), Step("dispatch", lane=2)]
+    outcome = _lane_outcome("advisory-lock-pg", overtaking)
+    assert not any(row[3] for row in outcome[:-1]) and not outcome[-1]
 
 
 def test_the_machine_draws_server_crashes_only_on_a_private_server(

@@ -652,10 +652,17 @@ class AdvisoryLockPg(ReferencePg):
         lock = self.connect_caller(context)
         lock.autocommit = True
         try:
+            # the entries no earlier pending entry of the same key precedes, as
+            # reference-pg's claim takes them: the one defect is the claim's lifetime
             pending = lock.execute(
                 "SELECT o.operation_id, o.attempt, op.payload FROM outbox o "
                 "JOIN operations op ON op.id = o.operation_id "
-                "WHERE o.state = 'pending' ORDER BY o.seq").fetchall()
+                "WHERE o.state = 'pending' AND NOT EXISTS ("
+                "SELECT 1 FROM outbox e JOIN operations eo ON eo.id = e.operation_id "
+                "WHERE e.state = 'pending' AND e.seq < o.seq "
+                f"AND (eo.payload::jsonb ->> '{ORDERING_KEY}') "
+                f"IS NOT DISTINCT FROM (op.payload::jsonb ->> '{ORDERING_KEY}')) "
+                "ORDER BY o.seq").fetchall()
             claim = None
             for operation_id, attempt, payload in pending:
                 got = lock.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
