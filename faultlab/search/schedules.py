@@ -71,6 +71,9 @@ PCT_DEPTH = 3
 #: while the first is in flight, an acceptance committed after a later one), or nothing
 #: (``None``: an example of plain draws only).
 OPENINGS: tuple[str | None, ...] = ("rescue", "overtake", "redeliver", "overlap", None)
+#: On faultlab's own PostgreSQL server (where it can end a session) one more opening: a
+#: claim whose session the server ends under its worker (:meth:`ConcurrentMachine.sever`).
+SERVER_OPENINGS: tuple[str | None, ...] = (*OPENINGS[:-1], "sever", None)
 
 
 class ConcurrentMachine(TraceMachine):
@@ -84,6 +87,8 @@ class ConcurrentMachine(TraceMachine):
     steps: ClassVar[int] = 10
     recorder: ClassVar[Recorder]
     payload_source: ClassVar[st.SearchStrategy[Any]] = generated.default_payloads()
+    #: What an example may open with (:data:`OPENINGS`, :data:`SERVER_OPENINGS`).
+    openings: ClassVar[tuple[str | None, ...]] = OPENINGS
 
     def __init__(self) -> None:
         super().__init__()
@@ -316,6 +321,25 @@ class ConcurrentMachine(TraceMachine):
             if through and lane in self.held_lanes():
                 self.execute(Step("finish", lane=lane))
 
+    def sever(self, data: st.DataObject) -> None:
+        """The moment every claim bound to a session waits for (an advisory lock, a lock
+        held by an open transaction): a dispatcher holds its claim, the server ends its
+        sessions while it runs on, and a second dispatcher starts in another lane (after
+        accepting new work when nothing is pending). An opening only, where the machine can
+        drop a connection: drawn step by step, the three moves in the right lanes took
+        about a hundred examples."""
+        if not self.has_pending_work() and not self.accept_first(data):
+            return
+        lane = data.draw(st.sampled_from(self.free_lanes()), label="holder")
+        self.execute(Step("dispatch", lane=lane, hold=True))
+        self.release_until_claimed(lane)
+        if not self.executor.lanes[lane].alive or not self.free_lanes():
+            return  # it ended or blocked without a claim to lose
+        self.execute(Step(DROP_CONNECTION, lane=lane))
+        if self.free_lanes():
+            second = data.draw(st.sampled_from(self.free_lanes()), label="second relay")
+            self.execute(Step("dispatch", lane=second, hold=True))
+
     @precondition(lambda self: bool(self.free_lanes()) and bool(self.accepted()))
     @rule(data=st.data())
     def service(self, data: st.DataObject) -> None:
@@ -412,7 +436,7 @@ def _opening_rule(scheduler: str) -> Any:
             self.priorities = {lane: len(order) - rank for rank, lane in enumerate(order)}
             self.change_points = frozenset(points)
             self.recorder.pct_draws.append((tuple(order), tuple(sorted(points))))
-        scenario = data.draw(st.sampled_from(OPENINGS), label="opening")
+        scenario = data.draw(st.sampled_from(type(self).openings), label="opening")
         self.recorder.openings[scenario or "none"] += 1
         if scenario == "rescue":
             self.rescue(data, data.draw(st.booleans(), label="wake"))
@@ -505,6 +529,7 @@ def concurrent_machine(
     if server_crashes_possible(system):  # on a private server only, as sequentially
         Machine.server_crash = _server_crash_rule()
         Machine.drop_connection = _drop_connection_rule()
+        Machine.openings = SERVER_OPENINGS
     if power_loss:  # only then: without it the rules, and so every seed's examples, are as before
         Machine.power_loss = True
         Machine.power = _power_rule()
