@@ -280,7 +280,11 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     if examples is not None:
         changes["max_examples"] = int(examples)
     if steps is not None:
-        changes["stateful_step_count"] = int(steps)
+        from faultlab.search.schedules import ConcurrentMachine, scheduled_steps
+
+        # a concurrent machine's opening is one more Hypothesis step, as explore counts it
+        changes["stateful_step_count"] = scheduled_steps(int(steps)) \
+            if issubclass(machine, ConcurrentMachine) else int(steps)
     if changes:
         cls.settings = type(cls.settings)(cls.settings, **changes)
     if seed is not None:
