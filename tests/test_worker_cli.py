@@ -203,7 +203,7 @@ def test_a_payload_file_is_read_and_a_bad_one_refused(stores: Path, tmp_path: Pa
     for args, words in (
         (["--payload-file", str(tmp_path / "missing.json")], ["missing.json", "cannot read"]),
         (["--payload-file", str(stores)], ["cannot read"]),
-        (["--payload", PAYLOAD, "--payload-file", str(given)], ["not allowed with"]),
+        (["--payload", PAYLOAD, "--payload-file", str(given)], ["not both"]),
     ):
         result = faultlab("worker", "accept", "--directory", str(stores), "--operation-id",
                           "op-1", *args)

@@ -26,13 +26,14 @@ def register(commands: Commands) -> None:
     parser.add_argument("--operation-id", metavar="ID",
                         help="the operation to accept or deliver (required for accept and "
                              "service; dispatch claims what its outbox holds)")
-    given = parser.add_mutually_exclusive_group()
-    given.add_argument("--payload", metavar="JSON",
-                       help="the operation's payload as one JSON value (accept and service "
-                            "need it or --payload-file)")
-    given.add_argument("--payload-file", metavar="PATH", type=Path,
-                       help="read the payload (one JSON value) from this file instead: "
-                            "faultlab passes a payload too long for one argument this way")
+    # not an argparse mutually exclusive group: Python 3.13 wraps its usage line
+    # differently, and the command reference is generated from --help
+    parser.add_argument("--payload", metavar="JSON",
+                        help="the operation's payload as one JSON value (accept and service "
+                             "need it or --payload-file)")
+    parser.add_argument("--payload-file", metavar="PATH", type=Path,
+                        help="read the payload (one JSON value) from this file instead: "
+                             "faultlab passes a payload too long for one argument this way")
     parser.add_argument("--crash", metavar="POINT",
                         help="arm a crash point: a declared name, sql:K or commit:K")
     add_system(parser)
@@ -54,6 +55,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     payload = None
     if args.operation_id is not None:
         check_operation_id(args.operation_id, "--operation-id")
+    if args.payload is not None and args.payload_file is not None:
+        raise UsageError("--payload and --payload-file: give one of them, not both")
     if args.role in ("accept", "service"):
         text = args.payload
         if args.payload_file is not None:
