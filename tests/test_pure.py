@@ -348,3 +348,14 @@ def test_the_lane_shrinker_deletes_two_steps_apart_that_only_go_together() -> No
         steps, fails_with_an_even_number_of_accepts))
     assert [step.describe() for step in shrunk.steps] == ["L1 run dispatch()"]
     assert execution.verdict.step == 1
+
+
+def test_the_sequential_shrinker_deletes_two_steps_that_only_go_together() -> None:
+    """The same pair deletion shrinks a sequential trace: neither acceptance can go alone."""
+    steps = [A, B, RECOVER]
+    original = execution_of(steps, fails_with_an_even_number_of_accepts)
+    assert original.verdict.step == 3
+    shrunk, execution = minimise(
+        Trace("reference", True, steps, expected=original.verdict), original,
+        lambda candidate: execution_of(candidate, fails_with_an_even_number_of_accepts))
+    assert shrunk.steps == [RECOVER] and execution.verdict.step == 1

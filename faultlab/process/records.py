@@ -10,7 +10,6 @@ how a process is started.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 from dataclasses import dataclass
@@ -18,9 +17,6 @@ from typing import Any, Literal
 
 SpawnMode = Literal["fork", "exec"]
 SPAWN_MODES: tuple[SpawnMode, ...] = ("fork", "exec")
-#: A payload longer than this many bytes reaches an exec'd worker in a file, not as one
-#: argument (:meth:`WorkerSpec.command`): Linux refuses an argument over 128 KiB.
-ARGUMENT_BYTES = 64 << 10
 #: Seconds a worker may run before faultlab kills its process group.
 DEFAULT_DEADLINE = 15.0
 #: The exit code a parent observes for a child killed by SIGKILL (``-9`` on Linux).
@@ -51,20 +47,17 @@ class WorkerSpec:
     #: any other variable makes the worker start by exec.
     environment: tuple[tuple[str, str], ...] = ()
 
-    def command(self) -> list[str]:
-        """The ``python -m faultlab worker`` command line for this spec (exec mode).
-
-        A payload longer than :data:`ARGUMENT_BYTES` is written to a file in the run
-        directory first (named by its content, so a retry of the same payload reuses it)
-        and passed as ``--payload-file``: Linux refuses to execute a command with one
-        argument over 128 KiB, and a generated payload can be longer."""
+    def argv(self, payload_file: str | None = None) -> list[str]:
+        """The ``python -m faultlab worker`` command line for this spec (exec mode), its
+        payload read from ``payload_file`` when given (see
+        :func:`faultlab.process.spawn.worker_command`)."""
         args = [sys.executable, "-m", "faultlab", "worker", self.role]
         args += ["--directory", self.directory, "--system", self.system]
         args += ["--spawn", self.spawn, "--deadline", repr(self.deadline)]
         if self.operation_id is not None:
             args += ["--operation-id", self.operation_id]
-        if self.payload is not None and len(self.payload.encode()) > ARGUMENT_BYTES:
-            args += ["--payload-file", self._payload_file()]
+        if payload_file is not None:
+            args += ["--payload-file", payload_file]
         elif self.payload is not None:
             args += ["--payload", self.payload]
         if self.crash is not None:
@@ -72,20 +65,6 @@ class WorkerSpec:
         if not self.deduplication:
             args.append("--no-deduplication")
         return args
-
-    def _payload_file(self) -> str:
-        """The payload in a file of the run directory (written once, whole or not at all)."""
-        import hashlib  # here, not in every forked worker's image: exec mode only
-
-        data = (self.payload or "").encode()
-        path = os.path.join(self.directory,
-                            f"payload-{hashlib.sha256(data).hexdigest()[:16]}.json")
-        if not os.path.exists(path):
-            partial = f"{path}.{os.getpid()}.partial"
-            with open(partial, "wb") as stream:
-                stream.write(data)
-            os.replace(partial, path)
-        return path
 
 
 @dataclass(frozen=True)

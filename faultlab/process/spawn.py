@@ -521,9 +521,34 @@ def child_environment() -> dict[str, str]:
     return env
 
 
+#: A payload longer than this many bytes reaches an exec'd worker in a file, not as one
+#: argument (:func:`worker_command`): Linux refuses an argument over 128 KiB.
+ARGUMENT_BYTES = 64 << 10
+
+
+def worker_command(spec: WorkerSpec) -> list[str]:
+    """The command line that runs ``spec`` in a fresh interpreter. A payload longer than
+    :data:`ARGUMENT_BYTES` is written to a file of the run directory first (named by its
+    content, so a retry of the same payload reuses it; written whole or not at all) and
+    passed as ``--payload-file``: Linux refuses to execute a command with one argument
+    over 128 KiB (E2BIG), and a generated payload can be longer."""
+    data = (spec.payload or "").encode()
+    if len(data) <= ARGUMENT_BYTES:
+        return spec.argv()
+    import hashlib  # here, not in the fork server's image: exec mode only
+
+    path = os.path.join(spec.directory, f"payload-{hashlib.sha256(data).hexdigest()[:16]}.json")
+    if not os.path.exists(path):
+        partial = f"{path}.{os.getpid()}.partial"
+        with open(partial, "wb") as stream:
+            stream.write(data)
+        os.replace(partial, path)
+    return spec.argv(payload_file=path)
+
+
 def exec_worker(spec: WorkerSpec, *, new_group: bool) -> ProcessRecord:
     """Run the worker in a fresh interpreter: ``python -m faultlab worker ...``."""
-    return run_command(spec.command(), deadline=spec.deadline,
+    return run_command(worker_command(spec), deadline=spec.deadline,
                        env={**child_environment(), **dict(spec.environment)},
                        new_group=new_group)
 

@@ -49,7 +49,13 @@ from faultlab.process.records import (
     WorkerSpec,
     parse_response,
 )
-from faultlab.process.spawn import child_environment, reap_group, tree_activity, tree_pids
+from faultlab.process.spawn import (
+    child_environment,
+    reap_group,
+    tree_activity,
+    tree_pids,
+    worker_command,
+)
 
 # Imported here, not in the forked child: a child that imported a module from disk would
 # run whatever the file holds at that moment, not what this run loaded.
@@ -307,7 +313,7 @@ class Lanes:
                 self._selector.register(notices, selectors.EVENT_READ, None)
         else:
             running = self._launcher.start_command(
-                spec.command(), lambda decide, announce: {**child_environment(),
+                worker_command(spec), lambda decide, announce: {**child_environment(),
                                                        **scheduled(decide, announce)})
         self.workers += 1
         self.processes += 1

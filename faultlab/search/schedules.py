@@ -176,6 +176,17 @@ class ConcurrentMachine(TraceMachine):
                 return
             self.execute(Step("release", lane=lane))
 
+    def start_holder(self, data: st.DataObject, label: str) -> int | None:
+        """Start a dispatcher that holds its claim, in a free lane drawn under ``label``
+        (after accepting new work when nothing is pending), as rescue, overtake and sever
+        begin: its lane, or None when the acceptor blocked and left no work or lane."""
+        if not self.has_pending_work() and not self.accept_first(data):
+            return None
+        lane = data.draw(st.sampled_from(self.free_lanes()), label=label)
+        self.execute(Step("dispatch", lane=lane, hold=True))
+        self.release_until_claimed(lane)
+        return lane
+
     def accepted(self) -> list[str]:
         return [op.id for op in self.executor.snapshot.operations if op.id in self.payloads]
 
@@ -279,11 +290,8 @@ class ConcurrentMachine(TraceMachine):
         tick rarely lands between one lease's end and the next; every lease bug waits
         behind this rule."""
         if not self.leases():
-            if not self.has_pending_work() and not self.accept_first(data):
+            if self.start_holder(data, "holder") is None:
                 return
-            lane = data.draw(st.sampled_from(self.free_lanes()), label="holder")
-            self.execute(Step("dispatch", lane=lane, hold=True))
-            self.release_until_claimed(lane)
             if not self.leases() or not self.free_lanes():
                 return  # it held no lease (idle, or no lease to lapse): nothing to rescue
         ticks, holder = self.leases()[0]
@@ -302,11 +310,9 @@ class ConcurrentMachine(TraceMachine):
         pending) and, when ``through``, runs to its end while the first still holds (it
         overtakes). Drawn step by step from the plain rules, this took hundreds of examples
         (four steps in the right lanes, on one key)."""
-        if not self.has_pending_work() and not self.accept_first(data):
+        lane = self.start_holder(data, "lane")
+        if lane is None:
             return
-        lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
-        self.execute(Step("dispatch", lane=lane, hold=True))
-        self.release_until_claimed(lane)
         holder = self.executor.lanes[lane]
         if holder.status != "held" or not self.free_lanes():
             return  # it ended or blocked without holding: nothing to overtake
@@ -328,11 +334,9 @@ class ConcurrentMachine(TraceMachine):
         accepting new work when nothing is pending). An opening only, where the machine can
         drop a connection: drawn step by step, the three moves in the right lanes took
         about a hundred examples."""
-        if not self.has_pending_work() and not self.accept_first(data):
+        lane = self.start_holder(data, "holder")
+        if lane is None:
             return
-        lane = data.draw(st.sampled_from(self.free_lanes()), label="holder")
-        self.execute(Step("dispatch", lane=lane, hold=True))
-        self.release_until_claimed(lane)
         if not self.executor.lanes[lane].alive or not self.free_lanes():
             return  # it ended or blocked without a claim to lose
         self.execute(Step(DROP_CONNECTION, lane=lane))

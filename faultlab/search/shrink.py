@@ -11,12 +11,12 @@ The moves are small functions over a :class:`Shrunk` state, chosen by the kind o
 (:func:`minimise`):
 
 * :func:`delete`: remove halves, quarters, ... single steps while the trace still fails;
+  :func:`delete_pairs`: any two steps of a short trace (both kinds of trace);
 * :func:`simplify_one` / :func:`simplify_each`: a step in its simpler form (an armed
   crash disarmed, a power cut that keeps no unsynced write), as long a trace being simpler;
 * for scheduling choices, :func:`merge_ticks` (two clock advances as one), :func:`promote`
   (a held start as a run), :func:`hold` (a run as a held start, kept only when it opens
-  a deletion), :func:`delete_pairs` (two steps apart, in a short trace) and a renaming
-  of the lanes;
+  a deletion) and a renaming of the lanes;
 * last, the data the steps carry (:func:`faultlab.search.simplify.simplify_data`).
 
 Any invariant may fail in the smaller trace, as Hypothesis's own shrinker allows.
@@ -283,9 +283,10 @@ def rename(step: Step, renaming: tuple[int, ...]) -> Step:
 
 def _sequential(shrinker: Shrinker,
                 state: Shrunk) -> Shrunk:
-    """Delete, then make one step simpler, again until neither shortens nor simplifies."""
+    """Delete (runs of steps, then pairs apart), then make one step simpler, again until
+    none shortens nor simplifies."""
     while True:
-        state = delete(shrinker, state)
+        state = delete_pairs(shrinker, delete(shrinker, state))
         simplified = simplify_one(shrinker, state)
         if simplified is None:
             return state

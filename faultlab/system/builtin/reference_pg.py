@@ -63,15 +63,19 @@ SCHEMAS = {CALLER: CALLER_SCHEMA, DOWNSTREAM: DOWNSTREAM_SCHEMA}
 #: precedes, skipping rows another claim transaction holds (only the outbox row is
 #: locked: ``FOR UPDATE OF o``). In a sequential trace this is the oldest pending entry.
 #: The key comparison is :data:`~faultlab.system.builtin.reference.CLAIM_SQL`'s.
-CLAIM_SQL = (
-    "SELECT o.operation_id, o.attempt, op.payload FROM outbox o "
-    "JOIN operations op ON op.id = o.operation_id "
-    "WHERE o.state = 'pending' AND o.lease_until <= {now} AND NOT EXISTS ("
+#: No earlier pending entry of the same key precedes outbox row ``o`` (operation ``op``).
+EARLIEST_OF_ITS_KEY = (
+    "NOT EXISTS ("
     "SELECT 1 FROM outbox e JOIN operations eo ON eo.id = e.operation_id "
     "WHERE e.state = 'pending' AND e.seq < o.seq "
     f"AND (eo.payload::jsonb ->> '{ORDERING_KEY}') "
     f"IS NOT DISTINCT FROM (op.payload::jsonb ->> '{ORDERING_KEY}')) "
-    "ORDER BY o.seq LIMIT 1 FOR UPDATE OF o SKIP LOCKED"
+)
+CLAIM_SQL = (
+    "SELECT o.operation_id, o.attempt, op.payload FROM outbox o "
+    "JOIN operations op ON op.id = o.operation_id "
+    "WHERE o.state = 'pending' AND o.lease_until <= {now} AND " + EARLIEST_OF_ITS_KEY
+    + "ORDER BY o.seq LIMIT 1 FOR UPDATE OF o SKIP LOCKED"
 )
 
 #: Write the claim's token and its lease, ``{now}`` plus the lease's seconds, and return
@@ -657,12 +661,8 @@ class AdvisoryLockPg(ReferencePg):
             pending = lock.execute(
                 "SELECT o.operation_id, o.attempt, op.payload FROM outbox o "
                 "JOIN operations op ON op.id = o.operation_id "
-                "WHERE o.state = 'pending' AND NOT EXISTS ("
-                "SELECT 1 FROM outbox e JOIN operations eo ON eo.id = e.operation_id "
-                "WHERE e.state = 'pending' AND e.seq < o.seq "
-                f"AND (eo.payload::jsonb ->> '{ORDERING_KEY}') "
-                f"IS NOT DISTINCT FROM (op.payload::jsonb ->> '{ORDERING_KEY}')) "
-                "ORDER BY o.seq").fetchall()
+                "WHERE o.state = 'pending' AND " + EARLIEST_OF_ITS_KEY
+                + "ORDER BY o.seq").fetchall()
             claim = None
             for operation_id, attempt, payload in pending:
                 got = lock.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
