@@ -21,6 +21,9 @@ the same seed in the same repetition, so machine noise hits both alike. It print
   image (a process that imported what the fork server imports), as milliseconds and as
   the steps/s a step costing one bare fork would reach (the median of three
   alternated measurements per tree, 300 forks each);
+* a worker's own floor: a hand-written accept (the reference's SQL with ``sqlite3`` and
+  ``json`` only, none of faultlab's code) forked from that image onto a fresh store and
+  waited for, 300 per measurement, and the steps/s a step costing one would reach;
 * steps/s and CPU per step of ``explore --concurrency 2`` on the reference (a budget of
   ``--concurrent-examples`` examples, seed S + repetition; steps over the exploration's
   own seconds) and the lane-steps blocked on a lock, per repetition;
@@ -89,7 +92,46 @@ if what == "floor":
         samples.append((time.perf_counter() - began) * 1000)
     spent = (cpu(resource.getrusage(resource.RUSAGE_SELF)) - cpu(own)
              + cpu(resource.getrusage(resource.RUSAGE_CHILDREN)) - cpu(children))
-    print(json.dumps({"ms": statistics.median(samples), "cpu_ms": spent * 1000 / 300}))
+    # A worker's own floor: a hand-written accept (the reference's SQL, sqlite3 and json
+    # only, none of faultlab's code) forked from the same image, on a fresh store.
+    import shutil, sqlite3, tempfile
+    from pathlib import Path
+    reference = load_system("reference")
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else None  # as faultlab's
+    store = tempfile.mkdtemp(prefix="faultlab-bench-floor-", dir=shm)
+    try:
+        reference.initialise(Path(store))
+        caller = os.path.join(store, sys.modules[type(reference).__module__].CALLER)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        accepts = []
+        for number in range(300):
+            began = time.perf_counter()
+            pid = os.fork()
+            if pid == 0:
+                os.dup2(devnull, 1)
+                operation_id = f"op-{number}"
+                connection = sqlite3.connect(caller, isolation_level=None, timeout=5)
+                connection.execute("BEGIN IMMEDIATE")
+                connection.execute("SELECT payload, state FROM operations WHERE id = ?",
+                                   (operation_id,)).fetchone()
+                connection.execute("INSERT INTO operations (id, payload, state, result) "
+                                   "VALUES (?, '{}', 'pending', NULL)", (operation_id,))
+                connection.execute("INSERT INTO outbox (operation_id, state) "
+                                   "VALUES (?, 'pending')", (operation_id,))
+                connection.execute("COMMIT")
+                connection.close()
+                os.write(1, (json.dumps({"accepted": True, "operation_id": operation_id})
+                             + "\n").encode())
+                os._exit(0)
+            _, status = os.waitpid(pid, 0)
+            if status != 0:
+                sys.exit(f"the hand-written accept exited with status {status}")
+            accepts.append((time.perf_counter() - began) * 1000)
+        os.close(devnull)
+    finally:
+        shutil.rmtree(store)
+    print(json.dumps({"ms": statistics.median(samples), "cpu_ms": spent * 1000 / 300,
+                      "accept_ms": statistics.median(accepts)}))
     sys.exit(0)
 
 if what == "concurrent":
@@ -239,8 +281,8 @@ def main() -> int:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
                             str(previous)], check=False)
     median = statistics.median
-    floors = {name: {key: median(run[key] for run in floored[name]) for key in ("ms", "cpu_ms")}
-              for name in trees}
+    floors = {name: {key: median(run[key] for run in floored[name])
+                     for key in ("ms", "cpu_ms", "accept_ms")} for name in trees}
     this, prev = runs["this"], runs["previous"]
     ratio = median(rate(a) / rate(b) for a, b in zip(this, prev, strict=True))
 
@@ -267,6 +309,11 @@ def main() -> int:
          f"{floors['previous']['cpu_ms']:.3f}", ""],
         ["  steps/s if a step cost one bare fork", f"{1000 / floors['this']['ms']:.0f}",
          f"{1000 / floors['previous']['ms']:.0f}", ""],
+        ["hand-written accept, forked from that image (ms)",
+         f"{floors['this']['accept_ms']:.3f}", f"{floors['previous']['accept_ms']:.3f}", ""],
+        ["  steps/s if a step cost one such accept",
+         f"{1000 / floors['this']['accept_ms']:.0f}",
+         f"{1000 / floors['previous']['accept_ms']:.0f}", ""],
     ]
     concurrent_ratio = None
     if args.concurrent_repeat:
