@@ -201,3 +201,60 @@ def test_concurrent_explore_of_reference_pg_on_a_private_server_is_clean(
                      "--corpus", str(tmp_path / "corpus"))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "clean" in done.stdout
+
+
+@pytest.mark.parametrize("wake", [True, False])
+def test_the_rescue_rule_lets_the_rescuer_claim_before_the_holder_wakes(
+        private: PrivateServer, wake: bool) -> None:
+    """A reference-pg dispatcher's first point is inside its claim transaction, where it has
+    claimed nothing: when the holder is to wake, the rescue rule draws whether it wakes
+    first or superseded, and for the latter (Hypothesis's simplest choice, the only one
+    of a derandomized single example) releases the rescuer it started until it holds the
+    lapsed claim, as it releases the holder. On server-clock-lease-pg the rule itself then
+    shows the defect: the superseded holder completes too (FENCE at its finish). Before,
+    the holder always woke while the rescuer waited inside its claim transaction,
+    completed first, and nothing was superseded. Without ``wake`` the rescuer stays at its
+    first point, and the recovery, which finishes both lanes, shows the same FENCE."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from faultlab.search.machine import InvariantFailure
+    from faultlab.search.recorder import Recorder
+    from faultlab.search.schedules import concurrent_machine
+
+    machine = concurrent_machine("server-clock-lease-pg", concurrency=2, examples=1, steps=8,
+                                 recorder=Recorder())
+    seen: list[tuple[list[Step], list[int], str | None, str | None]] = []
+
+    @settings(max_examples=1, database=None, deadline=None, derandomize=True)
+    @given(st.data())
+    def rescue_once(data: st.DataObject) -> None:
+        state = machine()
+        in_rule = at_recovery = None
+        try:
+            state.payloads["op-1"] = PAYLOAD
+            state.execute(Step("accept", "op-1", PAYLOAD, lane=1))
+            try:
+                state.rescue(data, wake)
+            except InvariantFailure as failure:
+                in_rule = "+".join(sorted({v.invariant for v in failure.violations}))
+            claims = [claim.token for claim in state.executor.history.claims]
+            steps = [o.step for o in state.executor.observations]
+        finally:
+            try:
+                state.teardown()
+            except InvariantFailure as failure:
+                at_recovery = "+".join(sorted({v.invariant for v in failure.violations}))
+        seen.append((steps, claims, in_rule, at_recovery))
+
+    rescue_once()
+    ((steps, claims, in_rule, at_recovery),) = seen
+    # with wake, the rescuer's claim superseded the holder's before the holder moved
+    assert claims == ([1, 2] if wake else [1]), (claims, steps)
+    holder, rescuer = steps[1].lane, steps[4].lane
+    assert holder != rescuer
+    assert [(s.action, s.lane) for s in steps] == [
+        ("accept", 1), ("dispatch", holder), ("release", holder), ("tick", None),
+        ("dispatch", rescuer),
+        *([("release", rescuer), ("finish", holder)] if wake else [])], steps
+    assert (in_rule, at_recovery) == (("FENCE", None) if wake else (None, "FENCE"))

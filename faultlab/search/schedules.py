@@ -168,13 +168,16 @@ class ConcurrentMachine(TraceMachine):
         whose first point is inside its claim transaction (reference-pg's ``during_claim``)
         holds nothing yet: a holder to be superseded or overtaken must hold its claim. One
         whose first point comes after its claim (the SQLite reference) moves no further."""
-        worker = self.executor.lanes[lane].worker
         for _ in range(CLAIM_RELEASES):
-            holder = self.executor.lanes[lane]
-            if holder.status != "held" or holder.paused or any(
-                    claim.worker == worker for claim in self.executor.history.claims):
+            if not self.claiming(lane):
                 return
             self.execute(Step("release", lane=lane))
+
+    def claiming(self, lane: int) -> bool:
+        """Whether the worker in ``lane`` is held (not paused) and has claimed nothing yet."""
+        worker = self.executor.lanes[lane]
+        return worker.status == "held" and not worker.paused and not any(
+            claim.worker == worker.worker for claim in self.executor.history.claims)
 
     def start_holder(self, data: st.DataObject, label: str) -> int | None:
         """Start a dispatcher that holds its claim, in a free lane drawn under ``label``
@@ -284,7 +287,8 @@ class ConcurrentMachine(TraceMachine):
         """The lease every rescue exists for: the clock runs to the end of the earliest
         lease a live worker holds, a dispatcher starts in a free lane (and claims what
         lapsed), and, when ``wake``, the superseded holder then runs to its end while the
-        rescuer holds (the paused holder that wakes up). With no lease held yet, a
+        rescuer holds (the paused holder that wakes up; before or after the claim of a
+        rescuer whose first point precedes it, as drawn). With no lease held yet, a
         dispatcher first starts and holds its claim: the holder to be superseded (after
         accepting new work when nothing is pending, as the crash rule does). A plain
         tick rarely lands between one lease's end and the next; every lease bug waits
@@ -299,6 +303,12 @@ class ConcurrentMachine(TraceMachine):
         lane = data.draw(st.sampled_from(self.free_lanes()), label="lane")
         self.execute(Step("dispatch", lane=lane, hold=True))
         if wake and holder in self.held_lanes():
+            # A rescuer whose first point comes before its claim (reference-pg's is inside
+            # its claim transaction, stale-rescue's between its read and its write) has
+            # claimed nothing yet: the holder wakes either superseded, the rescuer released
+            # until it claims, or first, while the rescuer has only read.
+            if self.claiming(lane) and not data.draw(st.booleans(), label="holder first"):
+                self.release_until_claimed(lane)
             self.execute(Step("finish", lane=holder))
 
     @precondition(lambda self: len(self.free_lanes()) >= 2)
