@@ -309,7 +309,8 @@ class ConcurrentMachine(TraceMachine):
             # until it claims, or first, while the rescuer has only read.
             if self.claiming(lane) and not data.draw(st.booleans(), label="holder first"):
                 self.release_until_claimed(lane)
-            self.execute(Step("finish", lane=holder))
+            if holder in self.held_lanes():  # a finish needs a held lane, as checked above
+                self.execute(Step("finish", lane=holder))
 
     @precondition(lambda self: len(self.free_lanes()) >= 2)
     @rule(data=st.data(), through=st.booleans())
