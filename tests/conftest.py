@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import importlib.util
+import json
 import os
 import sys
 import tempfile
@@ -89,6 +90,16 @@ def require_service(name: str, reason: str) -> None:
     if name in required_services():
         pytest.fail(f"{reason}, and FAULTLAB_REQUIRE_SERVICES names {name}")
     pytest.skip(reason)
+
+
+def trace_on_postgres(path: Path) -> bool:
+    """Whether the trace file ``path`` runs a system whose stores are on PostgreSQL: it
+    replays on faultlab's own server (its server_crash and drop_connection steps, and a
+    server clock, run nowhere else)."""
+    from faultlab.system import load_system
+
+    system = load_system(json.loads(path.read_text())["system"])
+    return getattr(system, "store_kind", None) == "postgres"
 
 
 def require_private_postgres() -> None:

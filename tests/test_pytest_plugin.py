@@ -14,6 +14,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from conftest import trace_on_postgres
 
 from faultlab.process.spawn import child_environment
 
@@ -48,14 +49,6 @@ def test_pyproject_registers_the_plugin() -> None:
     assert '[project.entry-points.pytest11]\nfaultlab = "faultlab.pytest_plugin"' in text
 
 
-def _on_postgres(path: Path) -> bool:
-    """A corpus trace of a system whose stores are on PostgreSQL."""
-    from faultlab.system import load_system
-
-    return getattr(load_system(json.loads(path.read_text())["system"]), "store_kind",
-                   None) == "postgres"
-
-
 def _corpus_options(tmp_path: Path) -> tuple[list[str], list[Path]]:
     """The plugin's options for the whole corpus and the traces they replay: with faultlab's
     own PostgreSQL server where one can start (failing instead where the environment demands
@@ -69,7 +62,7 @@ def _corpus_options(tmp_path: Path) -> tuple[list[str], list[Path]]:
         return ["--faultlab-corpus", str(CORPUS), "--faultlab-postgres", "private"], TRACES
     if "postgres" in required_services():
         pytest.fail(f"{reason}, and FAULTLAB_REQUIRE_SERVICES names postgres")
-    kept = [path for path in TRACES if not _on_postgres(path)]
+    kept = [path for path in TRACES if not trace_on_postgres(path)]
     copy = tmp_path / "corpus-without-postgres"
     copy.mkdir()
     for path in kept:
@@ -139,6 +132,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import trace_on_postgres
 
 from faultlab.search.machine import outbox_machine
 from faultlab.search.recorder import Recorder
@@ -203,6 +197,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import trace_on_postgres
 
 from faultlab.search.recorder import Recorder
 from faultlab.search.schedules import concurrent_machine

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import require_private_postgres
+from conftest import require_private_postgres, trace_on_postgres
 
 ROOT = Path(__file__).resolve().parent.parent
 CONCURRENT = sorted(path for path in (ROOT / "corpus").glob("*.json")
@@ -50,15 +50,6 @@ def busy_cores() -> Iterator[None]:
         assert not any(burner.is_alive() for burner in burners)
 
 
-def _needs_private_server(path: Path) -> bool:
-    """A trace of a system on PostgreSQL: it replays on faultlab's own server (its
-    server_crash and drop_connection steps, and a server clock, run nowhere else)."""
-    from faultlab.system import load_system
-
-    return getattr(load_system(json.loads(path.read_text())["system"]), "store_kind",
-                   None) == "postgres"
-
-
 def test_there_are_concurrent_traces_to_replay() -> None:
     assert len(CONCURRENT) >= 8
 
@@ -68,7 +59,7 @@ def test_there_are_concurrent_traces_to_replay() -> None:
 def test_a_concurrent_trace_replays_identically_under_cpu_load(path: Path,
                                                                busy_cores: None) -> None:
     options = []
-    if _needs_private_server(path):
+    if trace_on_postgres(path):
         require_private_postgres()
         options = ["--postgres", "private"]
     tables = set()

@@ -175,9 +175,9 @@ class ConcurrentMachine(TraceMachine):
 
     def claiming(self, lane: int) -> bool:
         """Whether the worker in ``lane`` is held (not paused) and has claimed nothing yet."""
-        worker = self.executor.lanes[lane]
-        return worker.status == "held" and not worker.paused and not any(
-            claim.worker == worker.worker for claim in self.executor.history.claims)
+        current = self.executor.lanes[lane]
+        return current.status == "held" and not current.paused and not any(
+            claim.worker == current.worker for claim in self.executor.history.claims)
 
     def start_holder(self, data: st.DataObject, label: str) -> int | None:
         """Start a dispatcher that holds its claim, in a free lane drawn under ``label``
