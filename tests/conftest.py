@@ -10,12 +10,12 @@ workers (which get it as ``PYTHONPATH``).
 
 from __future__ import annotations
 
-import fcntl
+import errno
 import importlib.util
 import json
 import os
+import socket
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,19 +70,22 @@ def required_services() -> set[str]:
     return {name.strip() for name in names.split(",") if name.strip()}
 
 
-def lock_redis_database(db: int) -> int | None:
-    """An open descriptor holding this machine's test lock on Redis database ``db``, or None
+def lock_redis_database(db: int) -> socket.socket | None:
+    """A bound socket holding this machine's test lock on Redis database ``db``, or None
     when another test process holds it: tests running in parallel (pytest-xdist) each look
     for an empty database, and two of them once took the same one between looking and
-    writing. Closing the descriptor (or the process ending) releases the lock."""
-    fd = os.open(os.path.join(tempfile.gettempdir(), f"faultlab-test-redis-{db}.lock"),
-                 os.O_RDWR | os.O_CREAT, 0o600)
+    writing. The lock is a name in Linux's abstract socket namespace, which one socket at a
+    time can bind: closing the socket (or the process ending) releases it, and nothing is
+    left on disk."""
+    lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
+        lock.bind(f"\0faultlab-test-redis-{db}")
+    except OSError as error:
+        lock.close()
+        if error.errno == errno.EADDRINUSE:
+            return None
+        raise
+    return lock
 
 
 def require_service(name: str, reason: str) -> None:

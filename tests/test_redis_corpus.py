@@ -8,7 +8,6 @@ empty when it starts and deletes only the keys it made.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -51,7 +50,7 @@ def empty_db() -> Iterator[tuple[str, Any]]:
         if client.dbsize() == 0:
             break
         client.close()
-        os.close(lock)
+        lock.close()
     else:
         pytest.fail("no empty Redis database among 1-15 to test in")
     try:
@@ -61,7 +60,7 @@ def empty_db() -> Iterator[tuple[str, Any]]:
         if keys:
             client.delete(*keys)
         client.close()
-        os.close(lock)
+        lock.close()
 
 
 def faultlab(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -129,7 +129,7 @@ def corpus_db() -> Iterator[tuple[int, Any]]:
         if client.dbsize() == 0 and client.set(MARKER_KEY, MARKER, nx=True):
             break
         client.close()
-        os.close(lock)
+        lock.close()
     else:
         pytest.fail("no empty Redis database among 1-15 to test in")
     try:
@@ -139,7 +139,7 @@ def corpus_db() -> Iterator[tuple[int, Any]]:
         if keys:
             client.delete(*keys)
         client.close()
-        os.close(lock)
+        lock.close()
 
 
 @pytest.fixture
