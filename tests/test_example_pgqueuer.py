@@ -2,9 +2,10 @@
 
 Each corpus trace is replayed on faultlab's own private PostgreSQL server
 (``--postgres private``) and must fail exactly as recorded ("expect": "finding").
-Skipped with the reason when pgqueuer or asyncpg is not installed (neither is a test
-dependency), and when this machine cannot start a private server (failed instead when
-FAULTLAB_REQUIRE_SERVICES names ``postgres``).
+End-to-end (tox's e2e environment installs pgqueuer and asyncpg for them; neither is a
+dependency of faultlab or of its test extra). Skipped with the reason when pgqueuer or
+asyncpg is not installed, and when this machine cannot start a private server (failed
+instead when FAULTLAB_REQUIRE_SERVICES names ``postgres``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import pytest
 from conftest import ROOT, require_service
 
 from faultlab.stores import pgserver
+
+pytestmark = pytest.mark.e2e
 
 CORPUS = sorted((ROOT / "examples" / "pgqueuer" / "corpus").glob("*.json"))
 
