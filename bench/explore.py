@@ -12,7 +12,7 @@ each first in turn) so machine noise hits them alike, it explores the reference 
   stream's start to the last one's end (each job stamps its stream with the machine's
   monotonic clock), so interpreter and fork-server start-up, which a long run pays once,
   is left out of both alike; ``--jobs 2 / --jobs 1`` is the median of the ratios of
-  adjacent measurements, the figure issue 11's 1.5x target is judged on;
+  adjacent measurements, the figure the 1.5x target is judged on;
 * the same end to end, start-up included (what a run of ``--seconds`` gives), and the
   start-up itself;
 * CPU per step of every process with one job (this process, the fork server and every

@@ -34,8 +34,9 @@ Common to every command:
   `tablefmt`: `simple`, `plain`, `github`, ...);
 - every command that runs workers takes `--spawn fork|exec` and `--deadline
   SECONDS` (`suite --deadline` reaches the five scenarios' workers too);
-- every command that takes `--system`, and `replay`, takes `--postgres DSN`
-  for systems whose stores are PostgreSQL databases
+- every command that runs a system's workers (`suite`, `explore`,
+  `enumerate`, `replay`) takes `--postgres DSN` for systems whose stores are
+  PostgreSQL databases
   ([PostgreSQL](../guide/postgres.md));
 - `--system` takes a built-in name (`reference`, a mutant; `python -m faultlab
   systems` lists them), a Python system as `package.module:attribute`, or a

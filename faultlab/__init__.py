@@ -6,7 +6,7 @@ The public API is small on purpose::
     import faultlab
 
     found = faultlab.explore("no-dedup", examples=50, seed=0)
-    print(found.clean, len(found.trace.steps))        # False 3: the shrunk finding
+    print(found.clean, len(found.trace.steps))        # False 2: the shrunk finding
     print(faultlab.replay(found.trace).clean)          # False: it still fails
     print(faultlab.explore("reference", examples=20, concurrency=2).clean)   # True
 

@@ -124,8 +124,10 @@ def explore(
     if examples < 1 or steps < 1:
         raise UsageError("examples and steps must be at least 1")
     from faultlab.search.explore import explore as explore_system
+    from faultlab.search.storage import private_storage
 
-    with spawner(spawn) as runner:
+    # as the command line does: Hypothesis's files stay out of the caller's directory
+    with private_storage(), spawner(spawn) as runner:
         result = explore_system(
             chosen, runner, concurrency=concurrency, deduplication=deduplication,
             examples=examples, steps=steps, seed_value=seed, deadline=deadline,

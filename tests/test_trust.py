@@ -301,3 +301,16 @@ def test_explore_leaves_no_hypothesis_directory_behind(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
     temporary = Path(os.environ.get("TMPDIR", "/tmp"))
     assert list(temporary.glob(f"faultlab-hypothesis-{run.pid}-*")) == []
+
+
+def test_the_python_api_leaves_no_hypothesis_directory_behind(tmp_path: Path) -> None:
+    """``faultlab.explore`` from a program keeps Hypothesis's files out of the caller's
+    directory as the command line does (no .hypothesis/ with its Unicode map)."""
+    program = ("import faultlab\n"
+               "found = faultlab.explore('no-dedup', examples=20, seed=0)\n"
+               "print(found.clean, len(found.trace.steps))\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          env=child_environment(), cwd=tmp_path, timeout=240, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split() == ["False", "2"]
+    assert list(tmp_path.iterdir()) == []

@@ -13,7 +13,7 @@ from typing import Any, NoReturn, TypeAlias
 
 from faultlab import system as registry
 from faultlab.base import output
-from faultlab.base.errors import UsageError
+from faultlab.base.errors import EXIT_FLAKY, EXIT_VACUOUS, UsageError
 from faultlab.base.inputs import MAX_CONCURRENCY
 from faultlab.process.records import DEFAULT_DEADLINE, SPAWN_MODES
 from faultlab.system.contract import System
@@ -56,6 +56,19 @@ REPLAY_EPILOG = EPILOG.replace(
 ).replace("  130/143",
           "  5        a flaky trace (\"expect\": \"flaky\") did not fail again, and no\n"
           "           outcome differs\n  130/143")
+
+
+#: The searches' exit statuses (explore, enumerate): every command's, 4 for a run that
+#: tested nothing and 5 for a failure that did not fail again.
+SEARCH_EPILOG = EPILOG.replace("  130/143", f"""\
+  {EXIT_VACUOUS}        vacuous: nothing failed, but nothing was tested (no operation was ever
+           accepted, an invariant family never had anything to check, the declared
+           crash points were armed and never fired, or --concurrency workers never
+           overlapped); one line says which
+  {EXIT_FLAKY}        flaky: an invariant failed, but not again when its trace was re-run;
+           nothing saved to the corpus, the trace kept in flaky/ beside it (one line
+           names the file)
+  130/143""")
 
 
 class _Formatter(argparse.HelpFormatter):

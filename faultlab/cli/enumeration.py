@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from faultlab.base.errors import EXIT_FLAKY, EXIT_FOUND, EXIT_OK, EXIT_VACUOUS, UsageError
 from faultlab.cli.common import (
+    SEARCH_EPILOG,
     Commands,
     add_format,
     add_spawn,
@@ -56,6 +57,7 @@ def register(commands: Commands) -> None:
                     "checked, declared crash points that never fired), 5 when a violation "
                     "found did not happen again on fresh stores (flaky: its trace kept in "
                     "flaky/ beside the corpus, never in it).",
+        epilog=SEARCH_EPILOG,
     )
     add_system(parser)
     parser.add_argument("--operations", type=positive_int, default=defaults.OPERATIONS,

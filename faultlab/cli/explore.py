@@ -26,8 +26,8 @@ from faultlab.base.errors import (
     UsageError,
 )
 from faultlab.cli.common import (
-    EPILOG,
     MAX_JOBS,
+    SEARCH_EPILOG,
     Commands,
     add_format,
     add_html,
@@ -85,17 +85,6 @@ def _shard(text: str) -> Shard:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-#: explore's exit statuses: every command's, 4 for a run that tested nothing and 5 for a
-#: failure that did not fail again.
-EXPLORE_EPILOG = EPILOG.replace("  130/143", f"""\
-  {EXIT_VACUOUS}        vacuous: nothing failed, but nothing was tested (no operation was ever
-           accepted, an invariant family never had anything to check, the declared
-           crash points were armed and never fired, or --concurrency workers never
-           overlapped); one line says which
-  {EXIT_FLAKY}        flaky: an invariant failed, but not again when the example was re-run;
-           nothing saved to the corpus, the trace kept in flaky/ beside it (one line
-           names the file)
-  130/143""")
 
 
 def register(commands: Commands) -> None:
@@ -109,7 +98,7 @@ def register(commands: Commands) -> None:
                     "input, 3 when the run failed, 4 when the run tested nothing (a "
                     "vacuous run is not clean), 5 when a failure did not fail again when "
                     "re-run (a flaky run is not clean either).",
-        epilog=EXPLORE_EPILOG,
+        epilog=SEARCH_EPILOG,
     )
     add_system(parser)
     parser.add_argument("--examples", type=positive_int, default=defaults.EXAMPLES, metavar="N",

@@ -66,7 +66,7 @@ def register(commands: Commands) -> None:
                         help="systems judged at once (default: the number of cores plus one: "
                              "a concurrent judgement spends much of its time waiting for "
                              "lanes held or blocked on a lock, so one more job fills the "
-                             "cores; on 2 cores 149 s against 162-182 s with 2 jobs)")
+                             "cores)")
     add_spawn(parser)
     add_format(parser)
     parser.set_defaults(handler=cmd_mutants)

@@ -9,5 +9,6 @@ SIGKILLed at a named point, never an exception or a flag.
 * :mod:`faultlab.nemesis.announce`: a command-line worker announces each point it
   reaches and waits; faultlab kills it from outside at the armed one.
 
-A new way to fault a process (a pause, say) is a new module here.
+A worker is also SIGKILLed, paused (SIGSTOP) and resumed (SIGCONT) from outside,
+in a concurrent trace's lanes: :mod:`faultlab.run.interleaving` sends those signals.
 """

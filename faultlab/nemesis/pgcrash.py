@@ -1,6 +1,6 @@
 """Statement crash points (``sql:K``, ``commit:K``) and the ambiguous commit, on psycopg.
 
-:mod:`faultlab.crash` counts a worker's SQLite statements by wrapping
+:mod:`faultlab.nemesis.crash` counts a worker's SQLite statements by wrapping
 ``sqlite3.connect``; PostgreSQL connections of a Python system are opened through
 ``context.connect_postgres``, which hands out these traced classes when a statement
 point is armed: ``Cursor.execute`` (and so ``Connection.execute``) and

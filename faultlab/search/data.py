@@ -4,8 +4,8 @@ Outbox bugs hide in data as much as in crashes: a collation that ignores case, a
 ``VARCHAR(64)`` key that truncates, a JSON decoder that turns integers into doubles, a
 receiver that normalises unicode. So the state machine draws:
 
-* **payloads** (JSON objects): half of them the simple ones of old (a title, a priority,
-  a small count), the rest realistic: non-BMP characters, combining marks, right-to-left
+* **payloads** (JSON objects): half of them simple (a title, a priority, a small
+  count), the rest realistic: non-BMP characters, combining marks, right-to-left
   text, kilobyte strings, integers beyond 2^53 and negative, floats that a lossy encoder
   does not round-trip, nested objects and arrays, the empty object; a new operation may
   also reuse the payload of an earlier one (see :func:`payload_for_new`);

@@ -10,8 +10,8 @@ crashes and at most ``max_steps`` steps, built from these steps:
 * ``dispatch`` (a dispatch with no crash is a recovery);
 * ``service`` called directly: with the accepted payload while the outbox entry
   is pending (a second deliverer racing the dispatcher), and with a changed
-  payload once the downstream holds a ticket for the id (the seed's conflict case;
-  before delivery the receiver cannot know the accepted payload).
+  payload once the downstream holds a ticket for the id (a payload conflict, which
+  the receiver must refuse; before delivery it cannot know the accepted payload).
 
 While the crash budget lasts, each step is also tried with every crash point the
 system declares for it and every statement point: ``sql:K`` for K = 1, 2, ... and

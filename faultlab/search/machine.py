@@ -4,8 +4,11 @@ Every rule is one :class:`faultlab.trace.Step`, executed as a real process by
 the same :class:`faultlab.run.executor.Executor` that runs scenarios and replays;
 the executor checks every invariant after the step and the rule raises
 :class:`InvariantFailure` when one fails. Teardown recovers to quiescence and
-checks ``LIVE``. Hypothesis then shrinks the failing example, and the last
-example it runs (the minimal one) is what :class:`faultlab.search.recorder.Recorder` keeps.
+checks ``LIVE``. :class:`faultlab.search.recorder.Recorder` keeps the failing example.
+``faultlab explore`` drops Hypothesis's shrink phase (unless ``--hypothesis-shrink``)
+and shrinks the first failing example with its own minimiser
+(:func:`faultlab.search.shrink.minimise`); run as a pytest test case, Hypothesis shrinks
+as usual.
 
 Use it from your own pytest suite::
 
@@ -582,8 +585,9 @@ def outbox_machine(
         @precondition(lambda self: bool(self.complete_operations()))
         @rule(data=st.data())
         def service_changed(self, data: st.DataObject) -> None:
-            """The seed's conflict case: a completed operation retried with a changed payload
-            (only once complete: before delivery the receiver cannot know the accepted one)."""
+            """A payload conflict: a completed operation retried with a changed payload,
+            which the receiver must refuse (only once complete: before delivery it cannot
+            know the accepted one)."""
             operation = data.draw(st.sampled_from(self.complete_operations()), label="operation")
             self.execute(Step("service", operation, changed_payload(self.payloads[operation])))
 

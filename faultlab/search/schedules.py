@@ -1,12 +1,17 @@
 """``explore --concurrency N``: a Hypothesis state machine whose rules are scheduling choices.
 
-With N lanes, each rule is one :class:`faultlab.trace.Step`: start a
+With N lanes, each plain rule is one :class:`faultlab.trace.Step`: start a
 worker in a free lane (it runs to its first point and holds: a dispatcher, a direct
-delivery, or the acceptor of a new operation) or run one to its end, release a held
-lane to its next point, finish it, SIGKILL it where it is, SIGSTOP/SIGCONT it, or
-advance the virtual clock; one rule, ``rescue``, is the lease scenario in a few steps
-(the clock to the earliest lease's end, a rescuer, the holder waking); every example
-opens with one such set-up, drawn (the ``opening`` initialize rule). Hypothesis
+delivery, or the acceptor of a new operation) or run one to its end, start one armed
+at a crash point (``crash``), release a held lane to its next point, finish it,
+SIGKILL it where it is, SIGSTOP/SIGCONT it, or advance the virtual clock. Four rules
+set up, in a few steps, the moment a class of concurrency bug waits for: ``rescue``
+(the clock to the earliest lease's end, a rescuer, the holder waking), ``overtake``
+(a second relay on the key a first one holds), ``redeliver`` (a second delivery of
+an operation while the first is in flight) and ``overlap`` (an acceptance that
+commits after a later one). On faultlab's own PostgreSQL server a fifth set-up,
+``sever`` (the server ends a held claim's session), is an opening only. Every example
+opens with one of these set-ups or none, drawn (the ``opening`` initialize rule). Hypothesis
 switches rules off per example (swarm testing), and each example draws the payload
 titles it uses as a swarm (:func:`faultlab.search.machine.swarm`). Every step runs for real in
 :class:`faultlab.run.executor.Executor`, which checks the per-step and history

@@ -122,9 +122,10 @@ def scratch_directory() -> str | None:
     """Where faultlab's own run directories go: a RAM-backed directory when there is one.
 
     Every commit of the system under test fsyncs (``synchronous=EXTRA``). A crash
-    here is a SIGKILL, which the page cache survives, so a tmpfs changes nothing
-    the checks can see and saves the disk flushes (faultlab does not model power
-    loss). ``None`` means the system's temporary directory.
+    here is a SIGKILL, which the page cache survives, and a power cut
+    (``--power-loss``) is rebuilt from :mod:`faultlab.stores.vfs`'s record of writes
+    and syncs, not read from the disk, so a tmpfs changes nothing the checks can see
+    and saves the disk flushes. ``None`` means the system's temporary directory.
     """
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):

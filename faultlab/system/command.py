@@ -2,8 +2,9 @@
 
 ``--system path/to/system.json`` names a system whose workers are programs
 faultlab knows nothing about. The file says how to run each role, how a crash
-point is armed, which crash points exist, and how to read the two SQLite stores
-into faultlab's four-table model (see examples/README.md for every key)::
+point is armed, which crash points exist, and how to read the stores (SQLite files
+or PostgreSQL databases) into faultlab's four-table model (see examples/README.md
+for every key)::
 
     {
       "name": "standalone-outbox",

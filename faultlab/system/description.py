@@ -1,10 +1,11 @@
 """Reading a command-line system's description file, checked completely before anything runs.
 
 The file (see examples/README.md for every key) says how to run each role, how a
-crash point is armed, which crash points exist, and how to read the two SQLite
-stores into faultlab's four-table model. :func:`read_description` turns it into a
-:class:`Description` or raises a one-line :class:`~faultlab.base.errors.UsageError`
-naming the file and the key; running the system is :mod:`faultlab.system.command`'s.
+crash point is armed, which crash points exist, and how to read the stores (SQLite
+files or PostgreSQL databases) into faultlab's four-table model.
+:func:`read_description` turns it into a :class:`Description` or raises a one-line
+:class:`~faultlab.base.errors.UsageError` naming the file and the key; running the
+system is :mod:`faultlab.system.command`'s.
 """
 
 from __future__ import annotations
