@@ -247,11 +247,12 @@ def read_description(path: Path) -> Description:
                     '({"mode": "argument", ...} or {"mode": "announce"})')
 
     if "stores" not in top:
-        reader.fail("stores is missing (an object naming each SQLite file, e.g. "
-                    '{"caller": "caller.db", "downstream": "downstream.db"})')
+        reader.fail("stores is missing (an object naming each store's SQLite file or "
+                    '{"kind": "postgres"}, e.g. {"caller": "caller.db", "downstream": '
+                    '"downstream.db"})')
     stores_data = reader.object(top["stores"], "stores", None)
     if not stores_data:
-        reader.fail("stores must name at least one SQLite file")
+        reader.fail("stores must name at least one store")
     stores: dict[str, str] = {}
     for store, filename in stores_data.items():
         if store in postgres:
