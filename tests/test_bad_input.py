@@ -307,6 +307,21 @@ def test_an_unwritable_corpus_is_refused_before_the_search(
             "cannot create files in /proc")
 
 
+def test_a_corpus_under_a_missing_directory_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A mistyped --corpus is an error, not a tree of new directories (the corpus directory
+    itself is created when its first finding is saved, inside a directory that exists)."""
+    corpus = tmp_path / "no" / "such" / "corpus"
+    for command in (["explore", "--no-deduplication", "--examples", "2"],
+                    ["enumerate", "--operations", "1", "--crashes", "0"],
+                    ["mutants", "--only", "no-dedup"]):
+        refused(capsys, [*command, "--corpus", str(corpus)],
+                f"parent directory {tmp_path / 'no' / 'such'} does not exist",
+                watch=(tmp_path,))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_suite_directory_must_be_creatable(tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     refused(capsys, ["suite", "--examples", "0", "--directory", "/proc/faultlab-stores"],

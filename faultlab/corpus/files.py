@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
-from faultlab.base.errors import ExecutionError
+from faultlab.base.errors import ExecutionError, UsageError
 from faultlab.base.output import check_output_directory, write_json
 from faultlab.trace import EXPECT_FINDING, Trace
 
@@ -14,7 +15,13 @@ DEFAULT_CORPUS = Path("corpus")
 
 
 def check_corpus_directory(path: Path) -> None:
-    """Refuse a corpus path faultlab could not save into, before running anything."""
+    """Refuse a corpus path faultlab could not save into, before running anything. A
+    missing corpus directory is created when its first finding is saved, but only inside
+    a directory that exists: a mistyped path is an error, not a new tree of directories."""
+    if not os.path.lexists(path):
+        parent = Path(os.path.dirname(os.path.abspath(path)))
+        if not os.path.lexists(parent):  # one that is not a directory is named below
+            raise UsageError(f"--corpus {path}: parent directory {parent} does not exist")
     check_output_directory(path, "--corpus")
 
 
