@@ -1,6 +1,6 @@
 """Every bad input is one line on stderr, exit status 2, and nothing created or changed.
 
-The cases of issue 10 item 6 first (each once a traceback, exit 1, or a file created),
+The basic cases first (each once a traceback, exit 1, or a file created),
 then hostile trace and system files beyond that list, output paths faultlab must not
 replace, and exit status 3 for a run that failed.
 """
@@ -69,7 +69,7 @@ def trace_file(tmp_path: Path, steps: Any = None, **fields: Any) -> Path:
     return path
 
 
-# --- issue 10, item 6 ----------------------------------------------------------------------
+# --- the basic cases ----------------------------------------------------------------------
 
 
 def test_output_into_proc_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -33,7 +33,7 @@ ISSUE_TABLE = {
     "caller-overwrite", "complete-before-send", "error-completes", "idle-resend",
     "non-canonical-retry", "shared-key",
 }
-#: Issue 11: bugs that hide in data and depth; enumerate's fixed data cannot express them.
+#: Bugs that hide in data and depth; enumerate's fixed data cannot express them.
 DATA_AND_DEPTH = {
     "case-insensitive-key", "truncated-key", "lossy-numbers", "unicode-normalising",
     "utf8mb3-column", "float32-amounts", "bounded-receipts",

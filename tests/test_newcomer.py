@@ -1,4 +1,4 @@
-"""What a newcomer stumbled over (issue 14), each fixed and checked here.
+"""What a newcomer stumbled over, each fixed and checked here.
 
 Documentation that cites only the repository; documented commands that reproduce
 committed corpus files byte for byte; ``init`` obeying ``--deadline``; ``{python}``

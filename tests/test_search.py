@@ -78,7 +78,7 @@ def test_bad_scale_flags_are_usage_errors(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_fair_crash_point_coverage(fork_spawner: Spawner, reference: System) -> None:
-    """Issue 11's target: every declared point fires at least a third as often as the mean
+    """The fairness target: every declared point fires at least a third as often as the mean
     (on 100 examples here; README shows the 200-example figures)."""
     result = explore(reference, fork_spawner, examples=100, seed_value=7)
     fired = [result.recorder.coverage.fired[p.name] for p in reference.crash_points]

@@ -38,7 +38,7 @@ SPEC_COLUMNS = {
     },
 }
 #: What the reference adds to the spec's tables so several dispatchers can run at once: a
-#: fencing token and a lease per outbox row (issue 13). Snapshots never show them.
+#: fencing token and a lease per outbox row. Snapshots never show them.
 CLAIM_COLUMNS = {"outbox": ["attempt", "lease_until"]}
 
 
