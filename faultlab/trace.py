@@ -449,9 +449,9 @@ class Trace:
             )
         with reading(source):
             if version == TRACE_VERSION:
-                return cls(steps=[Step.from_json(step) for step in steps_of(data)],
-                           **recorded_fields(data))
-            concurrency = data["concurrency"]
+                return not_empty(cls(steps=[Step.from_json(step) for step in steps_of(data)],
+                                     **recorded_fields(data)))
+            concurrency = required(data, "concurrency")
             if not isinstance(concurrency, int) or isinstance(concurrency, bool) \
                     or not 1 <= concurrency <= MAX_CONCURRENCY:
                 raise UsageError(f"concurrency must be an integer from 1 to {MAX_CONCURRENCY}: "
@@ -462,8 +462,8 @@ class Trace:
             steps = [Step.from_lane_json(step) for step in steps_of(data)]
             for step in steps:
                 step.validate(concurrency)
-            return cls(concurrency=concurrency, steps=steps, statement_points=statement_points,
-                       **recorded_fields(data))
+            return not_empty(cls(concurrency=concurrency, steps=steps,
+                                 statement_points=statement_points, **recorded_fields(data)))
 
     @classmethod
     def load(cls, path: Path) -> Trace:
@@ -520,9 +520,24 @@ def document(version: int, trace: Recorded, steps: list[dict[str, Any]],
     return data
 
 
+def required(data: dict[str, Any], key: str) -> Any:
+    """A key every trace document of its version has: refused by name when missing."""
+    if key not in data:
+        raise UsageError(f"trace has no {json.dumps(key)}")
+    return data[key]
+
+
+def not_empty(trace: Trace) -> Trace:
+    """A trace read from a document, refused when it has no steps: replaying it would run
+    nothing, check nothing and still be judged clean (nothing faultlab writes has none)."""
+    if not trace.steps:
+        raise UsageError("trace has no steps: it would test nothing")
+    return trace
+
+
 def steps_of(data: dict[str, Any]) -> list[Any]:
     """A trace document's steps, bounded (each version parses its own kind of step)."""
-    steps = data.get("steps")
+    steps = required(data, "steps")
     if not isinstance(steps, list) or len(steps) > MAX_STEPS:
         raise TypeError(f"steps must be a list of at most {MAX_STEPS} steps")
     return steps
@@ -530,8 +545,9 @@ def steps_of(data: dict[str, Any]) -> list[Any]:
 
 def recorded_fields(data: dict[str, Any]) -> dict[str, Any]:
     """The fields every trace version records beside its steps, checked strictly."""
-    system = data["system"]
-    if not isinstance(system, str) or not system or not isinstance(data["deduplication"], bool):
+    system = required(data, "system")
+    if not isinstance(system, str) or not system \
+            or not isinstance(required(data, "deduplication"), bool):
         raise TypeError("system must be a string and deduplication a boolean")
     if not isinstance(data.get("settle", True), bool):
         raise TypeError("settle must be a boolean")
@@ -562,7 +578,9 @@ def reading(source: str) -> Iterator[None]:
         yield
     except UsageError as error:
         raise UsageError(f"{source}: {error}") from None
-    except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as error:
+    except KeyError as error:  # a nested object without a key it needs, named as such
+        raise UsageError(f"{source}: corrupt trace: missing key {error}") from None
+    except (TypeError, ValueError, AttributeError, RecursionError) as error:
         raise UsageError(f"{source}: corrupt trace: {error}") from None
 
 

@@ -215,6 +215,61 @@ def test_hostile_trace_files(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     refused(capsys, ["replay", str(path)], words, watch=(tmp_path,))
 
 
+#: A trace document of each version with every key it needs (and one step).
+_WHOLE = {1: {"format": "faultlab-trace", "version": 1, "system": "reference",
+              "deduplication": True, "steps": [{"action": "dispatch"}]},
+          2: {"format": "faultlab-trace", "version": 2, "system": "reference",
+              "deduplication": True, "concurrency": 2,
+              "steps": [{"action": "run", "lane": 1, "role": "dispatch"}]}}
+
+
+@pytest.mark.parametrize(("version", "key"), [
+    (1, "system"), (1, "deduplication"), (1, "steps"),
+    (2, "system"), (2, "deduplication"), (2, "steps"), (2, "concurrency"),
+])
+def test_a_trace_without_a_key_it_needs_names_the_key(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], version: int, key: str) -> None:
+    """It once said ``corrupt trace: 'system'``, a bare KeyError's text."""
+    data = {k: v for k, v in _WHOLE[version].items() if k != key}
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(data))
+    err = refused(capsys, ["replay", str(path)], watch=(tmp_path,))
+    assert err == f'faultlab: error: {path}: trace has no "{key}"\n'
+
+
+def test_a_nested_object_without_a_key_it_needs_names_the_key(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = trace_file(tmp_path, violations=[{"message": "m"}])
+    err = refused(capsys, ["replay", str(path)], watch=(tmp_path,))
+    assert err == f"faultlab: error: {path}: corrupt trace: missing key 'invariant'\n"
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_trace_with_no_steps_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          version: int) -> None:
+    """A trace with no steps tests nothing: it once replayed as ``verdict: clean; expected
+    clean: matches``, exit 0."""
+    path = tmp_path / "empty.json"
+    path.write_text(json.dumps({**_WHOLE[version], "steps": [], "expected": {"clean": True}}))
+    err = refused(capsys, ["replay", str(path)], watch=(tmp_path,))
+    assert err == f"faultlab: error: {path}: trace has no steps: it would test nothing\n"
+
+
+def test_a_postgres_value_that_is_no_connection_string_is_one_clean_line(
+        tmp_path: Path) -> None:
+    """psycopg's message ends in a newline, once shown escaped as a literal ``\\x0a``."""
+    pytest.importorskip("psycopg")
+    done = subprocess.run([sys.executable, "-m", "faultlab", "explore", "--system",
+                           "reference-pg", "--postgres", "zzz", "--corpus",
+                           str(tmp_path / "corpus")],
+                          cwd=tmp_path, env=child_environment(), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == "" and sorted(os.listdir(tmp_path)) == []
+    assert done.stderr == ('faultlab: error: --postgres: not a connection string: missing '
+                           '"=" after "zzz" in connection info string\n'), done.stderr
+
+
 def test_a_gigantic_trace_file_is_refused_unread(tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "huge.json"
@@ -271,7 +326,7 @@ def test_output_through_a_symbolic_link_replaces_the_target_not_the_link(
     tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     target = tmp_path / "evidence.json"
-    target.write_text("old")
+    target.write_text('{"experiment": "two-store outbox crash recovery (faultlab suite)"}')
     target.chmod(0o640)
     link = tmp_path / "link.json"
     link.symlink_to(target)

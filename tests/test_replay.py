@@ -114,9 +114,12 @@ def test_replay_against_a_fixed_system_passes(tmp_path: Path) -> None:
          '"deduplication": true, "steps": [{"action": "dispatch", "crash": "nowhere"}]}',
          "unknown crash point"),
         ('{"format": "faultlab-trace", "version": 1, "system": "nonesuch", '
-         '"deduplication": true, "steps": []}', "which is not built in; name it"),
+         '"deduplication": true, "steps": [{"action": "dispatch"}]}',
+         "which is not built in; name it"),
         ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
-         '"deduplication": true}', "corrupt trace"),
+         '"deduplication": true}', 'trace has no "steps"'),
+        ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
+         '"deduplication": true, "steps": []}', "trace has no steps"),
     ],
 )
 def test_replay_bad_input(tmp_path: Path, content: str, message: str) -> None:

@@ -125,6 +125,58 @@ def test_the_rules() -> None:
     assert load_system("reference").holds_in_lanes()
 
 
+def test_power_rule() -> None:
+    """Asked to cut the power (``faults``), a run that never did (OPEN and DURABLE never
+    checked) is vacuous; one that did, or a run not asked to, is not blamed."""
+    reference = load_system("reference")
+    everything = Counter({name: 1 for name in ("ATOM", "PAIR", "ACK", "ONE", "RCPT", "KEY",
+                                               "PAY", "DONE", "QUIET", "LIVE")})
+    fired = Counter({"during_accept": 1})
+    uncut = Coverage(Counter(fired), Counter(fired), everything)
+    assert vacuity(uncut, reference, 3) is None
+    assert vacuity(uncut, reference, 3, faults=("power",)) == (
+        "no power cut was ever taken (OPEN and DURABLE never had anything to check)")
+    cut = Coverage(Counter(fired), Counter(fired), everything + Counter({"OPEN": 1}))
+    assert vacuity(cut, reference, 3, faults=("power",)) is None
+    nothing = vacuity(Coverage(), reference, 3, faults=("power",)) or ""
+    assert nothing.startswith("no operation was ever accepted") and "no power cut" in nothing
+
+
+def _one_verdict(done: subprocess.CompletedProcess[str]) -> str:
+    """The run's one verdict line (stdout), nothing on stderr (--quiet), never clean."""
+    assert done.stderr == "", done.stderr
+    assert "clean:" not in done.stdout, done.stdout
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("vacuous:")]
+    return line
+
+
+def test_explore_power_loss_without_a_power_cut_is_vacuous(tmp_path: Path) -> None:
+    """One example of two steps draws no power cut: it was once ``clean``, exit 0, with
+    OPEN and DURABLE checked 0 times."""
+    corpus = tmp_path / "c"
+    done = faultlab("explore", "--power-loss", "--examples", "1", "--steps", "2",
+                    "--corpus", str(corpus), "--quiet")
+    assert done.returncode == EXIT_VACUOUS, done.stdout + done.stderr
+    line = _one_verdict(done)
+    assert line == ("vacuous: nothing failed in 1 examples, but nothing was tested: no power "
+                    "cut was ever taken (OPEN and DURABLE never had anything to check)"), line
+    assert not corpus.exists()
+
+
+def test_enumerate_power_loss_without_a_power_cut_is_vacuous(tmp_path: Path) -> None:
+    """``--crashes 0`` leaves no budget for a power cut: 15 traces, none cut (with a crash's
+    budget the same run cuts the power and stays clean: tests/test_enumerate_power.py)."""
+    corpus = tmp_path / "c"
+    done = faultlab("enumerate", "--power-loss", "--crashes", "0", "--operations", "1",
+                    "--corpus", str(corpus), "--quiet")
+    assert done.returncode == EXIT_VACUOUS, done.stdout + done.stderr
+    line = _one_verdict(done)
+    assert line.startswith("vacuous: nothing failed in "), line
+    assert line.endswith("traces, but nothing was tested: no power cut was ever taken (OPEN "
+                         "and DURABLE never had anything to check)"), line
+    assert not corpus.exists()
+
+
 def test_explore_help_lists_exit_status_4() -> None:
     done = faultlab("explore", "--help")
     statuses = done.stdout.split("exit status:")[1]

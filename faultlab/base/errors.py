@@ -11,8 +11,9 @@ EXIT_USAGE = 2
 #: The run itself failed (a deadline, a broken protocol, an unreadable store): no finding.
 EXIT_RUN_FAILED = 3
 #: ``explore`` found nothing, but tested nothing either: no operation was ever accepted, an
-#: invariant family never had anything to check, the declared crash points were armed and
-#: never fired, or ``--concurrency`` workers never overlapped. Not clean (0), not a finding
+#: invariant family never had anything to check, ``--power-loss`` took no power cut (OPEN
+#: and DURABLE never checked), the declared crash points were armed and never fired, or
+#: ``--concurrency`` workers never overlapped. Not clean (0), not a finding
 #: (1): a system whose accept prints garbage and stores nothing must not pass a CI job.
 #: (``faultlab worker`` keeps its own 4, downstream_failure: another command.)
 EXIT_VACUOUS = 4

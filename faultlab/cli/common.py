@@ -62,9 +62,9 @@ REPLAY_EPILOG = EPILOG.replace(
 #: tested nothing and 5 for a failure that did not fail again.
 SEARCH_EPILOG = EPILOG.replace("  130/143", f"""\
   {EXIT_VACUOUS}        vacuous: nothing failed, but nothing was tested (no operation was ever
-           accepted, an invariant family never had anything to check, the declared
-           crash points were armed and never fired, or --concurrency workers never
-           overlapped); one line says which
+           accepted, an invariant family never had anything to check, --power-loss
+           took no power cut, the declared crash points were armed and never fired,
+           or --concurrency workers never overlapped); one line says which
   {EXIT_FLAKY}        flaky: an invariant failed, but not again when its trace was re-run;
            nothing saved to the corpus, the trace kept in flaky/ beside it (one line
            names the file)

@@ -54,7 +54,8 @@ def register(commands: Commands) -> None:
                     "invariant is saved to the corpus and printed as a table. Exit 0 when "
                     "nothing was found, 1 when something was, 2 on bad input, 4 when nothing "
                     "was tested (vacuous: no operation accepted, a family of invariants never "
-                    "checked, declared crash points that never fired), 5 when a violation "
+                    "checked, --power-loss that took no power cut, declared crash points that "
+                    "never fired), 5 when a violation "
                     "found did not happen again on fresh stores (flaky: its trace kept in "
                     "flaky/ beside the corpus, never in it).",
         epilog=SEARCH_EPILOG,
@@ -160,10 +161,10 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
         ["longest trace", result.depth],
         ["wall time (s)", round(result.seconds, 2)],
     ]
-    _print_summary(system, args, rows, result.coverage,
-                   faults=("power",) if args.power_loss else ())
+    faults = ("power",) if args.power_loss else ()
+    _print_summary(system, args, rows, result.coverage, faults=faults)
     if not confirmed:
-        return _nothing_found(vacuity(result.coverage, system, result.traces),
+        return _nothing_found(vacuity(result.coverage, system, result.traces, faults=faults),
                               result.traces, "traces")
 
     summary: list[list[Any]] = []

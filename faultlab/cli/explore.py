@@ -477,7 +477,8 @@ def _vacuity(results: list[StreamResult], system: System, plan: Plan,
     """Why a run that found nothing tested nothing either (see
     :mod:`faultlab.search.coverage`), over every job's coverage; None when it tested."""
     return vacuity(_coverage(results), system, totals.examples, concurrency=plan.concurrency,
-                   held=totals.held, can_hold=system.holds_in_lanes())
+                   held=totals.held, can_hold=system.holds_in_lanes(),
+                   faults=("power",) if plan.power_loss else ())
 
 
 def _cpus(results: list[StreamResult]) -> str:

@@ -4,7 +4,8 @@ A clean result means little if the crash points never fired or an invariant neve
 had anything to check; explore and enumerate both print this table (one unit, the
 step, with lanes or without), and :func:`vacuity` turns it into explore's "vacuous"
 outcome (exit status 4): a run in which no operation was ever accepted, no ticket
-made, no operation completed, or the system's declared crash points were armed and
+made, no operation completed, a fault it was asked to draw was never taken (``power``:
+OPEN and DURABLE never checked), or the system's declared crash points were armed and
 never fired tested nothing, and must not be reported as clean.
 """
 
@@ -92,17 +93,38 @@ FAMILIES: tuple[tuple[tuple[str, ...], str], ...] = (
 )
 
 
-def vacuous_families(checked: Mapping[str, int]) -> list[str]:
+#: What a run that draws a fault (``Invariant.fault``: ``power`` under ``--power-loss``)
+#: never did when none of the invariants that apply only under that fault ever checked
+#: anything: it was asked to test the fault and never did.
+FAULT_CAUSES: dict[str, str] = {"power": "no power cut was ever taken"}
+
+
+def fault_family(fault: str) -> tuple[str, ...]:
+    """The invariants that apply only under ``fault`` (``power``: OPEN, DURABLE)."""
+    return tuple(invariant.name for invariant in INVARIANTS if invariant.fault == fault)
+
+
+def vacuous_families(checked: Mapping[str, int], faults: Collection[str] = ()) -> list[str]:
     """Why the invariants had nothing to check, one cause per vacuous family (the first
-    cause only once a family's cause already explains the ones after it)."""
+    cause only once a family's cause already explains the ones after it), then one per
+    fault in ``faults`` (those the run drew) whose invariants never checked anything."""
     causes = [cause for names, cause in FAMILIES if not any(checked.get(n, 0) for n in names)]
-    return causes[:1] if causes and causes[0] == FAMILIES[0][1] else causes
+    causes = causes[:1] if causes and causes[0] == FAMILIES[0][1] else causes
+    for fault in sorted(faults):
+        names = fault_family(fault)
+        if names and not any(checked.get(n, 0) for n in names):
+            cause = FAULT_CAUSES.get(fault, f"no {fault} fault was ever taken")
+            causes.append(f"{cause} ({' and '.join(names)} never had anything to check)")
+    return causes
 
 
 def vacuity(coverage: Coverage, system: System, examples: int, *, concurrency: int = 1,
-            held: int = 0, can_hold: bool = True) -> str | None:
+            held: int = 0, can_hold: bool = True,
+            faults: Collection[str] = ()) -> str | None:
     """Why a clean run tested nothing, as one line, or None when it tested something: no
-    example ran; an invariant family was vacuous for the whole run; the system declares
+    example ran; an invariant family was vacuous for the whole run; a fault the run drew
+    (``faults``: ``power`` under ``--power-loss``) was never taken, so the invariants that
+    apply only under it never checked anything; the system declares
     crash points, some were armed, and none ever fired (its arming does not work); or,
     with lanes (``concurrency`` above 1), workers that can never overlap (``can_hold``
     False: the system announces no point a lane could hold it at, so every worker ran
@@ -111,7 +133,7 @@ def vacuity(coverage: Coverage, system: System, examples: int, *, concurrency: i
     not blamed for it."""
     if examples == 0:
         return "no example completed"
-    causes = vacuous_families(coverage.checked)
+    causes = vacuous_families(coverage.checked, faults)
     declared = [point.name for point in system.crash_points]
     armed = sum(coverage.armed[name] for name in declared)
     if declared and armed and not any(coverage.fired[name] for name in declared):

@@ -197,7 +197,8 @@ def _admin_connect(base: str) -> psycopg.Connection[Any]:
     try:
         params = conninfo_to_dict(base)
     except pg.ProgrammingError as error:
-        raise UsageError(f"--postgres: not a connection string: {error}") from None
+        raise UsageError(f"--postgres: not a connection string: {printable_error(error)}") \
+            from None
     dbname = str(params.get("dbname") or "postgres")
     try:
         connection: psycopg.Connection[Any] = pg.connect(
@@ -801,7 +802,8 @@ def query_described(
                 results[name] = (len(cursor.description or ()), rows)
             except pg.errors.QueryCanceled as error:
                 if timeout is None:
-                    raise StoreError(f"snapshot query {name!r}: {error}") from None
+                    raise StoreError(f"snapshot query {name!r}: {printable_error(error)}") \
+                        from None
                 raise ExecutionError(
                     f"snapshot query {name!r} ran longer than its {timeout:g}s deadline "
                     "(--deadline) and was cancelled") from None
