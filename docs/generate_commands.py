@@ -56,6 +56,26 @@ refused. Files are written to a temporary file beside the target and renamed,
 with the mode an ordinary write would give them (the replaced file's mode, or
 `0666` less the umask).
 
+faultlab never replaces a file that is not its own output. An existing file is
+replaced only when its first bytes show it is what that option writes:
+
+| option | replaces only |
+| --- | --- |
+| `suite --output` | a suite evidence file (its first key is `"experiment": "two-store outbox crash recovery (faultlab suite)"`) |
+| `mutants --output` | a mutants results file (it begins with `passed` and the `budget`: `examples`, `steps`, `seed`, `operations`, `crashes`, `spawn`) |
+| `replay --html`, `explore --html` | a faultlab HTML page (`<meta name="generator" content="faultlab">`, or a page written before that tag) |
+
+Anything else (another program's file, a trace, faultlab's output of another
+kind, an empty file) is refused before any work starts with one line, exit 2,
+nothing created, changed or deleted; remove it or give another path:
+
+```text
+faultlab: error: --html notes.md: exists and is not a faultlab HTML page; refusing to replace it
+```
+
+A file that appears at the path while the run goes on is checked again when the
+output is written and left alone; a line on stderr says so.
+
 ## `replay --against`
 
 `replay --against SYSTEM` runs each trace on another system and expects it to

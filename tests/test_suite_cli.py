@@ -59,8 +59,9 @@ class SuiteRun:
         self.root = root
         self.output = root / "results.json"
         self.directory = root / "kept"
-        # --output overwrites: a longer, unrelated file is there first
-        self.output.write_text('{"stale": true, "padding": "' + "x" * 100_000 + '"}\n')
+        # --output replaces its own earlier output: a longer one is there first
+        self.output.write_text('{"experiment": "two-store outbox crash recovery (faultlab '
+                               'suite)", "stale": true, "padding": "' + "x" * 100_000 + '"}\n')
         self.result = faultlab(
             "suite", "--examples", "0", "--output", str(self.output),
             "--directory", str(self.directory), "--format", "github",

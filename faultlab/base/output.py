@@ -4,6 +4,11 @@ The rules, checked before any work starts and again at the moment of writing:
 
 * an existing path that is not a regular file (a FIFO, a device, a directory, a
   socket) is refused with one line (exit 2), never replaced;
+* an existing regular file is replaced only when it is recognisably faultlab's own
+  output of the same :class:`Kind` (its first bytes carry the writer's signature);
+  anything else (another program's file, a trace, faultlab's output of another
+  kind, an empty file) is refused with one line (exit 2): faultlab never replaces
+  a file that is not its own output;
 * a symbolic link is written *through*: its target is replaced, the link stays;
   a link to nothing is refused;
 * the file is written to a temporary file beside its target and renamed over it,
@@ -22,9 +27,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -39,6 +46,29 @@ _KINDS = (
     (stat.S_ISBLK, "a block device"),
     (stat.S_ISSOCK, "a socket"),
 )
+
+
+#: How much of an existing file is read to tell whether faultlab wrote it.
+SIGNATURE_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of output file, and how to recognise faultlab's own earlier one.
+
+    ``signatures`` are patterns matched at the very start of the file's first
+    :data:`SIGNATURE_BYTES` bytes; the writer of the kind defines them beside what it
+    writes, so the two cannot drift apart unnoticed (tests write, then write again)."""
+
+    name: str
+    signatures: tuple[re.Pattern[bytes], ...]
+
+    def made(self, path: Path) -> bool:
+        """Whether the file at ``path`` is faultlab's own output of this kind (OSError when
+        it cannot be read)."""
+        with open(path, "rb") as stream:
+            start = stream.read(SIGNATURE_BYTES)
+        return any(signature.match(start) for signature in self.signatures)
 
 
 def _kind(mode: int) -> str:
@@ -73,8 +103,9 @@ def _probe(directory: Path) -> str | None:
     return None
 
 
-def check_output_file(path: Path, option: str = "--output") -> None:
-    """Refuse (UsageError) an output file faultlab could not write or must not replace."""
+def check_output_file(path: Path, option: str, kind: Kind) -> None:
+    """Refuse (UsageError) an output file faultlab could not write or must not replace: an
+    existing file that is not faultlab's own output of ``kind`` is never replaced."""
     target = _target(path, option, UsageError)
     try:
         info = target.stat()
@@ -93,6 +124,16 @@ def check_output_file(path: Path, option: str = "--output") -> None:
         raise UsageError(f"{option} {path}: cannot create a file in {parent}: {reason}")
     if info is not None and not os.access(target, os.W_OK):
         raise UsageError(f"{option} {path}: not writable")
+    if info is not None:
+        try:
+            ours = kind.made(target)
+        except OSError as problem:
+            raise UsageError(f"{option} {path}: exists and cannot be read to tell whether it "
+                             f"is {kind.name}: {problem.strerror or problem}; refusing to "
+                             "replace it") from None
+        if not ours:
+            raise UsageError(f"{option} {path}: exists and is not {kind.name}; refusing to "
+                             "replace it")
 
 
 def check_output_directory(path: Path, option: str = "--corpus") -> None:
@@ -136,17 +177,20 @@ def _mode_for(target: Path) -> int:
         return 0o666 & ~mask
 
 
-def write_text(path: Path, text: str, *, final: bool = False) -> None:
+def write_text(path: Path, text: str, *, final: bool = False, kind: Kind | None = None) -> None:
     """Write ``text`` to ``path`` atomically, through a symbolic link, honouring the umask.
 
     ``final`` marks the run's result: once the file is renamed into place a signal no
     longer turns the run into an interrupted one (the result was committed). A signal
     that arrives before the rename removes the temporary file and stops the run.
+    ``kind``: an existing file is replaced only when it is faultlab's own output of that
+    kind (checked before the run by :func:`check_output_file`, and again here: a file
+    that appeared meanwhile is left alone).
     """
-    _write(path, lambda stream: stream.write(text), final=final)
+    _write(path, lambda stream: stream.write(text), final=final, kind=kind)
 
 
-def write_json(path: Path, data: Any, *, final: bool = False) -> None:
+def write_json(path: Path, data: Any, *, final: bool = False, kind: Kind | None = None) -> None:
     """:func:`write_text` of ``data`` as indented JSON with a final newline, serialised
     straight into the temporary file."""
 
@@ -154,13 +198,22 @@ def write_json(path: Path, data: Any, *, final: bool = False) -> None:
         json.dump(data, stream, indent=2)
         stream.write("\n")
 
-    _write(path, fill, final=final)
+    _write(path, fill, final=final, kind=kind)
 
 
-def _write(path: Path, fill: Callable[[IO[str]], object], *, final: bool) -> None:
+def _write(path: Path, fill: Callable[[IO[str]], object], *, final: bool,
+           kind: Kind | None) -> None:
     target = _target(path, str(path), ExecutionError)
     if target.exists() and not target.is_file():
         raise ExecutionError(f"{path}: became {_kind(target.stat().st_mode)}; not replaced")
+    if kind is not None and target.exists():
+        try:
+            ours = kind.made(target)
+        except OSError as problem:
+            raise ExecutionError(f"cannot read {path}: {problem.strerror or problem}; "
+                                 "not replaced") from None
+        if not ours:
+            raise ExecutionError(f"{path}: became a file that is not {kind.name}; not replaced")
     with interrupt.deferred():
         temporary: str | None = None
         try:

@@ -191,16 +191,19 @@ def check_format(fmt: str) -> None:
         raise UsageError(f"unknown --format {fmt!r} (one of: {', '.join(_formats())})")
 
 
-def check_output_path(path: Path, option: str = "--output") -> None:
-    """Refuse an output path we could not write or must not replace, before running anything
+def check_output_path(path: Path, option: str, kind: output.Kind) -> None:
+    """Refuse an output path we could not write or must not replace (an existing file that
+    is not faultlab's own output of ``kind``), before running anything
     (:mod:`faultlab.base.output`)."""
-    output.check_output_file(path, option)
+    output.check_output_file(path, option, kind)
 
 
 def add_html(parser: argparse.ArgumentParser, help_text: str) -> None:
     """``--html FILE``: a self-contained page of the executed traces (faultlab.report.html)."""
     parser.add_argument("--html", type=Path, metavar="FILE",
-                        help=help_text + " (overwritten; written atomically; no network fetches)")
+                        help=help_text + " (an existing FILE is replaced only if it is a "
+                                         "faultlab HTML page; written atomically; no network "
+                                         "fetches)")
 
 
 def check_new_directory(path: Path, option: str = "--directory") -> None:

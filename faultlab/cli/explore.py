@@ -293,7 +293,9 @@ def cmd_explore(args: argparse.Namespace) -> int:
     if args.scheduler is not None and not concurrent:
         raise UsageError("--scheduler applies with --concurrency above 1")
     if args.html is not None:
-        check_output_path(args.html, "--html")
+        from faultlab.report import html as html_report
+
+        check_output_path(args.html, "--html", html_report.PAGE)
     system = load_system(args.system, args.deduplication)
     if args.statement_points and not system.supports_statement_points:
         raise UsageError(f"--statement-points: {system.name} runs its own programs; statement "

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
 
 from faultlab.base.errors import EXIT_FOUND, EXIT_OK, UsageError
 from faultlab.base.messages import plural
+from faultlab.base.output import Kind
 from faultlab.cli.common import (
     Commands,
     add_format,
@@ -22,6 +24,15 @@ from faultlab.cli.common import (
 )
 from faultlab.corpus.files import DEFAULT_CORPUS, check_corpus_directory
 from faultlab.search import defaults
+
+#: What ``mutants --output`` writes, and so the only file it replaces: the results begin
+#: with ``passed`` and the budget's integer settings in the order :class:`Budget` lists them.
+RESULTS = Kind("a faultlab mutants results file", (
+    re.compile(rb'\s*\{\s*"passed"\s*:\s*(?:true|false)\s*,\s*"budget"\s*:\s*\{\s*'
+               + rb'\s*,\s*'.join(rb'"%s"\s*:\s*-?\d+' % name for name in
+                                  (b"examples", b"steps", b"seed", b"operations", b"crashes"))
+               + rb'\s*,\s*"spawn"\s*:'),
+))
 
 
 def register(commands: Commands) -> None:
@@ -48,7 +59,9 @@ def register(commands: Commands) -> None:
     parser.add_argument("--only", action="append", metavar="NAME",
                         help="judge only this system (repeatable; reference or a mutant name)")
     parser.add_argument("--output", type=Path, metavar="FILE",
-                        help="write the table and timings as JSON (atomically)")
+                        help="write the table and timings as JSON (an existing FILE is "
+                             "replaced only if it is a faultlab mutants results file; "
+                             "written atomically)")
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, metavar="DIR",
                         help="where shrunk findings are saved (default corpus/)")
     parser.add_argument("--examples", type=positive_int, default=defaults.EXAMPLES, metavar="N",
@@ -73,6 +86,7 @@ def register(commands: Commands) -> None:
 
 
 def cmd_mutants(args: argparse.Namespace) -> int:
+    from faultlab.base.output import write_json
     from faultlab.report import tables as report
     from faultlab.system import (
         builtin_names,
@@ -80,7 +94,6 @@ def cmd_mutants(args: argparse.Namespace) -> int:
         power_mutant_names,
         server_crash_mutant_names,
     )
-    from faultlab.trace import write_json_atomically
     from faultlab.trials.zoo import (
         REFERENCE_CONCURRENT,
         REFERENCE_POWER,
@@ -95,7 +108,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     check_format(args.format)
     check_corpus_directory(args.corpus)
     if args.output is not None:
-        check_output_path(args.output)
+        check_output_path(args.output, "--output", RESULTS)
     names = [*builtin_names(), REFERENCE_CONCURRENT, *concurrency_mutant_names(),
              *server_crash_mutant_names(), REFERENCE_POWER, *power_mutant_names()]
     if args.only:
@@ -164,14 +177,14 @@ def cmd_mutants(args: argparse.Namespace) -> int:
           + ("" if not any(j.reference for j in judgements)
              else f"; reference {'clean' if reference_clean else 'NOT clean'}"))
     if args.output is not None:
-        write_json_atomically(args.output, {
+        write_json(args.output, {  # "passed" and "budget" first: what RESULTS recognises
             "passed": passed,
             "budget": vars(budget),
             "seconds": round(seconds, 3),
             "timings": timings,
             "concurrency": lanes,
             "systems": [j.to_json() for j in judgements],
-        })
+        }, kind=RESULTS)
     return EXIT_OK if passed else EXIT_FOUND
 
 

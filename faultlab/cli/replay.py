@@ -74,11 +74,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from faultlab.corpus.replay import plan, replay
     from faultlab.corpus.trust import system_for
     from faultlab.process.spawn import spawner
+    from faultlab.report import html as html_report
     from faultlab.trace import Trace
 
     check_format(args.format)
     if args.html is not None:
-        check_output_path(args.html, "--html")
+        check_output_path(args.html, "--html", html_report.PAGE)
     if args.system is not None and args.against is not None:
         raise UsageError("--system names the system a trace was recorded on and --against "
                          "another one expected clean: give one of them")
@@ -100,8 +101,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
             flaky += outcome.flaky and outcome.matches
             replayed.append(outcome)
     if args.html is not None:
-        from faultlab.report import html as html_report
-
         html_report.write(args.html, [
             html_report.TraceReport(
                 title=str(outcome.plan.path), execution=outcome.execution,

@@ -35,7 +35,8 @@ def register(commands: Commands) -> None:
     )
     add_system(parser, dedup=False)
     parser.add_argument("--output", type=Path, metavar="FILE",
-                       help="write the evidence JSON here (overwritten; written atomically)")
+                       help="write the evidence JSON here (an existing FILE is replaced only "
+                            "if it is a faultlab suite evidence file; written atomically)")
     parser.add_argument("--directory", type=Path, metavar="DIR",
                        help="keep each scenario's stores under DIR/<scenario>/ (DIR must not "
                             "exist)")
@@ -66,7 +67,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
     for scenario in SCENARIOS:
         scenario.steps_for(system)  # a role without a point: one line before anything runs
     if args.output is not None:
-        check_output_path(args.output)
+        check_output_path(args.output, "--output", report.EVIDENCE)
     if args.directory is not None:
         check_new_directory(args.directory)
     exploration = None
@@ -112,7 +113,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
         if exploration is not None:
             data["exploration"] = exploration["evidence"]
             data["passed"] = data["passed"] and exploration["passed"]
-        write_json(args.output, data, final=True)
+        write_json(args.output, data, final=True, kind=report.EVIDENCE)
     return EXIT_OK if passed else EXIT_FOUND
 
 

@@ -23,12 +23,14 @@ offline and fetches nothing.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 from typing import Any
 
+from faultlab.base.output import Kind
 from faultlab.process.records import KILLED
 from faultlab.run.observation import Execution, Observation
 from faultlab.stores.sqlite import TABLES, Snapshot
@@ -391,13 +393,29 @@ _SCRIPT = """
 """
 
 
+#: How every page begins: what marks it as faultlab's own (``--html`` replaces nothing else).
+HEAD = ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="generator" content="faultlab">')
+#: How a page began before it carried the generator tag, up to its title (a command's own).
+_EARLIER_HEAD = (
+    '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+    '<meta name="viewport" content="width=device-width, initial-scale=1">'
+    "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
+    "style-src 'unsafe-inline'; script-src 'unsafe-inline'\"><title>faultlab ")
+#: What ``--html`` writes, and so the only file it replaces.
+PAGE = Kind("a faultlab HTML page", (
+    re.compile(re.escape(HEAD.encode())),
+    re.compile(re.escape(_EARLIER_HEAD.encode()) + rb"(?:replay|trace report)</title>"),
+))
+
+
 def render(reports: Sequence[TraceReport], *, title: str = "faultlab trace report") -> str:
     """The whole page as one string."""
     sections = "".join(_trace_section(number, report)
                        for number, report in enumerate(reports, start=1))
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+        HEAD
+        + "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
         # a policy that forbids every fetch: the page is all here
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
         "style-src 'unsafe-inline'; script-src 'unsafe-inline'\">"
@@ -414,7 +432,7 @@ def write(path: Path, reports: Sequence[TraceReport], *, title: str = "faultlab 
     file is written (:mod:`faultlab.base.output`)."""
     from faultlab.base.output import write_text
 
-    write_text(path, render(reports, title=title))
+    write_text(path, render(reports, title=title), kind=PAGE)
 
 
-__all__ = ["TABLES", "Process", "TraceReport", "processes", "render", "write"]
+__all__ = ["HEAD", "PAGE", "TABLES", "Process", "TraceReport", "processes", "render", "write"]

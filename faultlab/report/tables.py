@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import signal
 import sqlite3
 import sys
@@ -15,6 +16,7 @@ from typing import Any
 from tabulate import tabulate
 
 from faultlab.base.messages import printable
+from faultlab.base.output import Kind
 from faultlab.base.version import __version__
 from faultlab.checks.invariants import Violation
 from faultlab.process.records import KILLED, ProcessRecord
@@ -77,10 +79,19 @@ def environment() -> dict[str, Any]:
     }
 
 
+#: The evidence file's first key and value: what marks it as faultlab's own.
+EXPERIMENT = "two-store outbox crash recovery (faultlab suite)"
+#: What ``suite --output`` writes, and so the only file it replaces.
+EVIDENCE = Kind("a faultlab suite evidence file", (
+    re.compile(rb'\s*\{\s*"experiment"\s*:\s*' + re.escape(json.dumps(EXPERIMENT).encode())),
+))
+
+
 def evidence(outcomes: Sequence[Outcome], *, spawn: str, seconds: float) -> dict[str, Any]:
-    """The seed's results.json keys, plus faultlab's version, spawn mode and timings."""
+    """The seed's results.json keys, plus faultlab's version, spawn mode and timings; the
+    first, ``experiment``, is what :data:`EVIDENCE` recognises."""
     return {
-        "experiment": "two-store outbox crash recovery (faultlab suite)",
+        "experiment": EXPERIMENT,
         **environment(),
         "faultlab": __version__,
         "spawn": spawn,
