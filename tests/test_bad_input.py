@@ -362,6 +362,11 @@ def test_an_unwritable_corpus_is_refused_before_the_search(
             "cannot create files in /proc")
 
 
+def test_a_negative_suite_budget_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """0 skips the exploration phase; a negative number is a mistake, not another 0."""
+    refused(capsys, ["suite", "--examples", "-1"], "--examples", "must be at least 0")
+
+
 def test_a_corpus_under_a_missing_directory_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:

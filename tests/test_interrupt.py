@@ -203,6 +203,21 @@ def test_every_command_stops_cleanly(tmp_path: Path, command: list[str], delay: 
     assert not (tmp_path / "out.json").exists()
     if command[0] in ("enumerate", "explore", "mutants"):
         assert not (tmp_path / "corpus").exists()
+    if command[0] == "suite":  # the stores it was asked to keep belong to an unreported run
+        assert not (tmp_path / "stores").exists()
+
+
+def test_an_interrupted_suite_removes_the_directory_it_made(tmp_path: Path) -> None:
+    """``suite --directory DIR`` keeps each scenario's stores for a run that reports; an
+    interrupted one reports nothing, so DIR (which it created) goes too, and the same
+    command can run again."""
+    stores = tmp_path / "stores"
+    result = interrupted_run(["suite", "--directory", str(stores)], "INT", "stderr",
+                             text="suite: scenario 1/5")
+    assert result["signalled"], result
+    assert result["returncode"] == STATUS["INT"], result
+    assert result["leftovers"] == {} and result["run_directories"] == [], result
+    assert not stores.exists(), sorted(p.name for p in stores.iterdir())
 
 
 @pytest.mark.parametrize("sig", ["INT", pytest.param("TERM", marks=pytest.mark.slow)])

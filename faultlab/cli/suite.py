@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from faultlab.cli.common import (
     check_format,
     check_new_directory,
     check_output_path,
+    int_at_least,
     load_system,
 )
 
@@ -39,8 +41,8 @@ def register(commands: Commands) -> None:
                             "if it is a faultlab suite evidence file; written atomically)")
     parser.add_argument("--directory", type=Path, metavar="DIR",
                        help="keep each scenario's stores under DIR/<scenario>/ (DIR must not "
-                            "exist)")
-    parser.add_argument("--examples", type=int, default=50, metavar="N",
+                            "exist; a run that is interrupted or fails removes it)")
+    parser.add_argument("--examples", type=int_at_least(0), default=50, metavar="N",
                        help="examples the exploration phase must complete (default 50; 0 skips "
                             "it); ones Hypothesis abandons partway come on top")
     parser.add_argument("--seed", type=int, default=0, metavar="S",
@@ -56,10 +58,7 @@ def _progress(line: str) -> None:
 
 
 def cmd_suite(args: argparse.Namespace) -> int:
-    from faultlab.base.output import write_json
-    from faultlab.process.spawn import spawner
     from faultlab.report import tables as report
-    from faultlab.search.explore import suite_exploration
     from faultlab.trials.scenarios import SCENARIOS
 
     check_format(args.format)
@@ -70,6 +69,24 @@ def cmd_suite(args: argparse.Namespace) -> int:
         check_output_path(args.output, "--output", report.EVIDENCE)
     if args.directory is not None:
         check_new_directory(args.directory)
+    try:
+        return _run(args, system)
+    except BaseException:
+        # an interrupted or failed run reports nothing, so it keeps nothing either
+        if args.directory is not None and args.directory.is_dir():
+            shutil.rmtree(args.directory, ignore_errors=True)
+        raise
+
+
+def _run(args: argparse.Namespace, system: Any) -> int:
+    """The scenarios, then the exploration phase; the table, the lines and the evidence."""
+    from faultlab.base.output import write_json
+    from faultlab.process.spawn import spawner
+    from faultlab.report import tables as report
+    from faultlab.report.progress import Progress
+    from faultlab.search.explore import suite_exploration
+    from faultlab.trials.scenarios import SCENARIOS
+
     exploration = None
     outcomes = []
     started = time.perf_counter()
@@ -89,10 +106,21 @@ def cmd_suite(args: argparse.Namespace) -> int:
             if args.examples > 0:
                 _progress(f"exploring {system.name} ({args.examples} examples, seed "
                           f"{args.seed}), then the negative control")
-                exploration = suite_exploration(
-                    system, runner, examples=args.examples, seed=args.seed,
-                    deadline=args.deadline,
-                )
+                shown = Progress(examples=args.examples, duration=None, label="suite")
+
+                def progress(phase: str, recorder: Any) -> None:
+                    line = (f"suite: {phase}: {recorder.examples} examples, "
+                            f"{recorder.steps} steps, {recorder.sigkills} SIGKILLs")
+                    shown.update(examples=recorder.examples, seconds=0.0, line=line,
+                                 postfix=f"{recorder.steps} steps, {recorder.sigkills} SIGKILLs")
+
+                try:
+                    exploration = suite_exploration(
+                        system, runner, examples=args.examples, seed=args.seed,
+                        deadline=args.deadline, progress=progress,
+                    )
+                finally:
+                    shown.close()
         except Exception:
             # the scenarios ran: show them even when the exploration phase errors (an
             # interrupted run, a KeyboardInterrupt, reports nothing)

@@ -365,15 +365,24 @@ def _describe(trace: Trace) -> str:
     return trace.expected.describe() if trace.expected else "a failure"
 
 
+def _phase(progress: Callable[[str, Any], None] | None,
+           name: str) -> Callable[[Any], None] | None:
+    """A recorder's progress callback that names the suite's phase it belongs to."""
+    if progress is None:
+        return None
+    return lambda recorder: progress(name, recorder)
+
+
 def suite_exploration(
-    system: System, spawner: Spawner, *, examples: int, seed: int, deadline: float
+    system: System, spawner: Spawner, *, examples: int, seed: int, deadline: float,
+    progress: Callable[[str, Any], None] | None = None,
 ) -> dict[str, Any]:
     """suite's exploration phase: the system must be clean, and not vacuously (an
     exploration that accepted nothing or fired no declared crash point tested nothing:
     :func:`faultlab.search.coverage.vacuity`); the negative control must be caught by
     ONE, shrunk to exactly 3 steps."""
     clean = explore(system, spawner, examples=examples, seed_value=seed, deadline=deadline,
-                    weights=SUITE_WEIGHTS)
+                    weights=SUITE_WEIGHTS, progress=_phase(progress, "exploration"))
     stats = clean.stats()
     vacuous = None if clean.trace is not None or examples == 0 else vacuity(
         clean.recorder.coverage, system, clean.recorder.examples)
@@ -390,7 +399,8 @@ def suite_exploration(
     control: Exploration | None = None
     if system.supports_no_deduplication:
         control = explore(system, spawner, deduplication=False, examples=examples,
-                          seed_value=seed, deadline=deadline, weights=SUITE_WEIGHTS)
+                          seed_value=seed, deadline=deadline, weights=SUITE_WEIGHTS,
+                          progress=_phase(progress, "negative control"))
         trace = control.trace
         steps = control.shrunk_steps or 0
         control_ok = bool(trace and trace.expected and "ONE" in trace.expected.invariants
