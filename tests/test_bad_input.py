@@ -367,6 +367,22 @@ def test_a_negative_suite_budget_is_refused(capsys: pytest.CaptureFixture[str]) 
     refused(capsys, ["suite", "--examples", "-1"], "--examples", "must be at least 0")
 
 
+@pytest.mark.parametrize("command", [["explore", "--examples", "2"], ["enumerate"],
+                                     ["suite", "--examples", "0"]])
+def test_postgres_for_a_system_on_sqlite_is_refused(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--postgres would change nothing for SQLite stores: a mistake, not a silent no-op
+    (a DSN that names no server: the refusal comes before any connection)."""
+    refused(capsys, [*command, "--system", "no-dedup", "--postgres", "host=/nonexistent",
+                     *(["--corpus", str(tmp_path / "c")] if command[0] != "suite" else [])],
+            "system 'no-dedup' keeps its stores in SQLite files", watch=(tmp_path,))
+
+
+def test_enumerate_jobs_are_capped_as_explores_are(capsys: pytest.CaptureFixture[str]) -> None:
+    refused(capsys, ["enumerate", "--jobs", "100000"], "--jobs", "at most 64")
+
+
 def test_a_corpus_under_a_missing_directory_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:

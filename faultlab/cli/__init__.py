@@ -20,7 +20,7 @@ from faultlab.base import interrupt
 from faultlab.base.errors import EXIT_RUN_FAILED, EXIT_USAGE, ExecutionError, UsageError
 from faultlab.base.messages import printable
 from faultlab.base.version import __version__
-from faultlab.cli.common import PRIVATE_POSTGRES, Parser
+from faultlab.cli.common import PRIVATE_POSTGRES, PROGRAM_EPILOG, Parser
 from faultlab.stores.sqlite import StoreError
 
 if TYPE_CHECKING:
@@ -47,7 +47,8 @@ def build_parser(*, only: str | None = None) -> argparse.ArgumentParser:
     parser = Parser(
         prog="faultlab",
         description="Property-based crash testing for two-store outbox workers: real "
-                    "processes, real SIGKILL, real SQLite stores.",
+                    "processes, real SIGKILL, real SQLite or PostgreSQL stores.",
+        epilog=PROGRAM_EPILOG,
     )
     parser.add_argument("--version", action="version", version=f"faultlab {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)

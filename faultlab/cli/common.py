@@ -47,6 +47,14 @@ SUITE_EPILOG = EPILOG.replace(
     "  1        a scenario check failed, or the exploration phase did not pass",
 )
 
+MUTANTS_EPILOG = EPILOG.replace(
+    _OUTCOMES,
+    "0        the reference is clean and every mutant is caught (by both searches, or by\n"
+    "           explore alone where enumerate cannot express it); a row that could not be\n"
+    "           judged here says why\n"
+    "  1        a mutant was missed, or the reference was not clean",
+)
+
 REPLAY_EPILOG = EPILOG.replace(
     _OUTCOMES,
     "0        every outcome matches: an expected finding (\"expect\": \"finding\") shows as\n"
@@ -69,6 +77,13 @@ SEARCH_EPILOG = EPILOG.replace("  130/143", f"""\
            nothing saved to the corpus, the trace kept in flaky/ beside it (one line
            names the file)
   130/143""")
+
+#: The program's own --help: every status any command returns.
+PROGRAM_EPILOG = SEARCH_EPILOG.replace(
+    "  130/143",
+    "  141      the output went into a closed pipe (as in: faultlab systems | head -1)\n"
+    "  130/143",
+)
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -208,6 +223,15 @@ def add_html(parser: argparse.ArgumentParser, help_text: str) -> None:
 
 def check_new_directory(path: Path, option: str = "--directory") -> None:
     output.check_new_directory(path, option)
+
+
+def refuse_unused_postgres(system: System, postgres: str | None) -> None:
+    """``--postgres`` names the server of a system's PostgreSQL stores; with a system whose
+    stores are SQLite files it would change nothing, so it is a mistake (say, the wrong
+    ``--system``) worth one line rather than a run that silently ignores it."""
+    if postgres is not None and system.store_kind != "postgres":
+        raise UsageError(f"--postgres: system {system.name!r} keeps its stores in SQLite "
+                         "files, not PostgreSQL; drop --postgres or name a PostgreSQL system")
 
 
 def load_system(ref: str, deduplication: bool = True, *, drawn: bool = True) -> System:

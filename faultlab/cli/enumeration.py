@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from faultlab.base.errors import EXIT_FLAKY, EXIT_FOUND, EXIT_OK, EXIT_VACUOUS, UsageError
 from faultlab.cli.common import (
+    MAX_JOBS,
     SEARCH_EPILOG,
     Commands,
     add_format,
@@ -20,8 +21,10 @@ from faultlab.cli.common import (
     check_format,
     concurrency,
     count,
+    jobs,
     load_system,
     positive_int,
+    refuse_unused_postgres,
 )
 from faultlab.corpus.files import DEFAULT_CORPUS, check_corpus_directory
 from faultlab.search import defaults
@@ -30,12 +33,14 @@ if TYPE_CHECKING:
     from faultlab.search.coverage import Coverage
     from faultlab.system.contract import System
 
-MAX_JOBS = 8
+#: The most worker threads enumerate starts by default (``--jobs`` may ask for up to
+#: :data:`~faultlab.cli.common.MAX_JOBS`).
+DEFAULT_JOBS_AT_MOST = 8
 
 
 def default_jobs() -> int:
     """Two worker threads per core: each mostly waits for its worker processes."""
-    return max(1, min(MAX_JOBS, 2 * (os.cpu_count() or 1)))
+    return max(1, min(DEFAULT_JOBS_AT_MOST, 2 * (os.cpu_count() or 1)))
 
 
 def register(commands: Commands) -> None:
@@ -72,10 +77,11 @@ def register(commands: Commands) -> None:
                              "each crash, one more step)")
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, metavar="DIR",
                         help="where findings are saved (default corpus/; created when needed)")
-    parser.add_argument("--jobs", type=positive_int, metavar="J",
+    parser.add_argument("--jobs", type=jobs, metavar="J",
                         help="worker threads, each with its own fork server "
-                             f"(default {default_jobs()}: two per core, at most {MAX_JOBS}; "
-                             "1 with --power-loss)")
+                             f"(default {default_jobs()}: two per core, at most "
+                             f"{DEFAULT_JOBS_AT_MOST}; 1 with --power-loss; at most {MAX_JOBS} "
+                             "when given)")
     parser.add_argument("--first", action="store_true",
                         help="stop after the trace length at which something was first found")
     parser.add_argument("--concurrency", type=concurrency, default=1, metavar="N",
@@ -123,13 +129,14 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
     if args.power_loss and args.jobs not in (None, 1):
         raise UsageError("enumerate --power-loss runs one job (the recording VFS is this "
                          "process's default, for one log at a time): drop --jobs")
-    jobs = args.jobs or (1 if args.power_loss else default_jobs())
+    threads = args.jobs or (1 if args.power_loss else default_jobs())
     system = load_system(args.system, args.deduplication)
+    refuse_unused_postgres(system, args.postgres)
     if system.store_kind != "sqlite":  # branches copy the run directory's store files
         raise UsageError(f"enumerate: system {system.name!r} keeps its stores in "
                          f"{system.store_kind}; enumerate needs SQLite stores (use explore)")
     max_steps = args.max_steps or defaults.max_steps(args.operations, args.crashes)
-    spawners = [Spawner(args.spawn) for _ in range(jobs)]
+    spawners = [Spawner(args.spawn) for _ in range(threads)]
     try:
         result = enumerate_system(
             system, spawners, deduplication=args.deduplication, operations=args.operations,
@@ -244,6 +251,7 @@ def _enumerate_lanes(args: argparse.Namespace) -> int:
     check_format(args.format)
     directory = _lanes_corpus_directory(args)
     system = load_system(args.system, args.deduplication)
+    refuse_unused_postgres(system, args.postgres)
     max_steps: int = args.max_steps or 3
     result = enumerate_concurrent(
         system, concurrency=args.concurrency, operations=args.operations, max_steps=max_steps,

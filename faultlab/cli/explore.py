@@ -40,6 +40,7 @@ from faultlab.cli.common import (
     load_system,
     positive_float,
     positive_int,
+    refuse_unused_postgres,
 )
 from faultlab.corpus.files import (
     DEFAULT_CORPUS,
@@ -297,6 +298,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
 
         check_output_path(args.html, "--html", html_report.PAGE)
     system = load_system(args.system, args.deduplication)
+    refuse_unused_postgres(system, args.postgres)
     if args.statement_points and not system.supports_statement_points:
         raise UsageError(f"--statement-points: {system.name} runs its own programs; statement "
                          "points need faultlab's own worker processes (a Python system)")

@@ -13,6 +13,7 @@ from faultlab.base.errors import EXIT_FOUND, EXIT_OK, UsageError
 from faultlab.base.messages import plural
 from faultlab.base.output import Kind
 from faultlab.cli.common import (
+    MUTANTS_EPILOG,
     Commands,
     add_format,
     add_spawn,
@@ -55,6 +56,7 @@ def register(commands: Commands) -> None:
                     "and the mutants only a power cut shows (reference-power, "
                     "wal-normal-receiver, sync-off-caller, full-sync-caller) are judged by "
                     "explore --power-loss and enumerate --power-loss.",
+        epilog=MUTANTS_EPILOG,
     )
     parser.add_argument("--only", action="append", metavar="NAME",
                         help="judge only this system (repeatable; reference or a mutant name)")
@@ -148,11 +150,15 @@ def cmd_mutants(args: argparse.Namespace) -> int:
                "seconds", "shrunk", "minimum", "verdict"]
     print(report.table(rows, headers, args.format))
     timings = timing_summary(judgements)
-    print(f"\nexplore: median {timings['explore_median_seconds']} s, worst "
-          f"{timings['explore_worst_seconds']} s to catch a mutant; enumerate: median "
-          f"{timings['enumerate_median_seconds']} s, worst "
-          f"{timings['enumerate_worst_seconds']} s; wall {seconds:.1f} s with "
-          f"{plural(min(args.jobs, len(names)), 'job')}")
+
+    def spread(search: str) -> str:
+        median, worst = timings[f"{search}_median_seconds"], timings[f"{search}_worst_seconds"]
+        if median is None:
+            return f"{search}: caught none"
+        return f"{search}: median {median} s, worst {worst} s"
+
+    print(f"\n{spread('explore')} to catch a mutant; {spread('enumerate')}; wall "
+          f"{seconds:.1f} s with {plural(min(args.jobs, len(names)), 'job')}")
     lanes = concurrency_examples(judgements)
     if lanes["examples"]:
         def shown(value: float | None) -> str:

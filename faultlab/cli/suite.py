@@ -23,6 +23,7 @@ from faultlab.cli.common import (
     check_output_path,
     int_at_least,
     load_system,
+    refuse_unused_postgres,
 )
 
 
@@ -63,6 +64,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
 
     check_format(args.format)
     system = load_system(args.system)
+    refuse_unused_postgres(system, args.postgres)
     for scenario in SCENARIOS:
         scenario.steps_for(system)  # a role without a point: one line before anything runs
     if args.output is not None:
