@@ -383,6 +383,15 @@ def test_enumerate_jobs_are_capped_as_explores_are(capsys: pytest.CaptureFixture
     refused(capsys, ["enumerate", "--jobs", "100000"], "--jobs", "at most 64")
 
 
+def test_a_system_that_is_some_other_file_is_named_as_such(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    notes = tmp_path / "notes.md"
+    notes.write_text("# not a system\n")
+    refused(capsys, ["explore", "--system", str(notes), "--corpus", str(tmp_path / "c")],
+            "exists, but is not a .json system description", watch=(tmp_path,))
+
+
 def test_a_corpus_under_a_missing_directory_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:

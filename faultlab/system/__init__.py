@@ -9,6 +9,7 @@ imports the reference directly.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 
 from faultlab.base.errors import UsageError
@@ -112,6 +113,9 @@ def load_system(ref: str) -> System:
         system = load_command_system(ref)
     elif ":" in ref:
         system = _load_python_system(ref)
+    elif os.path.exists(ref):  # a path, but not to a description
+        raise UsageError(f"system {ref!r}: exists, but is not a .json system description "
+                         "(a command-line system is described by path/to/system.json)")
     else:
         known = ", ".join(builtins)
         raise UsageError(
