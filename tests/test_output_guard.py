@@ -26,6 +26,10 @@ from faultlab.base.errors import ExecutionError
 from faultlab.base.output import write_json
 from faultlab.process.spawn import child_environment
 
+#: Every test but the last runs faultlab's commands as processes: end to end (run once, in
+#: tox's e2e environment, not under every interpreter).
+e2e = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "corpus" / "no-dedup-RCPT-baa0069205.json"
 SUITE_RESULTS = ROOT / "results" / "results.json"
@@ -96,6 +100,7 @@ def assert_refused(result: subprocess.CompletedProcess[str], option: str, out: P
                              "refusing to replace it\n"), result.stderr
 
 
+@e2e
 @pytest.mark.parametrize("victim", ["readme", "python", "trace", "other-kind", "empty"])
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_a_file_that_is_not_the_options_own_output_is_never_replaced(
@@ -112,6 +117,7 @@ def test_a_file_that_is_not_the_options_own_output_is_never_replaced(
     assert snapshot(tmp_path) == before  # no corpus, no temporary file, nothing else
 
 
+@e2e
 def test_replay_never_replaces_the_trace_it_replays(tmp_path: Path) -> None:
     trace = tmp_path / "t.json"
     shutil.copyfile(TRACE, trace)
@@ -121,6 +127,7 @@ def test_replay_never_replaces_the_trace_it_replays(tmp_path: Path) -> None:
     assert snapshot(tmp_path) == before
 
 
+@e2e
 def test_a_link_to_a_foreign_file_is_refused_and_both_stay(tmp_path: Path) -> None:
     """The file a write would replace is the link's target: that is what is checked."""
     target = tmp_path / "notes.md"
@@ -133,6 +140,7 @@ def test_a_link_to_a_foreign_file_is_refused_and_both_stay(tmp_path: Path) -> No
     assert snapshot(tmp_path) == before
 
 
+@e2e
 def test_python_O_refuses_the_same_way(tmp_path: Path) -> None:
     """No check is an ``assert``, which ``-O`` would strip."""
     out = tmp_path / "x.md"
@@ -146,6 +154,7 @@ def test_python_O_refuses_the_same_way(tmp_path: Path) -> None:
 STALE = "\n<!-- stale: this line is gone once the file is replaced -->\n"
 
 
+@e2e
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_a_rerun_replaces_the_options_own_previous_output(command: str, tmp_path: Path) -> None:
     argv, _, _, status = COMMANDS[command]
@@ -165,6 +174,7 @@ def test_a_rerun_replaces_the_options_own_previous_output(command: str, tmp_path
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left
 
 
+@e2e
 @pytest.mark.parametrize(("committed", "command"), [
     (SUITE_RESULTS, "suite --output"),
     (ROOT / "results" / "results-pg.json", "suite --output"),
@@ -181,6 +191,7 @@ def test_the_committed_results_files_are_recognised(committed: Path, command: st
     assert out.read_bytes() != committed.read_bytes()
 
 
+@e2e
 def test_a_page_written_before_the_generator_tag_is_recognised(tmp_path: Path) -> None:
     """Pages written before ``<meta name="generator">`` are still faultlab's own."""
     page = tmp_path / "page.html"
