@@ -119,7 +119,7 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
     from faultlab.corpus.files import flaky_directory
     from faultlab.process.spawn import Spawner
     from faultlab.report import tables as report
-    from faultlab.search.coverage import vacuity
+    from faultlab.search.coverage import drawn_faults, vacuity
     from faultlab.search.enumeration import confirm, enumerate_system
     from faultlab.search.explore import flaky_trace
     from faultlab.trace import Trace, Verdict
@@ -168,7 +168,7 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
         ["longest trace", result.depth],
         ["wall time (s)", round(result.seconds, 2)],
     ]
-    faults = ("power",) if args.power_loss else ()
+    faults = drawn_faults(args.power_loss)
     _print_summary(system, args, rows, result.coverage, faults=faults)
     if not confirmed:
         return _nothing_found(vacuity(result.coverage, system, result.traces, faults=faults),

@@ -51,7 +51,7 @@ from faultlab.corpus.files import (
 from faultlab.corpus.redis_store import RedisCorpus, is_redis_url
 from faultlab.report.progress import Progress
 from faultlab.search import defaults
-from faultlab.search.coverage import Coverage, vacuity
+from faultlab.search.coverage import Coverage, drawn_faults, vacuity
 from faultlab.search.streams import Shard, parse_shard
 from faultlab.system import is_builtin
 from faultlab.system.contract import System
@@ -472,7 +472,7 @@ def _print_coverage(results: list[StreamResult], system: System, plan: Plan,
     from faultlab.report import tables as report
 
     report.print_coverage(_coverage(results), system, fmt,
-                          faults=("power",) if plan.power_loss else (),
+                          faults=drawn_faults(plan.power_loss),
                           lanes=plan.concurrency > 1)
 
 
@@ -482,7 +482,7 @@ def _vacuity(results: list[StreamResult], system: System, plan: Plan,
     :mod:`faultlab.search.coverage`), over every job's coverage; None when it tested."""
     return vacuity(_coverage(results), system, totals.examples, concurrency=plan.concurrency,
                    held=totals.held, can_hold=system.holds_in_lanes(),
-                   faults=("power",) if plan.power_loss else ())
+                   faults=drawn_faults(plan.power_loss))
 
 
 def _cpus(results: list[StreamResult]) -> str:

@@ -25,6 +25,7 @@ from faultlab.cli.common import (
     load_system,
     refuse_unused_postgres,
 )
+from faultlab.system.contract import System
 
 
 def register(commands: Commands) -> None:
@@ -42,7 +43,8 @@ def register(commands: Commands) -> None:
                             "if it is a faultlab suite evidence file; written atomically)")
     parser.add_argument("--directory", type=Path, metavar="DIR",
                        help="keep each scenario's stores under DIR/<scenario>/ (DIR must not "
-                            "exist; a run that is interrupted or fails removes it)")
+                            "exist; a run that is interrupted or breaks, exit 3 or 130/143, "
+                            "removes it)")
     parser.add_argument("--examples", type=int_at_least(0), default=50, metavar="N",
                        help="examples the exploration phase must complete (default 50; 0 skips "
                             "it); ones Hypothesis abandons partway come on top")
@@ -74,13 +76,13 @@ def cmd_suite(args: argparse.Namespace) -> int:
     try:
         return _run(args, system)
     except BaseException:
-        # an interrupted or failed run reports nothing, so it keeps nothing either
+        # an interrupted or broken run reports nothing, so it keeps nothing either
         if args.directory is not None and args.directory.is_dir():
             shutil.rmtree(args.directory, ignore_errors=True)
         raise
 
 
-def _run(args: argparse.Namespace, system: Any) -> int:
+def _run(args: argparse.Namespace, system: System) -> int:
     """The scenarios, then the exploration phase; the table, the lines and the evidence."""
     from faultlab.base.output import write_json
     from faultlab.process.spawn import spawner

@@ -99,6 +99,12 @@ FAMILIES: tuple[tuple[tuple[str, ...], str], ...] = (
 FAULT_CAUSES: dict[str, str] = {"power": "no power cut was ever taken"}
 
 
+def drawn_faults(power_loss: bool) -> tuple[str, ...]:
+    """The faults a run draws besides crashes (``Invariant.fault`` names): ``power`` under
+    ``--power-loss``. Coverage tables and :func:`vacuity` both take them."""
+    return ("power",) if power_loss else ()
+
+
 def fault_family(fault: str) -> tuple[str, ...]:
     """The invariants that apply only under ``fault`` (``power``: OPEN, DURABLE)."""
     return tuple(invariant.name for invariant in INVARIANTS if invariant.fault == fault)

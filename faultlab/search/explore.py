@@ -34,7 +34,7 @@ from faultlab.process.spawn import Spawner
 from faultlab.run.executor import execute, execute_trace
 from faultlab.run.observation import Execution
 from faultlab.search import defaults
-from faultlab.search.coverage import vacuity
+from faultlab.search.coverage import drawn_faults, vacuity
 from faultlab.search.machine import (
     SUITE_WEIGHTS,
     WEIGHTS,
@@ -217,7 +217,7 @@ def explore(
     machine: type[RuleBasedStateMachine]
     if lanes:
         recorder = Recorder(progress=progress, stop=stop,
-                            faults=("power",) if power_loss else ())
+                            faults=drawn_faults(power_loss))
         machine = concurrent_machine(
             system.ref, concurrency=concurrency, deduplication=deduplication,
             spawn=spawner.mode, deadline=deadline, examples=examples, steps=steps,
