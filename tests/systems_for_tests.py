@@ -344,3 +344,40 @@ class UnreleasableOutbox(ReferenceOutbox):
         from faultlab.stores.sqlite import StoreError
 
         raise StoreError(f"cannot release the stores of {directory}: the server is gone")
+
+
+class FamilyOutbox(ReferenceOutbox):
+    """The reference, but its dispatcher reports its own pid and process group, and its
+    service its pid, parent and process group, in the dispatcher's response: where each
+    process sits in the tree."""
+
+    name = "family"
+
+    def service(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        return {**super().service(context, operation_id, payload),
+                "family": [os.getpid(), os.getppid(), os.getpgid(0)]}
+
+    def dispatch(self, context: WorkerContext) -> dict[str, Any]:
+        families: list[Any] = []
+        call = context.call_service
+
+        def call_and_keep(operation_id: str, payload: str) -> ProcessRecord:
+            record = call(operation_id, payload)
+            families.append((record.response or {}).get("family"))
+            return record
+
+        context.call_service = call_and_keep  # type: ignore[method-assign]
+        return {**super().dispatch(context), "dispatcher": [os.getpid(), os.getpgid(0)],
+                "families": families}
+
+
+class HangingServiceOutbox(ReferenceOutbox):
+    """The service writes its pid to ``service.pid`` in the stores' directory, then hangs:
+    the dispatcher's deadline must kill it with the dispatcher."""
+
+    name = "hanging-service"
+
+    def service(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        (context.directory / "service.pid").write_text(str(os.getpid()))
+        time.sleep(3600)
+        raise AssertionError("unreachable: the deadline kills this service")

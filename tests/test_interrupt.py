@@ -314,6 +314,39 @@ def test_an_interrupted_request_never_yields_a_stale_reply(tmp_path: Path) -> No
     assert group_members == []
 
 
+def test_closing_an_interrupted_server_ends_the_service_its_worker_waits_for(
+    tmp_path: Path,
+) -> None:
+    """Interrupted while a dispatcher waits for the service it asked the fork server for:
+    closing stops the server, which kills and reaps both (the service is the server's
+    child, in the dispatcher's group); nothing of theirs is left."""
+    from faultlab.system import load_system
+
+    system = load_system("systems_for_tests:HangingServiceOutbox")
+    system.initialise(tmp_path)
+    server = ForkServer()
+    accept = WorkerSpec(system=system.ref, role="accept", directory=str(tmp_path),
+                        operation_id="op-1", payload='{"title":"x"}')
+    dispatch = WorkerSpec(system=system.ref, role="dispatch", directory=str(tmp_path),
+                          deadline=60)
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        assert server.run(accept).exit_code == 0
+        with interrupt.handling():
+            timer.start()
+            with pytest.raises(interrupt.Interrupted):
+                server.run(dispatch)
+        service = int((tmp_path / "service.pid").read_text())
+    finally:
+        timer.cancel()
+        server.close()
+        interrupt.reset()
+    assert server._process.returncode is not None  # the server is gone and reaped
+    assert not Path(f"/proc/{service}").exists()  # killed and reaped, not a zombie
+    assert [entry for entry in os.listdir("/proc")
+            if entry.isdigit() and _ppid(entry) == server.pid] == []
+
+
 class _SignalledPopen(subprocess.Popen):  # type: ignore[type-arg]
     """subprocess.Popen that sends this process a real SIGINT the moment its child exists
     (before the caller has stored the object): the narrowest window to be interrupted in."""

@@ -59,10 +59,13 @@ def descendants(root: int) -> dict[int, str]:
 
 
 def shape(root: int) -> dict[int | str, str]:
-    """Descendants of root, with a fork server's waiting spare named by its role, not its pid.
+    """Descendants of root, with a fork server's waiting spares named by their role, not
+    their pids.
 
-    Between workers a fork server (a child of root) has exactly one child: the spare it
-    forked ahead for the next worker, a new process after every worker. Anything else
+    Between workers a fork server (a child of root) has one or two children: the spare it
+    forked ahead for the next worker, a new process after every worker, in a process group
+    of its own; and, once a dispatcher asked for a service, the spare for the next
+    service, a new process after every service, in the server's group. Anything else
     below root is listed by pid, so a leftover worker or zombie still shows. A process is
     "Z" (a zombie) or "alive": whether it is running or sleeping at the moment of the
     look is timing (a fork server forking its next spare), not a leftover.
@@ -73,9 +76,10 @@ def shape(root: int) -> dict[int | str, str]:
     for pid, state in found.items():
         parent = table[pid][1] if pid in table else -1
         is_spare = parent in found and table.get(parent, ("", -1, 0))[1] == root
-        key: int | str = f"spare of {parent}" if is_spare and state != "Z" else pid
+        role = "service spare" if table.get(pid, ("", 0, 0))[2] == parent else "spare"
+        key: int | str = f"{role} of {parent}" if is_spare and state != "Z" else pid
         if key in named:
-            key = pid  # a second waiting child is not a spare
+            key = pid  # a second waiting child in the same role is not a spare
         named[key] = "Z" if state == "Z" else "alive"
     return named
 
@@ -219,6 +223,67 @@ def test_the_deadline_kills_the_workers_whole_group(
     killed = {record.pid, grandchild}
     assert wait_until(lambda: not killed & set(descendants(os.getpid()))), (
         descendants(os.getpid()))
+
+
+def test_a_forked_dispatchers_service_is_a_spare_of_its_fork_server_in_its_group(
+    fork_spawner: Spawner,
+) -> None:
+    """A fork-mode dispatcher's service is forked by the fork server (ahead of time, from
+    its clean image), not by the dispatcher, and runs in the dispatcher's process group;
+    the dispatcher gets its record as from a child of its own, once per call."""
+    system = load_system("systems_for_tests:FamilyOutbox")
+    steps = [Step("accept", "op-1", PAYLOAD), Step("accept", "op-2", PAYLOAD),
+             Step("dispatch"), Step("dispatch"), Step("dispatch")]
+    observations = execute(system, steps, fork_spawner).observations
+    server = fork_spawner.server_pid
+    services = []
+    for observation in observations[2:4]:
+        record = observation.record
+        assert record.exit_code == 0 and record.response is not None
+        dispatcher = record.response["dispatcher"]
+        assert dispatcher == [record.pid, record.pid]  # its own group's leader
+        service_pid = record.response["service"]["pid"]
+        # pid, parent, group: the fork server's child, in the dispatcher's group
+        assert record.response["families"] == [[service_pid, server, record.pid]]
+        services.append(service_pid)
+    assert len(set(services)) == 2 and not set(services) & {o.record.pid for o in observations}
+    assert observations[4].record.response is not None
+    assert observations[4].record.response["families"] == []  # nothing left to deliver
+
+
+def test_an_exec_mode_dispatchers_service_is_its_own_child(exec_spawner: Spawner) -> None:
+    system = load_system("systems_for_tests:FamilyOutbox")
+    observations = execute(system, [Step("accept", "op-1", PAYLOAD), Step("dispatch")],
+                           exec_spawner).observations
+    record = observations[1].record
+    assert record.response is not None
+    service_pid = record.response["service"]["pid"]
+    assert record.response["families"] == [[service_pid, record.pid, record.pid]]
+
+
+def test_a_dispatchers_deadline_kills_the_service_it_waits_for(
+    warm_spawner: Spawner, tmp_path: Path, reference: System,
+) -> None:
+    system = load_system("systems_for_tests:HangingServiceOutbox")
+    system.initialise(tmp_path)
+    accepted = warm_spawner.run(WorkerSpec(
+        system=system.ref, role="accept", directory=str(tmp_path), operation_id="op-1",
+        payload='{"title":"hang"}'))
+    assert accepted.exit_code == 0
+    started = time.monotonic()
+    record = warm_spawner.run(WorkerSpec(
+        system=system.ref, role="dispatch", directory=str(tmp_path),
+        deadline=1.0 if warm_spawner.mode == "fork" else 4.0))
+    assert time.monotonic() - started < 10
+    assert record.timed_out and record.exit_code == -9
+    service = int((tmp_path / "service.pid").read_text())
+    assert service != record.pid
+    assert wait_until(lambda: not alive(service)), "the service outlived its dispatcher"
+    # the spawner goes on, and what the killed group left is reaped by the next run
+    execution = execute(reference, [Step("accept", "op-2", PAYLOAD), Step("dispatch")],
+                        warm_spawner)
+    assert [o.record.exit_code for o in execution.observations] == [0, 0]
+    assert wait_until(lambda: not {record.pid, service} & set(descendants(os.getpid())))
 
 
 def test_only_the_late_worker_is_killed(warm_spawner: Spawner, reference: System) -> None:

@@ -104,7 +104,7 @@ class _TracedConnection(sqlite3.Connection):
 def disarm() -> None:
     """Forget any statement point armed in this process (a forked child starts clean).
 
-    A fork-mode dispatcher forks its service child; without this the child would
+    A dispatcher in a lane forks its service child; without this the child would
     inherit the dispatcher's armed counter and crash where an exec-mode service,
     a fresh interpreter, never would.
     """

@@ -4,12 +4,14 @@ Two spawn modes give the same process boundary:
 
 * ``fork`` (default): a fork server started once per run has already imported
   what a worker uses (:func:`preload`); it forks one child per worker, the next
-  one while the current one runs (a few milliseconds a worker: bench/spawn.py).
+  one while the current one runs (a few milliseconds a worker: bench/spawn.py),
+  and keeps a spare for the next service a worker asks it for
+  (:func:`run_service`).
 * ``exec``: a fresh interpreter per worker, ``python -m faultlab worker ...``.
 
-Each worker runs in its own process group, so a missed deadline kills exactly
-that worker and the service child it started, and nothing else. Every child is
-reaped before :func:`Spawner.run` returns.
+Each worker runs in its own process group, and the service it calls joins that
+group, so a missed deadline kills exactly that worker and its service, and
+nothing else. Every child is reaped before :func:`Spawner.run` returns.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from faultlab.base import interrupt
@@ -70,16 +73,25 @@ _CHILD_VARIABLES = frozenset({CLOCK_ENV, FOLLOW_VARIABLE, POWER_LOG_VARIABLE})
 _SERVER_VARIABLES = frozenset(LOAD_VARIABLES)
 
 
-def _collect(pid: int, fds: dict[int, str], deadline: float, group: bool) -> tuple[
+#: What a fork server does with one request line a worker wrote on its service channel,
+#: given the seconds left before the worker's deadline.
+ServeRequest = Callable[[bytes, float], None]
+
+
+def _collect(pid: int, fds: dict[int, str], deadline: float, group: bool,
+             requests: tuple[int, ServeRequest] | None = None) -> tuple[
     dict[str, bytes], int, bool
 ]:
     """Read the child's pipes to EOF and reap it; kill it (or its group) at the deadline.
+
+    ``requests`` is a descriptor on which the child asks for services, one line each,
+    and what serves them (:func:`_serve_service`), called as each line completes.
 
     If anything interrupts the wait (SIGINT, SIGTERM), the child is killed and reaped
     before the exception goes on: an interrupted run leaves no worker behind.
     """
     try:
-        outputs, status, timed_out = _collect_and_reap(pid, fds, deadline, group)
+        outputs, status, timed_out = _collect_and_reap(pid, fds, deadline, group, requests)
     except BaseException:
         end_child(pid, group)
         raise
@@ -216,7 +228,8 @@ def reap_group(pgid: int, wait: float = 1.0) -> None:
         time.sleep(0.005)
 
 
-def _collect_and_reap(pid: int, fds: dict[int, str], deadline: float, group: bool) -> tuple[
+def _collect_and_reap(pid: int, fds: dict[int, str], deadline: float, group: bool,
+                      requests: tuple[int, ServeRequest] | None = None) -> tuple[
     dict[str, bytes], int, bool
 ]:
     """The loop behind :func:`_collect`. It waits with ``select.poll`` rather than the
@@ -230,6 +243,10 @@ def _collect_and_reap(pid: int, fds: dict[int, str], deadline: float, group: boo
         os.set_blocking(fd, False)
         poller.register(fd, select.POLLIN)
     reading = set(fds)
+    pending = b""  # a service request not yet complete
+    if requests is not None:
+        os.set_blocking(requests[0], False)
+        poller.register(requests[0], select.POLLIN)
     end = time.monotonic() + deadline
     timed_out = False
     try:
@@ -241,6 +258,16 @@ def _collect_and_reap(pid: int, fds: dict[int, str], deadline: float, group: boo
             if timed_out and remaining <= -_KILL_GRACE:
                 break  # something outside the killed group still holds the pipes
             for fd, _ in poller.poll((max(remaining, 0.05) if not timed_out else 1) * 1000):
+                if requests is not None and fd == requests[0]:
+                    data = os.read(fd, 65536)
+                    if not data:  # the worker ended: it asks for nothing more
+                        poller.unregister(fd)
+                        continue
+                    pending += data
+                    while b"\n" in pending and not timed_out:
+                        line, _, pending = pending.partition(b"\n")
+                        requests[1](line, end - time.monotonic())
+                    continue
                 data = os.read(fd, 65536)
                 if not data:  # end of file (POLLHUP): the writer closed it or exited
                     poller.unregister(fd)
@@ -429,6 +456,15 @@ class _Spare:
     control: int
     stdout: int
     stderr: int
+    #: The server's ends of the worker's service channel (-1 for a service, which has
+    #: none): the worker's requests come in on one, their records go back on the other.
+    requests: int = -1
+    replies: int = -1
+
+
+#: In a worker forked by a fork server: (its pid, where it writes a service request,
+#: where it reads the service's record). See :func:`run_service`.
+_service_channel: tuple[int, int, int] | None = None
 
 
 def _rehearse() -> None:
@@ -469,24 +505,36 @@ def _read_spec(fd: int) -> WorkerSpec | None:
     return spec
 
 
-def _fork_spare(run: WorkerMain, streams: StandardStreams) -> _Spare:
+def _fork_spare(run: WorkerMain, streams: StandardStreams, *, service: bool = False) -> _Spare:
     """Fork the next worker ahead of time, so fork and copy-on-write happen off the clock.
 
-    The spare is a fresh process like any other worker: it starts in its own process
-    group, blocks until the fork server writes its spec, runs it once and exits.
+    The spare is a fresh process like any other worker: it blocks until the fork server
+    writes its spec, runs it once and exits. A worker starts in its own process group and
+    gets a service channel (:func:`run_service`); a ``service`` spare stays in the
+    server's group until a worker's request moves it into that worker's.
     """
+    global _service_channel
     control_r, control_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    channel = () if service else (*os.pipe(), *os.pipe())  # requests r, w; replies r, w
     pid = os.fork()
     if pid == 0:  # child: never returns
-        for fd in (control_w, out_r, err_r):
+        keep: tuple[int, ...] = (control_r,)
+        for fd in (control_w, out_r, err_r, *channel[0::3]):
             os.close(fd)
-        child_main(out_w, err_w, new_group=True, read_spec=lambda: _read_spec(control_r),
-                    run=run, keep=(control_r,), streams=streams)
-    lead_own_group(pid)
-    for fd in (control_r, out_w, err_w):
+        if channel:
+            _service_channel = (os.getpid(), channel[1], channel[2])
+            keep += (channel[1], channel[2])
+        child_main(out_w, err_w, new_group=not service,
+                   read_spec=lambda: _read_spec(control_r), run=run, keep=keep,
+                   streams=streams)
+    if not service:
+        lead_own_group(pid)
+    for fd in (control_r, out_w, err_w, *channel[1:3]):
         os.close(fd)
+    if channel:
+        return _Spare(pid, control_w, out_r, err_r, channel[0], channel[3])
     return _Spare(pid, control_w, out_r, err_r)
 
 
@@ -500,18 +548,108 @@ def _assign(worker: _Spare, line: bytes) -> float:
     return started
 
 
-def _finish(worker: _Spare, spec: WorkerSpec, started: float) -> ProcessRecord:
+def _finish(worker: _Spare, spec: WorkerSpec, started: float,
+            serve: ServeRequest) -> ProcessRecord:
     outputs, status, timed_out = _collect(
-        worker.pid, {worker.stdout: "stdout", worker.stderr: "stderr"}, spec.deadline, True
+        worker.pid, {worker.stdout: "stdout", worker.stderr: "stderr"}, spec.deadline,
+        True, (worker.requests, serve),
     )
     return _record(worker.pid, outputs, status, started, timed_out)
+
+
+def _close_channel(worker: _Spare) -> None:
+    for fd in (worker.requests, worker.replies):
+        if fd >= 0:
+            os.close(fd)
 
 
 def _retire(spare: _Spare) -> None:
     """Release a spare that will not be used: EOF on its control pipe makes it exit."""
     for fd in (spare.control, spare.stdout, spare.stderr):
         os.close(fd)
+    _close_channel(spare)
     os.waitpid(spare.pid, 0)
+
+
+def _serve_service(own: _Children, worker: _Spare, line: bytes, remaining: float,
+                   run: WorkerMain, streams: StandardStreams) -> None:
+    """Run the service ``worker`` asked for (``line``: its spec) and write back its record.
+
+    The service is the server's service spare, moved into the worker's process group
+    first, so that the worker's deadline kills it with the worker, as it would a child
+    the worker forked itself. It has the service's own deadline, or what is left of the
+    worker's if that is shorter. A new service spare is forked after the reply, while the
+    worker goes on. A worker that died after asking gets no reply (and its spare is kept).
+    """
+    try:
+        spec = WorkerSpec(**json.loads(line))
+    except (ValueError, TypeError) as error:
+        _reply(worker, {"error": f"bad service request: {error}"})
+        return
+    with interrupt.deferred():
+        own.serving = own.service if own.service is not None else \
+            _fork_spare(run, streams, service=True)
+        own.service = None
+    service = own.serving
+    try:
+        os.setpgid(service.pid, worker.pid)
+    except OSError:  # the worker's group is gone: it died after asking
+        own.serving, own.service = None, service
+        return
+    started = _assign(service, line)
+    limit = min(spec.deadline, max(remaining, 0.0))
+    outputs, status, timed_out = _collect(
+        service.pid, {service.stdout: "stdout", service.stderr: "stderr"}, limit, False,
+    )
+    own.serving = None
+    if timed_out and limit < spec.deadline:
+        # the worker's own deadline: its whole group goes (the service went first), and
+        # it must not go on with a reply, as when it waited for a child of its own
+        _kill(worker.pid, True)
+    else:
+        _reply(worker, {"record": _record(service.pid, outputs, status, started,
+                                          timed_out).to_json()})
+    with interrupt.deferred():
+        own.service = _fork_spare(run, streams, service=True)
+
+
+def _reply(worker: _Spare, reply: dict[str, Any]) -> None:
+    """Write one reply line on the worker's channel; a worker that died is not an error."""
+    data = json.dumps(reply).encode() + b"\n"
+    os.set_blocking(worker.replies, True)
+    try:
+        while data:
+            data = data[os.write(worker.replies, data):]
+    except OSError:
+        pass
+
+
+def run_service(spec: WorkerSpec, run: WorkerMain) -> ProcessRecord:
+    """Run a service for the worker in this process, as a process of its own in its group.
+
+    A worker forked by a fork server asks the server for it: the server keeps a spare
+    forked from its clean image, so the service starts warm and off this worker's clock
+    (forking it here, from a worker that has run, cost a dispatch about three
+    milliseconds more: bench/steps.py). Anywhere else (a lane's worker, a service's own
+    call) it is forked from this process.
+    """
+    channel = _service_channel
+    if channel is None or channel[0] != os.getpid():
+        return fork_worker(spec, run, new_group=False)
+    _, requests, replies = channel
+    data = json.dumps(vars(spec)).encode() + b"\n"
+    while data:
+        data = data[os.write(requests, data):]
+    chunks: list[bytes] = []
+    while not chunks or not chunks[-1].endswith(b"\n"):
+        chunk = os.read(replies, 65536)
+        if not chunk:
+            raise ExecutionError("the fork server ended before the service's record came")
+        chunks.append(chunk)
+    reply = json.loads(b"".join(chunks))
+    if "error" in reply:
+        raise ExecutionError(f"the fork server could not run the service: {reply['error']}")
+    return ProcessRecord.from_json(reply["record"])
 
 
 def child_environment() -> dict[str, str]:
@@ -670,19 +808,27 @@ def _reap_orphans(wait: float = 0.0) -> None:
 
 @dataclass
 class _Children:
-    """The fork server's children that are not reaped yet: the spare, the running worker."""
+    """The fork server's children that are not reaped yet: the spares (a worker's and a
+    service's), the running worker and the service it asked for."""
 
     spare: _Spare | None = None
     running: _Spare | None = None  # assigned a spec and not yet reaped
+    service: _Spare | None = None  # forked for the next service a worker asks for
+    serving: _Spare | None = None  # the service a running worker asked for
 
     def end(self) -> None:
-        """Kill and reap the running worker, release the spare, reap orphans."""
+        """Kill and reap the running worker and its service, release the spares, reap
+        orphans."""
+        if self.serving is not None:
+            end_child(self.serving.pid, False)
+            self.serving = None
         if self.running is not None:
             end_child(self.running.pid, True)  # its pipes close as this process exits
             self.running = None
-        if self.spare is not None:
-            _retire(self.spare)
-            self.spare = None
+        for spare in (self.spare, self.service):
+            if spare is not None:
+                _retire(spare)
+        self.spare = self.service = None
         _reap_orphans(wait=_KILL_GRACE)
 
 
@@ -747,12 +893,16 @@ def _serve(own: _Children, run: WorkerMain, prepare: Callable[[WorkerSpec], None
             started = _assign(own.running, json.dumps(request["spec"]).encode())
             with interrupt.deferred():
                 own.spare = _fork_spare(run, streams)  # the next worker forks while this one runs
-            record = _finish(own.running, spec, started)
+            running = own.running
+            record = _finish(running, spec, started,
+                             partial(_serve_service, own, running, run=run, streams=streams))
             own.running = None
+            _close_channel(running)
             reply: dict[str, Any] = {"id": request_id, "record": record.to_json()}
         except Exception as error:  # noqa: BLE001 - reported to the client, not swallowed
             if own.running is not None:
                 end_child(own.running.pid, True)
+                _close_channel(own.running)
                 own.running = None
             reply = {"id": request_id, "error": f"{type(error).__name__}: {error}"}
         _reap_orphans()

@@ -19,7 +19,7 @@ from faultlab.base import clock
 from faultlab.base.errors import EXIT_USAGE
 from faultlab.nemesis import crash, schedule
 from faultlab.process.records import POWER_LOG_VARIABLE, ProcessRecord, WorkerSpec
-from faultlab.process.spawn import exec_worker, fork_worker, zygote_main
+from faultlab.process.spawn import exec_worker, run_service, zygote_main
 from faultlab.stores.sqlite import StoreError, connect
 from faultlab.system import REFERENCE, load_system
 from faultlab.system.contract import Refusal, System
@@ -68,7 +68,7 @@ class Context:
         # dispatcher left a WAL database malformed (seen with wal-normal-receiver).
         if self.spec.spawn == "exec" or os.environ.get(POWER_LOG_VARIABLE):
             return exec_worker(spec, new_group=False)
-        return fork_worker(spec, run_worker, new_group=False)
+        return run_service(spec, run_worker)
 
     def acknowledge(self, response: dict[str, Any]) -> None:
         """Print a response line now (it counts even if the process dies afterwards)."""

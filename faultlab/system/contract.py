@@ -151,7 +151,8 @@ class WorkerContext(Protocol):
         """
 
     def call_service(self, operation_id: str, payload: str) -> ProcessRecord:
-        """Run the service role as a child process of this worker and wait for it."""
+        """Run the service role as a process of its own, in this worker's process group,
+        and wait for it (:func:`faultlab.process.spawn.run_service`)."""
 
 
 @dataclass(frozen=True)
