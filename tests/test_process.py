@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -19,7 +20,7 @@ import pytest
 from faultlab.base.errors import ExecutionError
 from faultlab.cli import main
 from faultlab.process.records import ProcessRecord, WorkerSpec, parse_response
-from faultlab.process.spawn import Spawner, child_environment
+from faultlab.process.spawn import Spawner, child_environment, spawner
 from faultlab.run.executor import execute
 from faultlab.system import System, builtin_names, load_system
 from faultlab.trace import Step
@@ -249,6 +250,30 @@ def test_a_forked_dispatchers_service_is_a_spare_of_its_fork_server_in_its_group
     assert len(set(services)) == 2 and not set(services) & {o.record.pid for o in observations}
     assert observations[4].record.response is not None
     assert observations[4].record.response["families"] == []  # nothing left to deliver
+
+
+def test_a_fork_server_replaces_a_spare_service_that_died(tmp_path: Path) -> None:
+    """A spare service killed from outside while it waits (reaped by the server as an
+    orphan) is replaced when a dispatcher asks: the dispatch delivers, nothing hangs."""
+    system = load_system("systems_for_tests:FamilyOutbox")
+    with spawner("fork") as runner:
+        execute(system, [Step("accept", "op-1", PAYLOAD), Step("dispatch")], runner)
+        server = runner.server_pid
+        assert server is not None
+        spares = [pid for pid, (_, ppid, group) in processes().items()
+                  if ppid == server and group == server]
+        assert len(spares) == 1  # the service spare stays in the server's group
+        os.kill(spares[0], signal.SIGKILL)  # a process of this test's own fork server
+        assert wait_until(lambda: processes().get(spares[0], ("Z",))[0] == "Z")
+        started = time.monotonic()
+        observations = execute(system, [Step("accept", "op-2", PAYLOAD), Step("dispatch")],
+                               runner).observations
+        assert time.monotonic() - started < 5
+        record = observations[1].record
+        assert record.exit_code == 0 and record.response is not None
+        assert record.response["families"][0][1:] == [server, record.pid]
+        assert record.response["service"]["pid"] != spares[0]
+    assert spares[0] not in processes()
 
 
 def test_an_exec_mode_dispatchers_service_is_its_own_child(exec_spawner: Spawner) -> None:

@@ -571,6 +571,15 @@ def _retire(spare: _Spare) -> None:
     os.waitpid(spare.pid, 0)
 
 
+def _discard(spare: _Spare) -> None:
+    """Kill and reap a spare that cannot be used (unless it was reaped already), and close
+    the server's ends of its pipes."""
+    end_child(spare.pid, False)
+    for fd in (spare.control, spare.stdout, spare.stderr):
+        os.close(fd)
+    _close_channel(spare)
+
+
 def _serve_service(own: _Children, worker: _Spare, line: bytes, remaining: float,
                    run: WorkerMain, streams: StandardStreams) -> None:
     """Run the service ``worker`` asked for (``line``: its spec) and write back its record.
@@ -586,16 +595,23 @@ def _serve_service(own: _Children, worker: _Spare, line: bytes, remaining: float
     except (ValueError, TypeError) as error:
         _reply(worker, {"error": f"bad service request: {error}"})
         return
-    with interrupt.deferred():
-        own.serving = own.service if own.service is not None else \
-            _fork_spare(run, streams, service=True)
-        own.service = None
-    service = own.serving
-    try:
-        os.setpgid(service.pid, worker.pid)
-    except OSError:  # the worker's group is gone: it died after asking
-        own.serving, own.service = None, service
-        return
+    for attempt in range(2):
+        with interrupt.deferred():
+            own.serving = own.service if own.service is not None else \
+                _fork_spare(run, streams, service=True)
+            own.service = None
+        service = own.serving
+        try:
+            os.setpgid(service.pid, worker.pid)
+            break
+        except OSError:
+            # a spare that died (something outside killed it), or a worker that did
+            own.serving = None
+            if attempt == 0:
+                _discard(service)
+            else:  # a fresh spare too: the worker's group is gone, it asks for nothing
+                own.service = service
+                return
     started = _assign(service, line)
     limit = min(spec.deadline, max(remaining, 0.0))
     outputs, status, timed_out = _collect(
