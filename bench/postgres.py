@@ -20,8 +20,8 @@ Exit status 0, or 2 when no server answers. Every database it created is dropped
 from __future__ import annotations
 
 import argparse
-import json
 import platform
+import re
 import statistics
 import sys
 import tempfile
@@ -36,7 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tabulate import tabulate  # noqa: E402
 
 from faultlab import __version__
+from faultlab.base import output  # noqa: E402
 from faultlab.base.errors import UsageError  # noqa: E402
+from faultlab.base.output import Kind  # noqa: E402
 from faultlab.process.spawn import Spawner, spawner  # noqa: E402
 from faultlab.run.executor import execute  # noqa: E402
 from faultlab.stores import postgres as pgstores  # noqa: E402
@@ -82,6 +84,14 @@ def _steps_per_second(system: System, runner: Spawner, traces: int) -> tuple[flo
     return steps / seconds, steps, seconds
 
 
+#: What ``--output`` writes, recognised by its first keys (the form before it named the
+#: bench too), so a re-run replaces only it.
+RESULTS = Kind("a bench/postgres.py results file", (
+    re.compile(rb'\{\s*"benchmark": "bench/postgres\.py"'),
+    re.compile(rb'\{\s*"faultlab": "[^"]*",\s*"postgresql": '),
+))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--traces", type=int, default=30, metavar="N",
@@ -92,8 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.traces < 3:
         parser.error("--traces must be at least 3")
-    pgstores.configure(args.postgres)
     try:
+        if args.output is not None:  # replaced only when it is this bench's own output
+            output.check_output_file(args.output, "--output", RESULTS)
+        pgstores.configure(args.postgres)
         return _run(args)
     except UsageError as error:
         print(f"bench/postgres.py: {error}", file=sys.stderr)
@@ -151,12 +163,13 @@ def _run(args: argparse.Namespace) -> int:
     print(f"PostgreSQL runs {sqlite_rate[0] / pg_rate[0]:.1f}x slower than SQLite per step")
     if args.output is not None:
         data: dict[str, Any] = {
+            "benchmark": "bench/postgres.py",
             "faultlab": __version__, "postgresql": server[0] if server else None,
             "setup_ms": {"sqlite": sqlite_setup, "postgres_pool": pooled,
                          "postgres_no_pool": unpooled},
             "steps_per_second": {"sqlite": sqlite_rate[0], "postgres": pg_rate[0]},
         }
-        args.output.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        output.write_json(args.output, data, final=True, kind=RESULTS)
     return 0
 
 

@@ -26,9 +26,9 @@ when one does not, 2 on bad options. Every temporary directory is removed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
+import re
 import sqlite3
 import statistics
 import sys
@@ -45,6 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tabulate import tabulate  # noqa: E402
 
 from faultlab import __version__  # noqa: E402
+from faultlab.base import output  # noqa: E402
+from faultlab.base.errors import UsageError  # noqa: E402
+from faultlab.base.output import Kind  # noqa: E402
 from faultlab.process.records import SPAWN_MODES, SpawnMode, WorkerSpec  # noqa: E402
 from faultlab.process.spawn import Spawner, spawner  # noqa: E402
 from faultlab.stores.sqlite import scratch_directory  # noqa: E402
@@ -186,16 +189,13 @@ def _ratio(exec_value: float, fork_value: float) -> float:
     return exec_value / fork_value if fork_value > 0 else float("inf")
 
 
+#: What ``--output`` writes, recognised by its first key, so a re-run replaces only it.
+RESULTS = Kind("a bench/spawn.py results file",
+               (re.compile(rb'\{\s*"benchmark": "bench/spawn\.py"'),))
+
+
 def _write_json(path: Path, data: Any) -> None:
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            json.dump(data, stream, indent=2)
-            stream.write("\n")
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    output.write_json(path, data, final=True, kind=RESULTS)
 
 
 def _positive(text: str) -> int:
@@ -215,9 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, metavar="FILE",
                         help="also write the samples, medians and ratios as JSON")
     args = parser.parse_args(argv)
-    if args.output is not None and not (args.output.parent or Path(".")).is_dir():
-        print(f"spawn.py: --output {args.output}: directory does not exist", file=sys.stderr)
-        return 2
+    if args.output is not None:
+        try:  # an existing file is replaced only when it is this bench's own output
+            output.check_output_file(args.output, "--output", RESULTS)
+        except UsageError as error:
+            print(f"spawn.py: {error}", file=sys.stderr)
+            return 2
 
     system = load_system("reference")
     scenario_repeat = max(3, args.repeat // 10)

@@ -219,3 +219,36 @@ def test_a_file_that_appears_during_the_run_is_not_replaced(tmp_path: Path) -> N
         write_json(out, {"experiment": "x"}, kind=EVIDENCE)
     assert out.read_text() == "# someone else's\n"
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+def _bench(name: str) -> object:
+    """A bench script as a module (bench/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["spawn", "postgres"])
+def test_a_bench_replaces_only_its_own_results_file(name: str, tmp_path: Path) -> None:
+    """The bench scripts' --output follows the same rule: another file is refused (one line,
+    exit 2, before anything is measured, the file unchanged); the committed results file
+    is recognised as the bench's own."""
+    victim = tmp_path / "notes.json"
+    victim.write_text('{"mine": true}\n')
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"),
+                             "--output", str(victim)], capture_output=True, text=True,
+                            env=child_environment(), timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"{'spawn.py' if name == 'spawn' else 'bench/postgres.py'}: --output {victim}: exists "
+        f"and is not a bench/{name}.py results file; refusing to replace it"]
+    assert result.stdout == ""
+    assert victim.read_text() == '{"mine": true}\n'
+    results = _bench(name).RESULTS  # type: ignore[attr-defined]
+    committed = ROOT / "results" / ("bench.json" if name == "spawn" else "bench-postgres.json")
+    assert results.made(committed)
+    assert not results.made(victim)
