@@ -588,7 +588,9 @@ def _serve_service(own: _Children, worker: _Spare, line: bytes, remaining: float
     first, so that the worker's deadline kills it with the worker, as it would a child
     the worker forked itself. It has the service's own deadline, or what is left of the
     worker's if that is shorter. A new service spare is forked after the reply, while the
-    worker goes on. A worker that died after asking gets no reply (and its spare is kept).
+    worker goes on. A spare that cannot join the group is replaced once (it may have been
+    killed from outside while it waited); when the fresh one cannot join either, the
+    worker died after asking: it gets no reply, and the fresh spare is kept.
     """
     try:
         spec = WorkerSpec(**json.loads(line))
@@ -644,10 +646,10 @@ def run_service(spec: WorkerSpec, run: WorkerMain) -> ProcessRecord:
     """Run a service for the worker in this process, as a process of its own in its group.
 
     A worker forked by a fork server asks the server for it: the server keeps a spare
-    forked from its clean image, so the service starts warm and off this worker's clock
-    (forking it here, from a worker that has run, cost a dispatch about three
-    milliseconds more: bench/steps.py). Anywhere else (a lane's worker, a service's own
-    call) it is forked from this process.
+    forked from its clean image, so the service starts warm and its fork is off this
+    worker's clock (forking it here, from a worker that has run, made sequential
+    exploration about 1.08x slower: docs/internals/speed.md). Anywhere else (a lane's
+    worker, an exec'd worker, a service's own call) it is forked from this process.
     """
     channel = _service_channel
     if channel is None or channel[0] != os.getpid():
