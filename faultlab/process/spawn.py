@@ -648,8 +648,8 @@ def run_service(spec: WorkerSpec, run: WorkerMain) -> ProcessRecord:
     A worker forked by a fork server asks the server for it: the server keeps a spare
     forked from its clean image, so the service starts warm and its fork is off this
     worker's clock (forking it here, from a worker that has run, made sequential
-    exploration about 1.08x slower: docs/internals/speed.md). Anywhere else (a lane's
-    worker, an exec'd worker, a service's own call) it is forked from this process.
+    exploration about 1.08x slower: docs/internals/speed.md). Anywhere else (a worker in
+    a lane, started by the lanes' starter) it is forked from this process.
     """
     channel = _service_channel
     if channel is None or channel[0] != os.getpid():
