@@ -563,11 +563,16 @@ def _close_channel(worker: _Spare) -> None:
             os.close(fd)
 
 
-def _retire(spare: _Spare) -> None:
-    """Release a spare that will not be used: EOF on its control pipe makes it exit."""
+def _close_ends(spare: _Spare) -> None:
+    """Close the server's ends of every pipe of a spare that was never assigned."""
     for fd in (spare.control, spare.stdout, spare.stderr):
         os.close(fd)
     _close_channel(spare)
+
+
+def _retire(spare: _Spare) -> None:
+    """Release a spare that will not be used: EOF on its control pipe makes it exit."""
+    _close_ends(spare)
     os.waitpid(spare.pid, 0)
 
 
@@ -575,9 +580,7 @@ def _discard(spare: _Spare) -> None:
     """Kill and reap a spare that cannot be used (unless it was reaped already), and close
     the server's ends of its pipes."""
     end_child(spare.pid, False)
-    for fd in (spare.control, spare.stdout, spare.stderr):
-        os.close(fd)
-    _close_channel(spare)
+    _close_ends(spare)
 
 
 def _serve_service(own: _Children, worker: _Spare, line: bytes, remaining: float,
@@ -633,13 +636,18 @@ def _serve_service(own: _Children, worker: _Spare, line: bytes, remaining: float
 
 def _reply(worker: _Spare, reply: dict[str, Any]) -> None:
     """Write one reply line on the worker's channel; a worker that died is not an error."""
-    data = json.dumps(reply).encode() + b"\n"
     os.set_blocking(worker.replies, True)
     try:
-        while data:
-            data = data[os.write(worker.replies, data):]
+        _write_line(worker.replies, reply)
     except OSError:
         pass
+
+
+def _write_line(fd: int, value: dict[str, Any]) -> None:
+    """Write ``value`` as one JSON line, whole (a pipe may take it in parts)."""
+    data = json.dumps(value).encode() + b"\n"
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def run_service(spec: WorkerSpec, run: WorkerMain) -> ProcessRecord:
@@ -655,9 +663,7 @@ def run_service(spec: WorkerSpec, run: WorkerMain) -> ProcessRecord:
     if channel is None or channel[0] != os.getpid():
         return fork_worker(spec, run, new_group=False)
     _, requests, replies = channel
-    data = json.dumps(vars(spec)).encode() + b"\n"
-    while data:
-        data = data[os.write(requests, data):]
+    _write_line(requests, vars(spec))
     chunks: list[bytes] = []
     while not chunks or not chunks[-1].endswith(b"\n"):
         chunk = os.read(replies, 65536)
