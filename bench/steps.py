@@ -63,13 +63,11 @@ DRIVER = r'''
 import json, os, resource, statistics, sys, time
 root, what = sys.argv[1], sys.argv[2]
 sys.path[:0] = [root, os.path.join(root, "tests")]
+# Only what the fork server imports, here at the top: the floor is measured on that image
+# (the search and Hypothesis, which the other measurements need, are imported below them).
 try:
-    from faultlab.process.spawn import spawner
-    from faultlab.search.rounds import Plan, run_stream
     from faultlab.run import worker
 except ImportError:
-    from faultlab.process import spawner
-    from faultlab.search import Plan, run_stream
     from faultlab import worker
 from faultlab.system import load_system
 
@@ -81,6 +79,8 @@ def usage():
 
 if what == "floor":
     worker.preload()
+    if "hypothesis" in sys.modules:  # not the fork server's image: the floor would be wrong
+        sys.exit("the floor's image imported hypothesis, which no fork server does")
     samples = []
     own, children = usage()
     for _ in range(300):
@@ -133,6 +133,13 @@ if what == "floor":
     print(json.dumps({"ms": statistics.median(samples), "cpu_ms": spent * 1000 / 300,
                       "accept_ms": statistics.median(accepts)}))
     sys.exit(0)
+
+try:
+    from faultlab.process.spawn import spawner
+    from faultlab.search.rounds import Plan, run_stream
+except ImportError:
+    from faultlab.process import spawner
+    from faultlab.search import Plan, run_stream
 
 if what == "concurrent":
     examples, seed = int(sys.argv[3]), int(sys.argv[4])
