@@ -114,6 +114,7 @@ def test_under_unittest_the_testcase_fails_with_the_table(tmp_path: Path) -> Non
     assert _saved(tmp_path / "faultlab-corpus")
 
 
+@pytest.mark.e2e  # the same exploration twice, explore's and the test's: tox runs it once
 def test_costs_about_what_explore_costs(pytester: pytest.Pytester) -> None:
     """The same bug, the same seed: at most 3x explore's wall time (measured 1.2x), and
     exactly explore's examples (no Hypothesis shrinking on top)."""
@@ -165,6 +166,7 @@ TestReferenceLanes = faultlab.state_machine("reference", concurrency=2, examples
 """
 
 
+@pytest.mark.e2e  # a whole exploration in lanes and its shrinking: tox runs it once
 def test_a_testcase_with_lanes_reports_the_shrunk_concurrent_finding(
     pytester: pytest.Pytester,
 ) -> None:
