@@ -16,7 +16,9 @@ the same seed in the same repetition, so machine noise hits both alike. It print
   the ratios of the two measurements taken in the same repetition (the figure judged;
   the ratio of the medians is printed too);
 * CPU per step of every process (the parent, the fork servers, every worker and
-  service, reaped), and of the parent alone;
+  service, reaped), and of the parent alone; wall time per step, and how much of it
+  the parent spent waiting for a worker's record (the rest is its own work, on the
+  same chain);
 * the physical floor: a bare ``os.fork()`` + ``os._exit`` + ``os.waitpid()`` of the same
   image (a process that imported what the fork server imports), as milliseconds and as
   the steps/s a step costing one bare fork would reach (the median of three
@@ -182,6 +184,15 @@ def counted_exec(*args, **kwargs):
     return real_exec(*args, **kwargs)
 spawning.exec_worker = counted_exec
 with spawner("fork") as runner:
+    waited = [0.0]  # seconds this process spent in the spawner: asking for a worker's record
+    real_run = runner.run
+    def timed_run(spec):
+        began = time.perf_counter()
+        try:
+            return real_run(spec)
+        finally:
+            waited[0] += time.perf_counter() - began
+    runner.run = timed_run
     result, found = run_stream(system, runner, plan, 0)
     parent = cpu(resource.getrusage(resource.RUSAGE_SELF)) - cpu(own)
     processes = runner.processes
@@ -189,7 +200,7 @@ modes = [mode for mode, used in (("fork", execs[0] < processes), ("exec", execs[
 everything = parent + cpu(resource.getrusage(resource.RUSAGE_CHILDREN)) - cpu(children)
 print(json.dumps({"steps": result.totals.steps, "window": result.ended - result.began,
                   "parent_cpu": parent, "all_cpu": everything, "modes": modes,
-                  "found": found is not None}))
+                  "waited": waited[0], "found": found is not None}))
 '''
 
 
@@ -310,6 +321,10 @@ def main() -> int:
          per_step(prev, "all_cpu"), ""],
         ["reference: CPU per step, the parent (ms)", per_step(this, "parent_cpu"),
          per_step(prev, "parent_cpu"), ""],
+        ["reference: wall time per step (ms)", per_step(this, "window"),
+         per_step(prev, "window"), ""],
+        ["  of it waiting for a worker's record (ms)", per_step(this, "waited"),
+         per_step(prev, "waited"), ""],
         ["bare fork + wait of the fork server's image (ms)", f"{floors['this']['ms']:.3f}",
          f"{floors['previous']['ms']:.3f}", ""],
         ["  its CPU, parent and child (ms)", f"{floors['this']['cpu_ms']:.3f}",
