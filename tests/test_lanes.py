@@ -697,3 +697,33 @@ def test_one_executor_runs_both_kinds_of_trace_and_refuses_a_step_of_the_other(
         with pytest.raises(UsageError, match="needs a lane"):
             laned.run(Step("dispatch"))
         assert len(laned.observations) == 1 and laned.workers == 1
+
+
+def test_a_run_forks_its_lanes_helper_once_and_ends_it_with_its_spawner(
+        reference: System, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every laned trace of a run starts its workers through one helper, forked from this
+    process at the run's first start (not once a trace: about 8 ms each, forked from the
+    explorer and ended), and ended with the run's spawner: no child of this process is
+    left once it closes."""
+    from faultlab.process.spawn import spawner as run_spawner
+    from faultlab.search.explore import explore
+
+    forked: list[int] = []
+    real_fork = os.fork
+
+    def watched_fork() -> int:
+        pid = real_fork()
+        if pid:
+            forked.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", watched_fork)
+    with run_spawner("fork") as runner:
+        outcome = explore(reference, runner, concurrency=2, examples=6, seed_value=1)
+        assert outcome.trace is None
+        assert outcome.stats()["examples"] >= 4  # several traces ...
+        assert len(forked) == 1  # ... one helper
+        helper = forked[0]
+        assert Path(f"/proc/{helper}").exists()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(helper, os.WNOHANG)  # ended and reaped as the spawner closed

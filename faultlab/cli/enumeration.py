@@ -240,7 +240,7 @@ def _enumerate_lanes(args: argparse.Namespace) -> int:
     from faultlab.base.version import __version__
     from faultlab.corpus import files as corpus
     from faultlab.corpus.files import flaky_directory
-    from faultlab.process.spawn import Spawner
+    from faultlab.process.spawn import spawner
     from faultlab.report import tables as report
     from faultlab.run.executor import execute
     from faultlab.search.coverage import vacuity
@@ -274,9 +274,10 @@ def _enumerate_lanes(args: argparse.Namespace) -> int:
             vacuity(result.coverage, system, result.sequences, concurrency=args.concurrency,
                     can_hold=system.holds_in_lanes()),
             result.sequences, "sequences")
-    confirmed = execute(system, result.finding, Spawner(args.spawn), laned=True,
-                        concurrency=args.concurrency, deduplication=args.deduplication,
-                        deadline=args.deadline, settle=True)
+    with spawner(args.spawn) as runner:
+        confirmed = execute(system, result.finding, runner, laned=True,
+                            concurrency=args.concurrency, deduplication=args.deduplication,
+                            deadline=args.deadline, settle=True)
     meta = {"found_by": "enumerate", "operations": args.operations, "crashes": args.crashes,
             "max_steps": max_steps, "faultlab": __version__}
     if confirmed.verdict != result.execution.verdict:

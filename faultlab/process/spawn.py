@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import IO, TYPE_CHECKING, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, cast
 
 from faultlab.base import interrupt
 from faultlab.base.clock import CLOCK_ENV
@@ -1057,6 +1057,13 @@ def server_environment(
     return tuple(sorted(fixed))
 
 
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+_C = TypeVar("_C", bound=_Closable)
+
+
 class Spawner:
     """Runs workers in the chosen mode; the only way faultlab starts a worker.
 
@@ -1067,6 +1074,10 @@ class Spawner:
     In fork mode there is one fork server per distinct start-up environment: the plain
     one, and one started under libfaketime for a system on the virtual wall clock
     (:func:`server_environment`), each started with the first worker that needs it.
+
+    It also keeps what another starter of processes shares for the whole run
+    (:meth:`shared`: the lanes' worker starter) and closes it with the servers, so
+    whoever makes a spawner closes it.
     """
 
     def __init__(self, mode: SpawnMode = "fork") -> None:
@@ -1074,7 +1085,17 @@ class Spawner:
             raise ValueError(f"unknown spawn mode {mode!r}")
         self.mode: SpawnMode = mode
         self._servers: dict[tuple[tuple[str, str], ...], ForkServer] = {}
+        self._shared: dict[str, _Closable] = {}
         self.processes = 0
+
+    def shared(self, name: str, make: Callable[[], _C]) -> _C:
+        """The run's one ``name``, made by ``make`` when first asked for and closed when
+        this spawner closes: a starter of processes kept from trace to trace rather than
+        made and ended for each."""
+        kept = self._shared.get(name)
+        if kept is None:
+            kept = self._shared[name] = make()
+        return cast(_C, kept)
 
     def run_program(
         self, argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None = None,
@@ -1113,9 +1134,14 @@ class Spawner:
         return [server.pid for server in self._servers.values()]
 
     def close(self) -> None:
-        while self._servers:
-            _, server = self._servers.popitem()
-            server.close()
+        try:
+            while self._shared:
+                _, kept = self._shared.popitem()
+                kept.close()
+        finally:
+            while self._servers:
+                _, server = self._servers.popitem()
+                server.close()
 
 
 @contextmanager

@@ -301,7 +301,7 @@ class Executor:
                     self.system, concurrency=self.concurrency, history=self.history,
                     ticks=self._ticks, spawn=self.spawner.mode, deadline=self.deadline,
                     block_bound=self.block_bound, statement_points=self.statement_points,
-                    power=self.power, wall=self.wall is not None)
+                    power=self.power, wall=self.wall is not None, spawner=self.spawner)
             else:
                 self._readers.enter_context(readers_kept_open())
                 self._start_clock(existing=False)

@@ -50,6 +50,7 @@ from faultlab.process.records import (
     parse_response,
 )
 from faultlab.process.spawn import (
+    Spawner,
     child_environment,
     reap_group,
     tree_activity,
@@ -213,7 +214,7 @@ class Lanes:
         self, system: System, *, concurrency: int, history: History, ticks: Callable[[], int],
         spawn: SpawnMode = "fork", deadline: float = DEFAULT_DEADLINE,
         block_bound: float = BLOCK_BOUND, statement_points: bool = False,
-        power: bool = False, wall: bool = False,
+        power: bool = False, wall: bool = False, spawner: Spawner | None = None,
     ) -> None:
         if statement_points and not system.supports_statement_points:
             raise UsageError(f"{system.name}: statement scheduling points (sql:K, commit:K) "
@@ -242,8 +243,13 @@ class Lanes:
         #: The workers that ended during the current step (see :meth:`begin`).
         self.exited: list[tuple[int, ProcessRecord]] = []
         self._selector = selectors.DefaultSelector()
-        #: Starts this trace's workers (the process layer's; closed with the trace).
-        self._launcher = Launcher(_run_lane_worker)
+        #: Starts the workers (the process layer's): the run's, kept by ``spawner`` from
+        #: trace to trace (its helper is forked once a run, not once a trace: about 8 ms
+        #: a trace, forked from this process and ended), or this trace's own, closed with
+        #: it.
+        self._own_launcher = spawner is None
+        self._launcher = Launcher(_run_lane_worker) if spawner is None else \
+            spawner.shared("lanes", lambda: Launcher(_run_lane_worker))
 
     def close(self) -> None:
         """Kill every lane still alive (faultlab started them all) and reap them."""
@@ -260,9 +266,10 @@ class Lanes:
                 # a service child reparented to this process; a killed group may take
                 # a while to die on a loaded machine (returns as soon as it is gone)
                 reap_group(lane.pid, wait=2.0)
-        finally:  # the helper kills whatever is left
+        finally:  # the helper kills whatever is left (the run's, when its spawner closes)
             self._selector.close()
-            self._launcher.close()
+            if self._own_launcher:
+                self._launcher.close()
 
     def begin(self) -> None:
         """A step begins: no worker has ended at it yet."""

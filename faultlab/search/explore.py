@@ -222,7 +222,7 @@ def explore(
             system.ref, concurrency=concurrency, deduplication=deduplication,
             spawn=spawner.mode, deadline=deadline, examples=examples, steps=steps,
             recorder=recorder, statement_points=bool(statement_points), scheduler=scheduler,
-            power_loss=power_loss,
+            power_loss=power_loss, spawner=spawner,
         )
         base = machine_settings(examples, scheduled_steps(steps))
     else:

@@ -33,7 +33,7 @@ from hypothesis.stateful import (
 )
 
 from faultlab.checks.invariants import Violation
-from faultlab.process.records import DEFAULT_DEADLINE
+from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
 from faultlab.process.spawn import Spawner
 from faultlab.run.executor import Executor
 from faultlab.run.observation import Observation
@@ -336,7 +336,7 @@ class OutboxMachine(TraceMachine):
         super().__init__()
         cls = type(self)
         if cls.spawner is None:
-            cls.spawner = _shared_spawner()
+            cls.spawner = shared_spawner()
         self.system = load_system(cls.system_ref)
         self.executor = Executor(
             self.system, cls.spawner, deduplication=cls.deduplication, deadline=cls.deadline,
@@ -416,18 +416,19 @@ def run_example(machine: type[OutboxMachine], steps: Iterable[Step]) -> OutboxMa
     return instance
 
 
-_spawner_singleton: Spawner | None = None
+_spawner_singletons: dict[SpawnMode, Spawner] = {}
 
 
-def _shared_spawner() -> Spawner:
-    """One fork server for machines used from a user's pytest run; closed at exit."""
-    global _spawner_singleton
-    if _spawner_singleton is None:
+def shared_spawner(mode: SpawnMode = "fork") -> Spawner:
+    """One spawner per mode (its fork server, its lanes' starter) for machines used from a
+    user's pytest run, which gives them none of its own; closed at exit."""
+    runner = _spawner_singletons.get(mode)
+    if runner is None:
         import atexit
 
-        _spawner_singleton = Spawner("fork")
-        atexit.register(_spawner_singleton.close)
-    return _spawner_singleton
+        runner = _spawner_singletons[mode] = Spawner(mode)
+        atexit.register(runner.close)
+    return runner
 
 
 def machine_settings(

@@ -29,7 +29,7 @@ from typing import Any
 from faultlab.base.errors import UsageError
 from faultlab.checks.invariants import Violation
 from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
-from faultlab.process.spawn import Spawner
+from faultlab.process.spawn import spawner
 from faultlab.run.executor import Executor
 from faultlab.run.observation import Execution
 from faultlab.search.coverage import Coverage
@@ -112,8 +112,9 @@ def _run(system: System, prefix: list[Step], choices: list[Step], *, concurrency
     """Run a sequence; its state before the recovery (None if it failed earlier) and the
     choices that follow from that state. Counts its steps (its recovery's too) in
     ``coverage``."""
-    with Executor(system, Spawner(spawn), concurrency=concurrency, laned=True,
-                  deduplication=deduplication, deadline=deadline) as executor:
+    with spawner(spawn) as runner, Executor(
+            system, runner, concurrency=concurrency, laned=True, deduplication=deduplication,
+            deadline=deadline) as executor:
         for step in prefix + choices:
             if executor.run(step).violations:
                 return _counted(executor, [], coverage), None, []

@@ -47,6 +47,7 @@ from faultlab.search.machine import (
     generated_key,
     machine_settings,
     server_crashes_possible,
+    shared_spawner,
     swarm,
 )
 from faultlab.search.recorder import Recorder
@@ -86,6 +87,9 @@ class ConcurrentMachine(TraceMachine):
 
     concurrency: ClassVar[int] = 2
     spawn: ClassVar[SpawnMode] = "fork"
+    #: The run's spawner (its lanes' starter lasts the whole run); None: one shared by
+    #: every machine of this process in ``spawn`` mode, closed at exit.
+    spawner: ClassVar[Spawner | None] = None
     statement_points: ClassVar[bool] = False
     #: One of SCHEDULERS; ``steps`` is the example's length, where PCT's change points lie.
     scheduler: ClassVar[str] = "uniform"
@@ -98,8 +102,9 @@ class ConcurrentMachine(TraceMachine):
     def __init__(self) -> None:
         super().__init__()
         cls = type(self)
+        runner = cls.spawner if cls.spawner is not None else shared_spawner(cls.spawn)
         self.executor = Executor(
-            load_system(cls.system_ref), Spawner(cls.spawn), concurrency=cls.concurrency,
+            load_system(cls.system_ref), runner, concurrency=cls.concurrency,
             laned=True, deduplication=cls.deduplication, deadline=cls.deadline,
             statement_points=cls.statement_points, power=cls.power_loss,
         )
@@ -525,6 +530,7 @@ def concurrent_machine(
     deadline: float = DEFAULT_DEADLINE, examples: int = 100, steps: int = 10,
     recorder: Recorder | None = None, statement_points: bool = False,
     scheduler: str = DEFAULT_SCHEDULER, power_loss: bool = False,
+    spawner: Spawner | None = None,
 ) -> type[ConcurrentMachine]:
     check_scheduler(scheduler)
     system = load_system(system_ref)
@@ -537,7 +543,8 @@ def concurrent_machine(
     Machine.system_ref = system.ref
     Machine.concurrency = concurrency
     Machine.deduplication = deduplication
-    Machine.spawn = spawn
+    Machine.spawn = spawner.mode if spawner is not None else spawn
+    Machine.spawner = spawner
     Machine.deadline = deadline
     Machine.statement_points = statement_points
     Machine.scheduler, Machine.steps = scheduler, steps
