@@ -93,7 +93,8 @@ class Running:
 
 
 class Launcher:
-    """Starts the workers of one concurrent trace; closed with the trace.
+    """Starts the workers of concurrent traces: a run's, kept and closed by its spawner
+    (:meth:`faultlab.process.spawn.Spawner.shared`), or one trace's, closed with it.
 
     ``body`` is faultlab's worker as a forked child runs it (the spec, its environment,
     its two control descriptors as numbered in the child); it is already in memory, so a
