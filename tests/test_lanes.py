@@ -727,3 +727,34 @@ def test_a_run_forks_its_lanes_helper_once_and_ends_it_with_its_spawner(
         assert Path(f"/proc/{helper}").exists()
     with pytest.raises(ChildProcessError):
         os.waitpid(helper, os.WNOHANG)  # ended and reaped as the spawner closed
+
+
+def test_a_run_makes_its_lanes_helper_again_for_another_system(
+        reference: System, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A helper forked while one system was loaded serves that system's traces only: a
+    trace of another system (``mutants`` explores many in one run) gets a new helper, forked
+    with that system loaded (its workers import nothing from disk), and the first is ended
+    and reaped then."""
+    from faultlab.process.spawn import spawner as run_spawner
+
+    forked: list[int] = []
+    real_fork = os.fork
+
+    def watched_fork() -> int:
+        pid = real_fork()
+        if pid:
+            forked.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", watched_fork)
+    trace = [Step("accept", OP, P, lane=1), Step("dispatch", lane=2)]
+    with run_spawner("fork") as runner:
+        for system in (reference, reference, load_system("no-fencing")):
+            execute(system, trace, runner, concurrency=2, settle=True)
+        assert len(forked) == 2  # one helper for the reference's two traces, one more
+        first, second = forked
+        with pytest.raises(ChildProcessError):
+            os.waitpid(first, os.WNOHANG)  # ended and reaped when the system changed
+        assert Path(f"/proc/{second}").exists()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(second, os.WNOHANG)

@@ -1085,17 +1085,22 @@ class Spawner:
             raise ValueError(f"unknown spawn mode {mode!r}")
         self.mode: SpawnMode = mode
         self._servers: dict[tuple[tuple[str, str], ...], ForkServer] = {}
-        self._shared: dict[str, _Closable] = {}
+        self._shared: dict[str, tuple[str, _Closable]] = {}
         self.processes = 0
 
-    def shared(self, name: str, make: Callable[[], _C]) -> _C:
-        """The run's one ``name``, made by ``make`` when first asked for and closed when
-        this spawner closes: a starter of processes kept from trace to trace rather than
-        made and ended for each."""
+    def shared(self, name: str, key: str, make: Callable[[], _C]) -> _C:
+        """The run's one ``name`` for ``key``, made by ``make`` when first asked for and
+        closed when this spawner closes, or when ``name`` is asked for with another key
+        (then made again): a starter of processes kept from trace to trace rather than made
+        and ended for each, as long as what it was made for stays the same."""
         kept = self._shared.get(name)
+        if kept is not None and kept[0] != key:
+            del self._shared[name]
+            kept[1].close()
+            kept = None
         if kept is None:
-            kept = self._shared[name] = make()
-        return cast(_C, kept)
+            kept = self._shared[name] = (key, make())
+        return cast(_C, kept[1])
 
     def run_program(
         self, argv: Sequence[str], *, deadline: float, env: Mapping[str, str] | None = None,
@@ -1136,7 +1141,7 @@ class Spawner:
     def close(self) -> None:
         try:
             while self._shared:
-                _, kept = self._shared.popitem()
+                _, (_, kept) = self._shared.popitem()
                 kept.close()
         finally:
             while self._servers:

@@ -244,12 +244,13 @@ class Lanes:
         self.exited: list[tuple[int, ProcessRecord]] = []
         self._selector = selectors.DefaultSelector()
         #: Starts the workers (the process layer's): the run's, kept by ``spawner`` from
-        #: trace to trace (its helper is forked once a run, not once a trace: about 8 ms
-        #: a trace, forked from this process and ended), or this trace's own, closed with
-        #: it.
+        #: trace to trace of one system (its helper is forked once, not once a trace:
+        #: about 8 ms a trace, forked from this process and ended; made again for another
+        #: system, so that its workers find that system loaded, not imported from disk),
+        #: or this trace's own, closed with it.
         self._own_launcher = spawner is None
         self._launcher = Launcher(_run_lane_worker) if spawner is None else \
-            spawner.shared("lanes", lambda: Launcher(_run_lane_worker))
+            spawner.shared("lanes", system.ref, lambda: Launcher(_run_lane_worker))
 
     def close(self) -> None:
         """Kill every lane still alive (faultlab started them all) and reap them."""
