@@ -7,9 +7,10 @@ copy-on-write, and the explorer (Hypothesis, the model, the recorder) then took 
 fault for about every page it wrote while a worker lived: as many faults as the worker
 itself, about 3 ms of system CPU per concurrent step. A :class:`Starter` forks one
 helper from this process, once, that does nothing but fork workers, report their pids
-and reap them; this process forks no more. One helper serves a whole run (the run's
-spawner keeps its launcher): forked again for every trace, each fork marked the
-explorer's heap copy-on-write anew and each end was waited for, about 8 ms a trace.
+and reap them; this process forks no more. One helper serves a whole run of one
+system (the run's spawner keeps its launcher): forked again for every trace, each fork
+marked the explorer's heap copy-on-write anew and each end was waited for, about 8 ms a
+trace.
 
 The helper forks each worker ahead of its use: a *spare*, leading its own group and
 waiting for its request, whose socket the helper hands to the caller. A start is one
