@@ -699,15 +699,8 @@ def test_one_executor_runs_both_kinds_of_trace_and_refuses_a_step_of_the_other(
         assert len(laned.observations) == 1 and laned.workers == 1
 
 
-def test_a_run_forks_its_lanes_helper_once_and_ends_it_with_its_spawner(
-        reference: System, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every laned trace of a run starts its workers through one helper, forked from this
-    process at the run's first start (not once a trace: about 8 ms each, forked from the
-    explorer and ended), and ended with the run's spawner: no child of this process is
-    left once it closes."""
-    from faultlab.process.spawn import spawner as run_spawner
-    from faultlab.search.explore import explore
-
+def _children_forked_here(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The pids of the children this process forks from now on (``os.fork`` watched)."""
     forked: list[int] = []
     real_fork = os.fork
 
@@ -718,6 +711,19 @@ def test_a_run_forks_its_lanes_helper_once_and_ends_it_with_its_spawner(
         return pid
 
     monkeypatch.setattr(os, "fork", watched_fork)
+    return forked
+
+
+def test_a_run_forks_its_lanes_helper_once_and_ends_it_with_its_spawner(
+        reference: System, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every laned trace of a run starts its workers through one helper, forked from this
+    process at the run's first start (not once a trace: about 8 ms each, forked from the
+    explorer and ended), and ended with the run's spawner: no child of this process is
+    left once it closes."""
+    from faultlab.process.spawn import spawner as run_spawner
+    from faultlab.search.explore import explore
+
+    forked = _children_forked_here(monkeypatch)
     with run_spawner("fork") as runner:
         outcome = explore(reference, runner, concurrency=2, examples=6, seed_value=1)
         assert outcome.trace is None
@@ -737,16 +743,7 @@ def test_a_run_makes_its_lanes_helper_again_for_another_system(
     and reaped then."""
     from faultlab.process.spawn import spawner as run_spawner
 
-    forked: list[int] = []
-    real_fork = os.fork
-
-    def watched_fork() -> int:
-        pid = real_fork()
-        if pid:
-            forked.append(pid)
-        return pid
-
-    monkeypatch.setattr(os, "fork", watched_fork)
+    forked = _children_forked_here(monkeypatch)
     trace = [Step("accept", OP, P, lane=1), Step("dispatch", lane=2)]
     with run_spawner("fork") as runner:
         for system in (reference, reference, load_system("no-fencing")):
