@@ -89,7 +89,8 @@ def test_no_library_is_one_line_error(monkeypatch: pytest.MonkeyPatch, tmp_path:
         with Executor(load_system("systems_for_tests:WallClockRetryOutbox"), concurrency=2):
             pass
     assert "\n" not in str(raised.value)
-    assert set(scratch.glob("faultlab-lanes-*")) == before  # nothing left behind
+    # nothing left behind (another test running beside this one may remove its own)
+    assert set(scratch.glob("faultlab-lanes-*")) <= before
 
 
 def _command_system(tmp_path: Path, wall: object) -> Path:
