@@ -224,6 +224,16 @@ class TraceMachine(NewOperations, RuleBasedStateMachine):
     dispatch_points: ClassVar[tuple[str, ...]] = ()
     #: ``explore --power-loss``: the stores are recorded and a ``power`` rule cuts power.
     power_loss: ClassVar[bool] = False
+    #: The run's spawner (its fork server and its lanes' starter last the whole run), or
+    #: None: a machine used from a user's pytest run shares one per ``spawn`` mode with every
+    #: machine of its process (:func:`shared_spawner`).
+    spawner: ClassVar[Spawner | None] = None
+    spawn: ClassVar[SpawnMode] = "fork"
+
+    @classmethod
+    def runner(cls) -> Spawner:
+        """The spawner this machine's examples start their workers through."""
+        return cls.spawner if cls.spawner is not None else shared_spawner(cls.spawn)
 
     def _open(self, executor: TraceExecutor) -> None:
         """Start the example: its state, then its executor's stores (last: once they exist,
@@ -328,18 +338,15 @@ class TraceMachine(NewOperations, RuleBasedStateMachine):
 class OutboxMachine(TraceMachine):
     """Base class: :func:`outbox_machine` adds rules drawn from a system's crash points."""
 
-    spawner: ClassVar[Spawner | None] = None
     recorder: ClassVar[Recorder]
     operations_bundle: ClassVar[Bundle[str]] = Bundle("operations")
 
     def __init__(self) -> None:
         super().__init__()
         cls = type(self)
-        if cls.spawner is None:
-            cls.spawner = shared_spawner()
         self.system = load_system(cls.system_ref)
         self.executor = Executor(
-            self.system, cls.spawner, deduplication=cls.deduplication, deadline=cls.deadline,
+            self.system, cls.runner(), deduplication=cls.deduplication, deadline=cls.deadline,
             power=cls.power_loss,
         )
         self.fired: set[str] = set()
@@ -627,6 +634,8 @@ def outbox_machine(
     Machine.deduplication = deduplication
     Machine.deadline = deadline
     Machine.spawner = spawner
+    if spawner is not None:
+        Machine.spawn = spawner.mode
     Machine.recorder = recorder if recorder is not None else Recorder()
     # Weights: Hypothesis picks among rules evenly (and switches rules off per example by
     # name), so the crash, accept and service rules get copies under names of their own.

@@ -47,7 +47,6 @@ from faultlab.search.machine import (
     generated_key,
     machine_settings,
     server_crashes_possible,
-    shared_spawner,
     swarm,
 )
 from faultlab.search.recorder import Recorder
@@ -86,10 +85,6 @@ class ConcurrentMachine(TraceMachine):
     """Rules are scheduling choices over ``concurrency`` lanes (see the module docstring)."""
 
     concurrency: ClassVar[int] = 2
-    spawn: ClassVar[SpawnMode] = "fork"
-    #: The run's spawner (its lanes' starter lasts the whole run); None: one shared by
-    #: every machine of this process in ``spawn`` mode, closed at exit.
-    spawner: ClassVar[Spawner | None] = None
     statement_points: ClassVar[bool] = False
     #: One of SCHEDULERS; ``steps`` is the example's length, where PCT's change points lie.
     scheduler: ClassVar[str] = "uniform"
@@ -102,9 +97,8 @@ class ConcurrentMachine(TraceMachine):
     def __init__(self) -> None:
         super().__init__()
         cls = type(self)
-        runner = cls.spawner if cls.spawner is not None else shared_spawner(cls.spawn)
         self.executor = Executor(
-            load_system(cls.system_ref), runner, concurrency=cls.concurrency,
+            load_system(cls.system_ref), cls.runner(), concurrency=cls.concurrency,
             laned=True, deduplication=cls.deduplication, deadline=cls.deadline,
             statement_points=cls.statement_points, power=cls.power_loss,
         )
