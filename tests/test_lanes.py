@@ -755,3 +755,19 @@ def test_a_run_makes_its_lanes_helper_again_for_another_system(
         assert Path(f"/proc/{second}").exists()
     with pytest.raises(ChildProcessError):
         os.waitpid(second, os.WNOHANG)
+
+
+def test_an_enumeration_in_lanes_forks_one_helper_for_every_sequence(
+        reference: System, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``enumerate --concurrency N`` runs every sequence through one spawner: one lanes'
+    helper for the whole walk (it was one per sequence, forked and ended each time), ended
+    and reaped when the enumeration returns."""
+    from faultlab.search.schedule_enumeration import enumerate_concurrent
+
+    forked = _children_forked_here(monkeypatch)
+    result = enumerate_concurrent(reference, concurrency=2, max_steps=1)
+    assert result.finding is None
+    assert result.sequences >= 4  # several sequences ...
+    assert len(forked) == 1  # ... one helper
+    with pytest.raises(ChildProcessError):
+        os.waitpid(forked[0], os.WNOHANG)  # ended and reaped with the enumeration's spawner

@@ -30,6 +30,7 @@ from faultlab.corpus.files import DEFAULT_CORPUS, check_corpus_directory
 from faultlab.search import defaults
 
 if TYPE_CHECKING:
+    from faultlab.process.spawn import Spawner
     from faultlab.search.coverage import Coverage
     from faultlab.system.contract import System
 
@@ -237,10 +238,24 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
 def _enumerate_lanes(args: argparse.Namespace) -> int:
     """``enumerate --concurrency N`` (N >= 2): every interleaving of a small workload
     (:mod:`faultlab.search.schedule_enumeration`), stopping at the first finding."""
+    from faultlab.process.spawn import spawner
+
+    check_format(args.format)
+    directory = _lanes_corpus_directory(args)
+    system = load_system(args.system, args.deduplication)
+    refuse_unused_postgres(system, args.postgres)
+    max_steps: int = args.max_steps or 3
+    with spawner(args.spawn) as runner:  # one fork server and lanes' helper for the walk
+        return _walk_lanes(args, system, directory, max_steps, runner)
+
+
+def _walk_lanes(args: argparse.Namespace, system: System, directory: Path, max_steps: int,
+                runner: Spawner) -> int:
+    """:func:`_enumerate_lanes`'s walk, report and confirming replay, all through
+    ``runner``."""
     from faultlab.base.version import __version__
     from faultlab.corpus import files as corpus
     from faultlab.corpus.files import flaky_directory
-    from faultlab.process.spawn import spawner
     from faultlab.report import tables as report
     from faultlab.run.executor import execute
     from faultlab.search.coverage import vacuity
@@ -248,14 +263,9 @@ def _enumerate_lanes(args: argparse.Namespace) -> int:
     from faultlab.search.schedule_enumeration import ACCEPTORS, enumerate_concurrent
     from faultlab.trace import Trace
 
-    check_format(args.format)
-    directory = _lanes_corpus_directory(args)
-    system = load_system(args.system, args.deduplication)
-    refuse_unused_postgres(system, args.postgres)
-    max_steps: int = args.max_steps or 3
     result = enumerate_concurrent(
         system, concurrency=args.concurrency, operations=args.operations, max_steps=max_steps,
-        crashes=args.crashes, deduplication=args.deduplication, spawn=args.spawn,
+        crashes=args.crashes, deduplication=args.deduplication, runner=runner,
         deadline=args.deadline, progress=None if args.quiet else _progress,
     )
     rows: list[list[Any]] = [
@@ -274,10 +284,9 @@ def _enumerate_lanes(args: argparse.Namespace) -> int:
             vacuity(result.coverage, system, result.sequences, concurrency=args.concurrency,
                     can_hold=system.holds_in_lanes()),
             result.sequences, "sequences")
-    with spawner(args.spawn) as runner:
-        confirmed = execute(system, result.finding, runner, laned=True,
-                            concurrency=args.concurrency, deduplication=args.deduplication,
-                            deadline=args.deadline, settle=True)
+    confirmed = execute(system, result.finding, runner, laned=True,
+                        concurrency=args.concurrency, deduplication=args.deduplication,
+                        deadline=args.deadline, settle=True)
     meta = {"found_by": "enumerate", "operations": args.operations, "crashes": args.crashes,
             "max_steps": max_steps, "faultlab": __version__}
     if confirmed.verdict != result.execution.verdict:

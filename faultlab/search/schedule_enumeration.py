@@ -29,7 +29,7 @@ from typing import Any
 from faultlab.base.errors import UsageError
 from faultlab.checks.invariants import Violation
 from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
-from faultlab.process.spawn import spawner
+from faultlab.process.spawn import Spawner, spawner
 from faultlab.run.executor import Executor
 from faultlab.run.observation import Execution
 from faultlab.search.coverage import Coverage
@@ -105,14 +105,14 @@ def _state(executor: Executor) -> tuple[Any, ...]:
     return executor.snapshot, lanes, claims, clock, tuple(executor.model.acknowledged.items())
 
 
-def _run(system: System, prefix: list[Step], choices: list[Step], *, concurrency: int,
-         deduplication: bool, spawn: SpawnMode, deadline: float, crashes: int, ticks: int,
+def _run(system: System, runner: Spawner, prefix: list[Step], choices: list[Step], *,
+         concurrency: int, deduplication: bool, deadline: float, crashes: int, ticks: int,
          operations: int, acceptors: int, coverage: Coverage,
          ) -> tuple[Execution, tuple[Any, ...] | None, list[Step]]:
-    """Run a sequence; its state before the recovery (None if it failed earlier) and the
-    choices that follow from that state. Counts its steps (its recovery's too) in
-    ``coverage``."""
-    with spawner(spawn) as runner, Executor(
+    """Run a sequence through ``runner`` on fresh stores; its state before the recovery
+    (None if it failed earlier) and the choices that follow from that state. Counts its
+    steps (its recovery's too) in ``coverage``."""
+    with Executor(
             system, runner, concurrency=concurrency, laned=True, deduplication=deduplication,
             deadline=deadline) as executor:
         for step in prefix + choices:
@@ -137,13 +137,30 @@ def _counted(executor: Executor, final: list[Violation], coverage: Coverage
 def enumerate_concurrent(
     system: System, *, concurrency: int = 2, operations: int = 2, max_steps: int = 3,
     crashes: int = 1, ticks: int = 1, acceptors: int = ACCEPTORS, deduplication: bool = True,
-    spawn: SpawnMode = "fork",
+    spawn: SpawnMode = "fork", runner: Spawner | None = None,
     deadline: float = DEFAULT_DEADLINE, progress: Callable[[str], None] | None = None,
 ) -> ConcurrentEnumeration:
-    """Breadth first over choice sequences; stop at the first (shortest) finding."""
+    """Breadth first over choice sequences; stop at the first (shortest) finding.
+
+    Every sequence starts its workers through ``runner`` (else a spawner in ``spawn``
+    mode opened for the enumeration and closed at its end): one fork server and one
+    lanes' helper for the whole walk, not one per sequence."""
     system.require_deduplication_switch(deduplication)
     if concurrency < 2:
         raise UsageError("enumerate --concurrency needs at least 2 lanes")
+    if runner is None:
+        with spawner(spawn) as opened:
+            return _breadth_first(system, opened, concurrency, operations, max_steps,
+                                  crashes, ticks, acceptors, deduplication, deadline, progress)
+    return _breadth_first(system, runner, concurrency, operations, max_steps, crashes, ticks,
+                          acceptors, deduplication, deadline, progress)
+
+
+def _breadth_first(
+    system: System, runner: Spawner, concurrency: int, operations: int, max_steps: int,
+    crashes: int, ticks: int, acceptors: int, deduplication: bool, deadline: float,
+    progress: Callable[[str], None] | None,
+) -> ConcurrentEnumeration:
     result = ConcurrentEnumeration()
     started = time.monotonic()
     prefix = workload(operations)
@@ -154,8 +171,8 @@ def enumerate_concurrent(
         for choices in frontier:
             steps = prefix + choices
             execution, state, nexts = _run(
-                system, prefix, choices, concurrency=concurrency, deduplication=deduplication,
-                spawn=spawn, deadline=deadline, crashes=crashes, ticks=ticks,
+                system, runner, prefix, choices, concurrency=concurrency,
+                deduplication=deduplication, deadline=deadline, crashes=crashes, ticks=ticks,
                 operations=operations, acceptors=acceptors, coverage=result.coverage,
             )
             result.sequences += 1
