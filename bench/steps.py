@@ -26,6 +26,8 @@ the same seed in the same repetition, so machine noise hits both alike. It print
 * a worker's own floor: a hand-written accept (the reference's SQL with ``sqlite3`` and
   ``json`` only, none of faultlab's code) forked from that image onto a fresh store and
   waited for, 300 per measurement, and the steps/s a step costing one would reach;
+  beside it the same accept run in the measuring process itself, no process of its own
+  (what the process costs: the part no arrangement of forked workers can remove);
 * steps/s and CPU per step of ``explore --concurrency 2`` on the reference (a budget of
   ``--concurrent-examples`` examples, seed S + repetition; steps over the exploration's
   own seconds) and the lane-steps blocked on a lock, per repetition;
@@ -105,35 +107,45 @@ if what == "floor":
         reference.initialise(Path(store))
         caller = os.path.join(store, sys.modules[type(reference).__module__].CALLER)
         devnull = os.open(os.devnull, os.O_WRONLY)
+
+        def accept(operation_id):
+            connection = sqlite3.connect(caller, isolation_level=None, timeout=5)
+            connection.execute("BEGIN IMMEDIATE")
+            connection.execute("SELECT payload, state FROM operations WHERE id = ?",
+                               (operation_id,)).fetchone()
+            connection.execute("INSERT INTO operations (id, payload, state, result) "
+                               "VALUES (?, '{}', 'pending', NULL)", (operation_id,))
+            connection.execute("INSERT INTO outbox (operation_id, state) "
+                               "VALUES (?, 'pending')", (operation_id,))
+            connection.execute("COMMIT")
+            connection.close()
+            os.write(devnull, (json.dumps({"accepted": True, "operation_id": operation_id})
+                               + "\n").encode())
+
         accepts = []
         for number in range(300):
             began = time.perf_counter()
             pid = os.fork()
             if pid == 0:
-                os.dup2(devnull, 1)
-                operation_id = f"op-{number}"
-                connection = sqlite3.connect(caller, isolation_level=None, timeout=5)
-                connection.execute("BEGIN IMMEDIATE")
-                connection.execute("SELECT payload, state FROM operations WHERE id = ?",
-                                   (operation_id,)).fetchone()
-                connection.execute("INSERT INTO operations (id, payload, state, result) "
-                                   "VALUES (?, '{}', 'pending', NULL)", (operation_id,))
-                connection.execute("INSERT INTO outbox (operation_id, state) "
-                                   "VALUES (?, 'pending')", (operation_id,))
-                connection.execute("COMMIT")
-                connection.close()
-                os.write(1, (json.dumps({"accepted": True, "operation_id": operation_id})
-                             + "\n").encode())
+                accept(f"op-{number}")
                 os._exit(0)
             _, status = os.waitpid(pid, 0)
             if status != 0:
                 sys.exit(f"the hand-written accept exited with status {status}")
             accepts.append((time.perf_counter() - began) * 1000)
+        # The same accept with no process of its own (what a worker serving many actions
+        # would pay): the share of a forked accept that is the process itself.
+        inline = []
+        for number in range(300, 600):
+            began = time.perf_counter()
+            accept(f"op-{number}")
+            inline.append((time.perf_counter() - began) * 1000)
         os.close(devnull)
     finally:
         shutil.rmtree(store)
     print(json.dumps({"ms": statistics.median(samples), "cpu_ms": spent * 1000 / 300,
-                      "accept_ms": statistics.median(accepts)}))
+                      "accept_ms": statistics.median(accepts),
+                      "inline_ms": statistics.median(inline)}))
     sys.exit(0)
 
 try:
@@ -300,7 +312,7 @@ def main() -> int:
                             str(previous)], check=False)
     median = statistics.median
     floors = {name: {key: median(run[key] for run in floored[name])
-                     for key in ("ms", "cpu_ms", "accept_ms")} for name in trees}
+                     for key in ("ms", "cpu_ms", "accept_ms", "inline_ms")} for name in trees}
     this, prev = runs["this"], runs["previous"]
     ratio = median(rate(a) / rate(b) for a, b in zip(this, prev, strict=True))
 
@@ -336,6 +348,8 @@ def main() -> int:
         ["  steps/s if a step cost one such accept",
          f"{1000 / floors['this']['accept_ms']:.0f}",
          f"{1000 / floors['previous']['accept_ms']:.0f}", ""],
+        ["the same accept in this process, no fork (ms)",
+         f"{floors['this']['inline_ms']:.3f}", f"{floors['previous']['inline_ms']:.3f}", ""],
     ]
     concurrent_ratio = None
     if args.concurrent_repeat:
