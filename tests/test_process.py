@@ -409,7 +409,10 @@ from faultlab.process.records import WorkerSpec
 from faultlab.run.worker import preload
 from faultlab.system import load_system
 preload()
-costly = sorted(name for name in ("threading", "subprocess") if name in sys.modules)
+# modules no worker needs whose weight every fork copies (random, hashlib and OpenSSL came
+# in through ``secrets`` once: 3.6 MiB more image)
+costly = sorted(name for name in ("threading", "subprocess", "random", "hashlib")
+                if name in sys.modules)
 from faultlab.run.worker import run_worker
 imported = set()
 for system, directory in json.loads(sys.argv[1]).items():
@@ -454,7 +457,9 @@ def test_the_reference_fork_server_does_not_import_threading(tmp_path: Path) -> 
 
     In the fork server it cost each worker about 120 copy-on-write page faults (over half
     a millisecond of CPU, measured with ``bench/spawn.py``); :mod:`subprocess` imports it,
-    so the process layer imports :mod:`subprocess` only where it starts a program.
+    so the process layer imports :mod:`subprocess` only where it starts a program. Nor
+    :mod:`random` or :mod:`hashlib` (OpenSSL): no worker needs them, and every fork
+    copies the page tables of what the image maps.
     """
     directory = tmp_path / "reference"
     directory.mkdir()

@@ -43,7 +43,6 @@ every crashed PostgreSQL server, left two files behind.
 from __future__ import annotations
 
 import os
-import secrets
 import struct
 from pathlib import Path
 
@@ -148,7 +147,9 @@ class SharedArea:
         import ctypes  # here: only a process that starts libfaketime'd ones needs it
 
         self.creator = os.getpid()
-        name = f"/faultlab-faketime-{self.creator}-{secrets.token_hex(4)}"
+        # os.urandom, not the secrets module: this module is in the fork server's image,
+        # and secrets would bring random, hashlib and OpenSSL into every worker's image
+        name = f"/faultlab-faketime-{self.creator}-{os.urandom(4).hex()}"
         self.semaphore, self.memory = f"{name}-sem", f"{name}-shm"
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._libc.sem_open.restype = ctypes.c_void_p
