@@ -33,9 +33,7 @@ the same seed in the same repetition, so machine noise hits both alike. It print
   own seconds) and the lane-steps blocked on a lock, per repetition;
 * the same steps/s for a system on the virtual wall clock (``virtual_wall_clock``:
   tests/systems_for_tests.py's WallClockRetryOutbox), which the earlier code ran in exec
-  mode, with the spawn mode each tree used (an earlier tree without faultlab's own shared
-  area for libfaketime runs with ``FAKETIME_DISABLE_SHM=1``: it left libfaketime's in
-  ``/dev/shm`` for every worker it SIGKILLed, and its clock, read from a file, needs none).
+  mode, with the spawn mode each tree used.
 
 Exit status 0 when this code reaches 2x the earlier code's sequential steps/s on the
 reference, 1 when not (the --concurrency 2 ratio is judged on its own line), 2 on bad
@@ -218,23 +216,11 @@ print(json.dumps({"steps": result.totals.steps, "window": result.ended - result.
 '''
 
 
-def own_faketime_area(root: Path) -> bool:
-    """Whether the tree gives libfaketime'd workers faultlab's own shared area, which the
-    run removes. An earlier tree left libfaketime's own (``/dev/shm/faketime_shm_PID`` and
-    its semaphore) behind for every such worker it SIGKILLed; it reads its clock from a
-    file and needs none, so it runs with ``FAKETIME_DISABLE_SHM=1`` and leaves nothing."""
-    return any("FAKETIME_SHARED" in path.read_text()
-               for path in (root / "faultlab").rglob("wall_clock.py"))
-
-
 def measure(root: Path, *arguments: str) -> dict[str, Any]:
     """Run the driver on one tree; its JSON line."""
-    environment = {**os.environ, "PYTHONPATH": ""}
-    if not own_faketime_area(root):
-        environment["FAKETIME_DISABLE_SHM"] = "1"
     done = subprocess.run(
         [sys.executable, "-c", DRIVER, str(root), *arguments], capture_output=True, text=True,
-        cwd=tempfile.gettempdir(), env=environment, check=False,
+        cwd=tempfile.gettempdir(), env={**os.environ, "PYTHONPATH": ""}, check=False,
     )
     if done.returncode != 0:
         raise SystemExit(f"bench: {root} {' '.join(arguments)} failed:\n{done.stderr[-2000:]}")
