@@ -33,7 +33,8 @@ the same seed in the same repetition, so machine noise hits both alike. It print
   own seconds) and the lane-steps blocked on a lock, per repetition;
 * the same steps/s for a system on the virtual wall clock (``virtual_wall_clock``:
   tests/systems_for_tests.py's WallClockRetryOutbox), which the earlier code ran in exec
-  mode, with the spawn mode each tree used.
+  mode, with the spawn mode each tree used (what libfaketime left in ``/dev/shm`` for the
+  earlier tree's exec'd workers, named after their pids, is removed).
 
 Exit status 0 when this code reaches 2x the earlier code's sequential steps/s on the
 reference, 1 when not (the --concurrency 2 ratio is judged on its own line), 2 on bad
@@ -190,10 +191,12 @@ plan = Plan(system=system_ref, deduplication=True, seed=seed, examples=20, steps
             hypothesis_shrink=False, spawn="fork", duration=seconds, **{points: True})
 own, children = usage()
 spawning = sys.modules[spawner.__module__]  # count the workers exec'd, not forked
-real_exec, execs = spawning.exec_worker, [0]
+real_exec, execs, exec_pids = spawning.exec_worker, [0], []
 def counted_exec(*args, **kwargs):
     execs[0] += 1
-    return real_exec(*args, **kwargs)
+    record = real_exec(*args, **kwargs)
+    exec_pids.append(record.pid)
+    return record
 spawning.exec_worker = counted_exec
 with spawner("fork") as runner:
     waited = [0.0]  # seconds this process spent in the spawner: asking for a worker's record
@@ -208,6 +211,15 @@ with spawner("fork") as runner:
     result, found = run_stream(system, runner, plan, 0)
     parent = cpu(resource.getrusage(resource.RUSAGE_SELF)) - cpu(own)
     processes = runner.processes
+# An earlier tree gave no libfaketime'd worker faultlab's own shared area: libfaketime made
+# its own, named after the worker's pid, and a SIGKILLed worker left it in /dev/shm. The
+# exec'd workers were this run's: what they left goes.
+for pid in exec_pids:
+    for name in (f"faketime_shm_{pid}", f"sem.faketime_sem_{pid}"):
+        try:
+            os.unlink(os.path.join("/dev/shm", name))
+        except FileNotFoundError:
+            pass
 modes = [mode for mode, used in (("fork", execs[0] < processes), ("exec", execs[0])) if used]
 everything = parent + cpu(resource.getrusage(resource.RUSAGE_CHILDREN)) - cpu(children)
 print(json.dumps({"steps": result.totals.steps, "window": result.ended - result.began,
