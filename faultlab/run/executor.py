@@ -298,10 +298,10 @@ class Executor:
                 if getattr(self.system, "virtual_wall_clock", False):
                     self.wall = WallClock(self.directory)
                 self._lanes = Lanes(
-                    self.system, concurrency=self.concurrency, history=self.history,
-                    ticks=self._ticks, spawn=self.spawner.mode, deadline=self.deadline,
+                    self.system, self.spawner, concurrency=self.concurrency,
+                    history=self.history, ticks=self._ticks, deadline=self.deadline,
                     block_bound=self.block_bound, statement_points=self.statement_points,
-                    power=self.power, wall=self.wall is not None, spawner=self.spawner)
+                    power=self.power, wall=self.wall is not None)
             else:
                 self._readers.enter_context(readers_kept_open())
                 self._start_clock(existing=False)

@@ -211,10 +211,10 @@ class Lanes:
     """
 
     def __init__(
-        self, system: System, *, concurrency: int, history: History, ticks: Callable[[], int],
-        spawn: SpawnMode = "fork", deadline: float = DEFAULT_DEADLINE,
+        self, system: System, spawner: Spawner, *, concurrency: int, history: History,
+        ticks: Callable[[], int], deadline: float = DEFAULT_DEADLINE,
         block_bound: float = BLOCK_BOUND, statement_points: bool = False,
-        power: bool = False, wall: bool = False, spawner: Spawner | None = None,
+        power: bool = False, wall: bool = False,
     ) -> None:
         if statement_points and not system.supports_statement_points:
             raise UsageError(f"{system.name}: statement scheduling points (sql:K, commit:K) "
@@ -224,7 +224,7 @@ class Lanes:
         #: Where the workers' announced claims go, and the trace's clock when they claimed.
         self.history = history
         self.ticks = ticks
-        self.spawn = spawn
+        self.spawn: SpawnMode = spawner.mode
         self.deadline = deadline
         self.block_bound = block_bound
         #: Python workers also hold at sql:K and commit:K (before the K-th statement,
@@ -243,14 +243,13 @@ class Lanes:
         #: The workers that ended during the current step (see :meth:`begin`).
         self.exited: list[tuple[int, ProcessRecord]] = []
         self._selector = selectors.DefaultSelector()
-        #: Starts the workers (the process layer's): the run's, kept by ``spawner`` from
-        #: trace to trace of one system (its helper is forked once, not once a trace:
-        #: about 8 ms a trace, forked from this process and ended; made again for another
-        #: system, so that its workers find that system loaded, not imported from disk),
-        #: or this trace's own, closed with it.
-        self._own_launcher = spawner is None
-        self._launcher = Launcher(_run_lane_worker) if spawner is None else \
-            spawner.shared("lanes", system.ref, lambda: Launcher(_run_lane_worker))
+        #: Starts the workers (the process layer's), kept by ``spawner`` from trace to trace
+        #: of one system and closed with it (its helper is forked once a run, not once a
+        #: trace: about 8 ms a trace, forked from this process and ended; made again for
+        #: another system, so that its workers find that system loaded, not imported from
+        #: disk). An executor given no spawner makes one of its own, closed with the trace.
+        self._launcher = spawner.shared(
+            "lanes", system.ref, lambda: Launcher(_run_lane_worker))
 
     def close(self) -> None:
         """Kill every lane still alive (faultlab started them all) and reap them."""
@@ -267,10 +266,8 @@ class Lanes:
                 # a service child reparented to this process; a killed group may take
                 # a while to die on a loaded machine (returns as soon as it is gone)
                 reap_group(lane.pid, wait=2.0)
-        finally:  # the helper kills whatever is left (the run's, when its spawner closes)
+        finally:  # the helper (closed with the spawner) kills whatever is left
             self._selector.close()
-            if self._own_launcher:
-                self._launcher.close()
 
     def begin(self) -> None:
         """A step begins: no worker has ended at it yet."""
