@@ -265,7 +265,7 @@ def _walk_lanes(args: argparse.Namespace, system: System, directory: Path, max_s
 
     result = enumerate_concurrent(
         system, concurrency=args.concurrency, operations=args.operations, max_steps=max_steps,
-        crashes=args.crashes, deduplication=args.deduplication, runner=runner,
+        crashes=args.crashes, deduplication=args.deduplication, spawner=runner,
         deadline=args.deadline, progress=None if args.quiet else _progress,
     )
     rows: list[list[Any]] = [

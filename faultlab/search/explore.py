@@ -220,7 +220,7 @@ def explore(
                             faults=drawn_faults(power_loss))
         machine = concurrent_machine(
             system.ref, concurrency=concurrency, deduplication=deduplication,
-            spawn=spawner.mode, deadline=deadline, examples=examples, steps=steps,
+            deadline=deadline, examples=examples, steps=steps,
             recorder=recorder, statement_points=bool(statement_points), scheduler=scheduler,
             power_loss=power_loss, spawner=spawner,
         )

@@ -28,8 +28,9 @@ from typing import Any
 
 from faultlab.base.errors import UsageError
 from faultlab.checks.invariants import Violation
-from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
-from faultlab.process.spawn import Spawner, spawner
+from faultlab.process.records import DEFAULT_DEADLINE
+from faultlab.process.spawn import Spawner
+from faultlab.process.spawn import spawner as open_spawner
 from faultlab.run.executor import Executor
 from faultlab.run.observation import Execution
 from faultlab.search.coverage import Coverage
@@ -137,22 +138,22 @@ def _counted(executor: Executor, final: list[Violation], coverage: Coverage
 def enumerate_concurrent(
     system: System, *, concurrency: int = 2, operations: int = 2, max_steps: int = 3,
     crashes: int = 1, ticks: int = 1, acceptors: int = ACCEPTORS, deduplication: bool = True,
-    spawn: SpawnMode = "fork", runner: Spawner | None = None,
-    deadline: float = DEFAULT_DEADLINE, progress: Callable[[str], None] | None = None,
+    spawner: Spawner | None = None, deadline: float = DEFAULT_DEADLINE,
+    progress: Callable[[str], None] | None = None,
 ) -> ConcurrentEnumeration:
     """Breadth first over choice sequences; stop at the first (shortest) finding.
 
-    Every sequence starts its workers through ``runner`` (else a spawner in ``spawn``
-    mode opened for the enumeration and closed at its end): one fork server and one
-    lanes' helper for the whole walk, not one per sequence."""
+    Every sequence starts its workers through ``spawner`` (else a fork-mode spawner
+    opened for the enumeration and closed at its end): one fork server and one lanes'
+    helper for the whole walk, not one per sequence."""
     system.require_deduplication_switch(deduplication)
     if concurrency < 2:
         raise UsageError("enumerate --concurrency needs at least 2 lanes")
-    if runner is None:
-        with spawner(spawn) as opened:
+    if spawner is None:
+        with open_spawner("fork") as opened:
             return _breadth_first(system, opened, concurrency, operations, max_steps,
                                   crashes, ticks, acceptors, deduplication, deadline, progress)
-    return _breadth_first(system, runner, concurrency, operations, max_steps, crashes, ticks,
+    return _breadth_first(system, spawner, concurrency, operations, max_steps, crashes, ticks,
                           acceptors, deduplication, deadline, progress)
 
 

@@ -35,7 +35,7 @@ from hypothesis.stateful import (
 )
 
 from faultlab.base.errors import UsageError
-from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
+from faultlab.process.records import DEFAULT_DEADLINE
 from faultlab.process.spawn import Spawner
 from faultlab.run.executor import Executor
 from faultlab.search import data as generated
@@ -520,7 +520,7 @@ def _drop_connection_rule() -> Any:
 
 
 def concurrent_machine(
-    system_ref: str, *, concurrency: int, deduplication: bool = True, spawn: SpawnMode = "fork",
+    system_ref: str, *, concurrency: int, deduplication: bool = True,
     deadline: float = DEFAULT_DEADLINE, examples: int = 100, steps: int = 10,
     recorder: Recorder | None = None, statement_points: bool = False,
     scheduler: str = DEFAULT_SCHEDULER, power_loss: bool = False,
@@ -537,8 +537,9 @@ def concurrent_machine(
     Machine.system_ref = system.ref
     Machine.concurrency = concurrency
     Machine.deduplication = deduplication
-    Machine.spawn = spawner.mode if spawner is not None else spawn
     Machine.spawner = spawner
+    if spawner is not None:
+        Machine.spawn = spawner.mode
     Machine.deadline = deadline
     Machine.statement_points = statement_points
     Machine.scheduler, Machine.steps = scheduler, steps

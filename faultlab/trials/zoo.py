@@ -220,7 +220,7 @@ def _judge(name: str, budget: Budget, *, lanes: int, power_loss: bool) -> Judgem
                            deadline=budget.deadline, power_loss=power_loss)
         began = time.monotonic()
         if enumerable and lanes > 1:
-            schedules = enumerate_concurrent(system, concurrency=lanes, runner=runner,
+            schedules = enumerate_concurrent(system, concurrency=lanes, spawner=runner,
                                              deadline=budget.deadline)
             execution = schedules.execution
             enumerated = _Enumerated(
