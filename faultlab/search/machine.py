@@ -33,7 +33,7 @@ from hypothesis.stateful import (
 )
 
 from faultlab.checks.invariants import Violation
-from faultlab.process.records import DEFAULT_DEADLINE, SpawnMode
+from faultlab.process.records import DEFAULT_DEADLINE
 from faultlab.process.spawn import Spawner
 from faultlab.run.executor import Executor
 from faultlab.run.observation import Observation
@@ -225,15 +225,14 @@ class TraceMachine(NewOperations, RuleBasedStateMachine):
     #: ``explore --power-loss``: the stores are recorded and a ``power`` rule cuts power.
     power_loss: ClassVar[bool] = False
     #: The run's spawner (its fork server and its lanes' starter last the whole run), or
-    #: None: a machine used from a user's pytest run shares one per ``spawn`` mode with every
-    #: machine of its process (:func:`shared_spawner`).
+    #: None: a machine used from a user's pytest run shares one fork-mode spawner with
+    #: every machine of its process (:func:`shared_spawner`).
     spawner: ClassVar[Spawner | None] = None
-    spawn: ClassVar[SpawnMode] = "fork"
 
     @classmethod
     def runner(cls) -> Spawner:
         """The spawner this machine's examples start their workers through."""
-        return cls.spawner if cls.spawner is not None else shared_spawner(cls.spawn)
+        return cls.spawner if cls.spawner is not None else shared_spawner()
 
     def _open(self, executor: TraceExecutor) -> None:
         """Start the example: its state, then its executor's stores (last: once they exist,
@@ -423,19 +422,18 @@ def run_example(machine: type[OutboxMachine], steps: Iterable[Step]) -> OutboxMa
     return instance
 
 
-_spawner_singletons: dict[SpawnMode, Spawner] = {}
+_shared: list[Spawner] = []
 
 
-def shared_spawner(mode: SpawnMode = "fork") -> Spawner:
-    """One spawner per mode (its fork server, its lanes' starter) for machines used from a
+def shared_spawner() -> Spawner:
+    """One fork-mode spawner (its fork server, its lanes' starter) for the machines of a
     user's pytest run, which gives them none of its own; closed at exit."""
-    runner = _spawner_singletons.get(mode)
-    if runner is None:
+    if not _shared:
         import atexit
 
-        runner = _spawner_singletons[mode] = Spawner(mode)
-        atexit.register(runner.close)
-    return runner
+        _shared.append(Spawner("fork"))
+        atexit.register(_shared[0].close)
+    return _shared[0]
 
 
 def machine_settings(
@@ -634,8 +632,6 @@ def outbox_machine(
     Machine.deduplication = deduplication
     Machine.deadline = deadline
     Machine.spawner = spawner
-    if spawner is not None:
-        Machine.spawn = spawner.mode
     Machine.recorder = recorder if recorder is not None else Recorder()
     # Weights: Hypothesis picks among rules evenly (and switches rules off per example by
     # name), so the crash, accept and service rules get copies under names of their own.

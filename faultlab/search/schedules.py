@@ -538,8 +538,6 @@ def concurrent_machine(
     Machine.concurrency = concurrency
     Machine.deduplication = deduplication
     Machine.spawner = spawner
-    if spawner is not None:
-        Machine.spawn = spawner.mode
     Machine.deadline = deadline
     Machine.statement_points = statement_points
     Machine.scheduler, Machine.steps = scheduler, steps
