@@ -506,6 +506,7 @@ def test_a_snapshot_query_that_never_ends_stops_on_a_signal(tmp_path: Path, sign
     assert "interrupted by SIG" in err and len(err.splitlines()) == 1, err
 
 
+@pytest.mark.e2e  # an exploration on the server; every interpreter runs the SQLite twin
 def test_a_postgres_snapshot_query_that_never_ends_is_cancelled_exit_3(tmp_path: Path) -> None:
     """The same loop on a real PostgreSQL server: statement_timeout cancels it."""
     from test_postgres import DSN, _admin

@@ -104,6 +104,7 @@ def faultlab(*args: str, cwd: Path | None = None,
 # --- the five scenarios ------------------------------------------------------------------------
 
 
+@pytest.mark.e2e  # the five scenarios, as the suite runs them
 @pytest.mark.parametrize("mode", MODES)
 def test_standalone_example_passes_the_five_scenarios(mode: str, runner: Spawner) -> None:
     system = standalone(mode)

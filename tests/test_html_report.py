@@ -116,6 +116,7 @@ def test_replay_html_writes_one_page_for_every_trace(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["page.html"]  # no temporary left
 
 
+@pytest.mark.e2e  # an exploration and its shrinking, then the page
 def test_explore_html_writes_the_finding(tmp_path: Path) -> None:
     page = tmp_path / "finding.html"
     result = faultlab("explore", "--no-deduplication", "--examples", "20", "--seed", "0",

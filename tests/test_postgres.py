@@ -182,6 +182,7 @@ def test_snapshot_queries_are_read_only(server: Any, tmp_path: Path, reference_p
         reference_pg.release(tmp_path)
 
 
+@pytest.mark.e2e  # the five scenarios, as the suite runs them
 def test_the_five_scenarios_pass_on_reference_pg_with_the_seed_figures(
         server: Any, fork_spawner: Spawner, reference_pg: Any) -> None:
     outcomes = {s.name: s.run(reference_pg, fork_spawner) for s in SCENARIOS}
@@ -197,6 +198,7 @@ def test_the_five_scenarios_pass_on_reference_pg_with_the_seed_figures(
     assert summaries["changed_payload_rejected"] == {"exit_code": 3, "tickets_after": 1}
 
 
+@pytest.mark.e2e  # two whole traces, caught and clean
 def test_without_deduplication_the_recovery_duplicates_and_ONE_catches_it(
         server: Any, fork_spawner: Spawner, reference_pg: Any) -> None:
     steps = [Step("accept", "op-1", PAYLOAD), Step("dispatch", crash="during_completion"),
@@ -209,6 +211,7 @@ def test_without_deduplication_the_recovery_duplicates_and_ONE_catches_it(
     assert clean.observations[-1].snapshot.counts()["tickets"] == 1
 
 
+@pytest.mark.e2e  # whole traces of a mutant and of the reference
 @pytest.mark.parametrize(("name", "steps", "caught_by"), [
     ("no-dedup-pg", [Step("accept", "op-1", PAYLOAD),
                      Step("dispatch", crash="after_downstream_commit")], None),
@@ -464,6 +467,7 @@ def test_reference_pg_claims_skip_locked_with_a_lease_and_fences_the_superseded(
     assert not names & _faultlab_databases(server)
 
 
+@pytest.mark.e2e  # a laned trace and its settling, twice
 def test_no_fencing_pg_is_caught_at_its_minimal_trace_and_reference_pg_is_not(
         server: Any) -> None:
     """The PostgreSQL form of no-fencing: its known minimal trace fails FENCE in the final

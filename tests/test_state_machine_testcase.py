@@ -58,6 +58,7 @@ def _saved(directory: Path) -> list[Path]:
     return sorted(directory.glob("*.json")) if directory.is_dir() else []
 
 
+@pytest.mark.e2e  # an exploration, its shrinking and a replay
 def test_a_failing_testcase_reports_the_shrunk_finding_as_explore_does(
     pytester: pytest.Pytester,
 ) -> None:
@@ -86,6 +87,7 @@ def test_a_failing_testcase_reports_the_shrunk_finding_as_explore_does(
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
 
 
+@pytest.mark.e2e  # an exploration and its shrinking
 def test_the_plugin_corpus_receives_the_finding_and_its_options_apply(
     pytester: pytest.Pytester,
 ) -> None:
