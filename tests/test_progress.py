@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-ARGV = ["explore", "--examples", "25", "--seed", "0", "--corpus", "{corpus}"]
+ARGV = ["explore", "--examples", "10", "--seed", "0", "--corpus", "{corpus}"]
 
 
 def _in_a_terminal(argv: list[str], columns: int) -> tuple[int, str]:
@@ -46,7 +46,7 @@ def test_a_terminal_gets_a_bar_with_the_budget_and_eta(tmp_path: Path) -> None:
     argv = [a.format(corpus=tmp_path / "c") for a in ARGV]
     code, text = _in_a_terminal(argv, 120)
     assert code == 0, text
-    assert "explore:" in text and "%|" in text and "/25 [" in text  # the budget
+    assert "explore:" in text and "%|" in text and "/10 [" in text  # the budget
     assert "steps/s" in text and "<" in text  # rate and remaining time
     assert "clean: no invariant failed" in text
 
