@@ -7,11 +7,13 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import explore_lanes
 
 from faultlab.base.errors import UsageError
+from faultlab.process import starter
 from faultlab.process.spawn import Spawner
 from faultlab.run.executor import Executor, execute
 from faultlab.stores.sqlite import BUSY_TIMEOUT
@@ -497,38 +499,63 @@ def _store_descriptors(pid: int, directory: Path) -> set[str]:
     return held
 
 
-def test_no_store_connection_is_carried_across_a_fork(
-        reference: System, monkeypatch: pytest.MonkeyPatch) -> None:
-    """SQLite forbids carrying an open connection across fork() (the child's copy of
-    SQLite's own lock bookkeeping would name this process's connections): a laned trace
-    keeps its snapshot connections open, closes them before this process forks the helper
-    that forks its workers (its first start), and opens them again at the next snapshot.
-    Each fork of this process is watched: no store is open in it at that moment."""
+def _watch_forks(monkeypatch: pytest.MonkeyPatch, directory: list[Path]) -> list[set[str]]:
+    """Every fork of this process from now on, as the store files open in it at that
+    moment (under ``directory[0]``)."""
     forks: list[set[str]] = []
     real_fork = os.fork
-    directory = Path()
 
     def watched_fork() -> int:
-        forks.append(_store_descriptors(os.getpid(), directory))
+        forks.append(_store_descriptors(os.getpid(), directory[0]))
         return real_fork()
 
     monkeypatch.setattr(os, "fork", watched_fork)
+    return forks
+
+
+def test_a_laned_trace_forks_nothing_here_and_keeps_its_readers_open(
+        reference: System, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite forbids carrying an open connection across fork() (the child's copy of
+    SQLite's own lock bookkeeping would name this process's connections). The lanes'
+    helper is a fresh interpreter, not a fork of this process: a laned trace forks nothing
+    here, so it keeps its snapshot connections open from its first step to its end, and
+    the helper holds none of them."""
+    directory = [Path()]
+    forks = _watch_forks(monkeypatch, directory)
     with Executor(reference, concurrency=2, laned=True) as ex:
-        directory = ex.directory.resolve()
-        assert _store_descriptors(os.getpid(), directory)  # the readers, kept open
+        directory[0] = ex.directory.resolve()
+        kept = _store_descriptors(os.getpid(), directory[0])
+        assert kept  # the readers, kept open
         ex.run(Step("accept", OP, P, lane=1, hold=True))
-        assert forks == [set()]  # the helper, forked with no store open here
         assert ex._lanes is not None and ex._lanes._launcher._starter is not None
         helper = ex._lanes._launcher._starter.pid
-        assert not _store_descriptors(helper, directory)
-        kept = _store_descriptors(os.getpid(), directory)
-        assert kept  # opened again by the step's snapshot
+        assert not _store_descriptors(helper, directory[0])
         observation = ex.run(Step("finish", lane=1))
         assert [op.id for op in observation.snapshot.operations] == [OP]
-        assert _store_descriptors(os.getpid(), directory) == kept  # the same, kept
-        assert not _store_descriptors(helper, directory)
-        assert forks == [set()]  # this process forked nothing more
-    assert not _store_descriptors(os.getpid(), directory)  # closed with the trace
+        assert _store_descriptors(os.getpid(), directory[0]) == kept  # the same, kept
+        assert not _store_descriptors(helper, directory[0])
+    assert forks == []  # this process forked nothing
+    assert not _store_descriptors(os.getpid(), directory[0])  # closed with the trace
+
+
+def test_without_a_helper_no_store_connection_is_carried_across_a_fork(
+        reference: System, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the helper cannot watch its children (no ``pidfd_open``), this process forks
+    each worker itself: its snapshot connections are closed before every such fork and
+    opened again by the next snapshot."""
+    monkeypatch.setattr(starter, "available", lambda: False)
+    directory = [Path()]
+    forks = _watch_forks(monkeypatch, directory)
+    with Executor(reference, concurrency=2, laned=True) as ex:
+        directory[0] = ex.directory.resolve()
+        assert _store_descriptors(os.getpid(), directory[0])  # the readers, kept open
+        ex.run(Step("accept", OP, P, lane=1, hold=True))
+        assert ex._lanes is not None and ex._lanes._launcher._starter is None
+        assert _store_descriptors(os.getpid(), directory[0])  # opened again by the snapshot
+        observation = ex.run(Step("finish", lane=1))
+        assert [op.id for op in observation.snapshot.operations] == [OP]
+        ex.run(Step("dispatch", lane=2))
+    assert forks == [set(), set()]  # two workers, forked here with no store open
 
 
 def _zombie_children() -> list[int]:
@@ -699,31 +726,33 @@ def test_one_executor_runs_both_kinds_of_trace_and_refuses_a_step_of_the_other(
         assert len(laned.observations) == 1 and laned.workers == 1
 
 
-def _children_forked_here(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The pids of the children this process forks from now on (``os.fork`` watched)."""
-    forked: list[int] = []
-    real_fork = os.fork
+def _helpers_started(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The pids of the lanes' helpers this process starts from now on; and it must fork
+    nothing itself (``os.fork`` fails the test)."""
+    started: list[int] = []
+    real_init = starter.Starter.__init__
 
-    def watched_fork() -> int:
-        pid = real_fork()
-        if pid:
-            forked.append(pid)
-        return pid
+    def watched_init(self: starter.Starter, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        started.append(self.pid)
 
-    monkeypatch.setattr(os, "fork", watched_fork)
-    return forked
+    def no_fork() -> int:
+        raise AssertionError("this process forked")
+
+    monkeypatch.setattr(starter.Starter, "__init__", watched_init)
+    monkeypatch.setattr(os, "fork", no_fork)
+    return started
 
 
-def test_a_run_forks_its_lanes_helper_once_and_ends_it_with_its_spawner(
+def test_a_run_starts_its_lanes_helper_once_and_ends_it_with_its_spawner(
         reference: System, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every laned trace of a run starts its workers through one helper, forked from this
-    process at the run's first start (not once a trace: about 8 ms each, forked from the
-    explorer and ended), and ended with the run's spawner: no child of this process is
-    left once it closes."""
+    """Every laned trace of a run starts its workers through one helper, started at the
+    run's first start (not once a trace), and ended with the run's spawner: no child of
+    this process is left once it closes."""
     from faultlab.process.spawn import spawner as run_spawner
     from faultlab.search.explore import explore
 
-    forked = _children_forked_here(monkeypatch)
+    forked = _helpers_started(monkeypatch)
     with run_spawner("fork") as runner:
         outcome = explore(reference, runner, concurrency=2, examples=6, seed_value=1)
         assert outcome.trace is None
@@ -737,13 +766,13 @@ def test_a_run_forks_its_lanes_helper_once_and_ends_it_with_its_spawner(
 
 def test_a_run_makes_its_lanes_helper_again_for_another_system(
         reference: System, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A helper forked while one system was loaded serves that system's traces only: a
-    trace of another system (``mutants`` explores many in one run) gets a new helper, forked
-    with that system loaded (its workers import nothing from disk), and the first is ended
-    and reaped then."""
+    """A helper prepared with one system serves that system's traces only: a trace of
+    another system (``mutants`` explores many in one run) gets a new helper, prepared with
+    that system loaded (its workers import nothing from disk), and the first is ended and
+    reaped then."""
     from faultlab.process.spawn import spawner as run_spawner
 
-    forked = _children_forked_here(monkeypatch)
+    forked = _helpers_started(monkeypatch)
     trace = [Step("accept", OP, P, lane=1), Step("dispatch", lane=2)]
     with run_spawner("fork") as runner:
         for system in (reference, reference, load_system("no-fencing")):
@@ -757,14 +786,14 @@ def test_a_run_makes_its_lanes_helper_again_for_another_system(
         os.waitpid(second, os.WNOHANG)
 
 
-def test_an_enumeration_in_lanes_forks_one_helper_for_every_sequence(
+def test_an_enumeration_in_lanes_starts_one_helper_for_every_sequence(
         reference: System, monkeypatch: pytest.MonkeyPatch) -> None:
     """``enumerate --concurrency N`` runs every sequence through one spawner: one lanes'
-    helper for the whole walk (it was one per sequence, forked and ended each time), ended
-    and reaped when the enumeration returns."""
+    helper for the whole walk (not one per sequence), ended and reaped when the
+    enumeration returns."""
     from faultlab.search.schedule_enumeration import enumerate_concurrent
 
-    forked = _children_forked_here(monkeypatch)
+    forked = _helpers_started(monkeypatch)
     result = enumerate_concurrent(reference, concurrency=2, max_steps=1)
     assert result.finding is None
     assert result.sequences >= 4  # several sequences ...

@@ -494,8 +494,14 @@ def test_a_lane_killed_while_waiting_for_a_row_lock_loses_its_backend(
     its backend would wait on until lane 1 ends (the server hears the closed socket only
     when it next talks to the client). The client connection check ends it at once; the
     control without the check (0) shows the lingering backend reported."""
-    monkeypatch.setattr(pgstores, "CLIENT_CHECK_MS", check_ms)
     monkeypatch.setattr(pgstores, "BACKEND_EXIT_BOUND", 2.0)
+    if check_ms == 0:  # the lanes' helper prepares its workers without the check
+        import lane_probe
+
+        from faultlab.run import interleaving
+        monkeypatch.setattr(interleaving, "prepare_lanes", lane_probe.prepare_without_client_check)
+    else:
+        assert pgstores.CLIENT_CHECK_MS == check_ms  # the default the workers have
     with Executor(reference_pg, concurrency=2) as ex:
         ex.run(Step("accept", "op-1", PAYLOAD, lane=1, hold=True))
         blocked = ex.run(Step("accept", "op-1", PAYLOAD, lane=2))

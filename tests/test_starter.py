@@ -93,8 +93,41 @@ def test_a_killed_worker_is_reported_killed_and_close_ends_the_rest() -> None:
         os.close(fd)
 
 
+def test_the_helper_is_a_lean_interpreter_prepared_with_the_system() -> None:
+    """The helper is a fresh interpreter, not a fork of its caller: prepared as the lanes
+    prepare it, it holds the fork server's image and the trace's system, and none of this
+    process's Hypothesis, pytest or search, nor (for the reference) threading, subprocess,
+    random or hashlib, which every worker forked from it would inherit."""
+    import lane_probe
+
+    from faultlab.run.worker import prepare_lanes
+
+    assert {"pytest", "threading"} <= set(lane_probe.held())  # the probe sees them here
+    for system, costly in (("reference", "-"), ("no-fencing", None)):
+        chosen = starter.Starter(lane_probe.report_modules, prepare_lanes, (system,))
+        try:
+            pid, decide, announce, out = _start(chosen)
+            said = os.read(announce, 300).decode()
+            held, loaded = said.split("|")
+            if costly is not None:  # a mutant's module brings more (the fork server's too)
+                assert held.strip() == costly, said
+            assert system in loaded.split(), said  # prepared with the trace's system
+            status = chosen.ended(pid, 10)
+            assert status is not None and os.waitstatus_to_exitcode(status) == 0
+            for fd in (decide, announce, out):
+                os.close(fd)
+        finally:
+            chosen.close()
+
+
+def test_a_body_the_helper_cannot_import_by_name_is_refused() -> None:
+    with pytest.raises(ValueError, match="top level of an importable module"):
+        starter.Starter(lambda spec, environment, channel: 0)
+
+
 def test_lane_workers_are_not_forked_by_the_executors_process(reference: System) -> None:
-    """The explorer forks the helper once per trace; every lane worker is the helper's."""
+    """The executor's process starts the helper (once per trace here: an executor without
+    a run's spawner); every lane worker is the helper's child."""
     payload = '{"title":"starter"}'
     with Executor(reference, concurrency=2) as ex:
         ex.run(Step("accept", "op-1", payload, lane=1, hold=True))

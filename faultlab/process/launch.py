@@ -13,8 +13,9 @@ environment. How it starts is the caller's choice, and this is the only module t
 starts one:
 
 * :meth:`Launcher.start_worker` forks faultlab's own worker body: from the starter's
-  quiet helper where ``pidfd_open`` exists (:mod:`faultlab.process.starter`: the
-  caller's heap is never marked copy-on-write), else from this process;
+  quiet helper where ``pidfd_open`` exists (:mod:`faultlab.process.starter`: a fresh
+  interpreter holding only what a worker uses; the caller's heap is never marked
+  copy-on-write), else from this process;
 * :meth:`Launcher.start_command` executes a command line (a fresh interpreter in exec
   mode, or a command-line system's own program).
 
@@ -97,11 +98,17 @@ class Launcher:
     (:meth:`faultlab.process.spawn.Spawner.shared`), or one trace's, closed with it.
 
     ``body`` is faultlab's worker as a forked child runs it (the spec, its environment,
-    its two control descriptors as numbered in the child); it is already in memory, so a
-    forked worker imports nothing from disk."""
+    its two control descriptors as numbered in the child); the helper that forks it has
+    imported and prepared everything it uses, so a worker imports nothing from disk."""
 
-    def __init__(self, body: starter.StartedMain) -> None:
+    def __init__(self, body: starter.StartedMain, prepare: Callable[..., object] | None = None,
+                 arguments: Sequence[str] = ()) -> None:
+        """``body`` and ``prepare`` are module-level functions: the helper, a fresh
+        interpreter, imports both and calls ``prepare(*arguments)`` before it forks a
+        worker (:class:`faultlab.process.starter.Starter`)."""
         self._body = body
+        self._prepare = prepare
+        self._arguments = tuple(arguments)
         self._starter: starter.Starter | None = None
 
     def notices(self) -> int | None:
@@ -116,17 +123,17 @@ class Launcher:
             self._starter.collect()
 
     def forks_here(self) -> bool:
-        """Whether the next :meth:`start_worker` forks this process: to make the helper
-        (its first), or the worker itself where no helper can be made."""
-        return self._starter is None
+        """Whether :meth:`start_worker` forks this process: only where no helper can be
+        made (the helper is a fresh interpreter, started without a fork of this one)."""
+        return not starter.available()
 
     def start_worker(self, spec: WorkerSpec, environment: ChannelEnvironment) -> Running:
-        """Fork faultlab's worker for ``spec``: from the starter's helper (made on the
+        """Fork faultlab's worker for ``spec``: from the starter's helper (started on the
         first start, before this worker's pipes), or from this process where the helper
         cannot watch its children."""
         if self._starter is None and starter.available():
             with interrupt.deferred():  # started and known, or neither
-                self._starter = starter.Starter(self._body)
+                self._starter = starter.Starter(self._body, self._prepare, self._arguments)
         helper = self._starter
 
         def begin(decide: int, announce: int, out: int, err: int) -> int:

@@ -467,7 +467,7 @@ class _Spare:
 _service_channel: tuple[int, int, int] | None = None
 
 
-def _rehearse() -> None:
+def rehearse() -> None:
     """Start SQLite and JSON in the spare, before it is assigned.
 
     The first SQLite connection in a process initialises the library (mutexes,
@@ -492,7 +492,7 @@ def _read_spec(fd: int) -> WorkerSpec | None:
     """A spare's assignment. The variables of its environment are set here, in the child
     (the client chose a fork server started with what only a process's start can give:
     :func:`server_environment`)."""
-    _rehearse()
+    rehearse()
     chunks = []
     while data := os.read(fd, 65536):
         chunks.append(data)
@@ -781,8 +781,9 @@ def run_command(
 
 # --- the fork server ---------------------------------------------------------------------
 
-def _bootstrap(entry: str) -> str:
-    """The fork server's ``python -c`` program: restore sys.path, call ``module:function``."""
+def bootstrap(entry: str) -> str:
+    """The ``python -c`` program of a helper process of ours (the fork server, the lanes'
+    starter): restore the caller's sys.path from ``sys.argv[1]``, call ``module:function``."""
     module, _, function = entry.partition(":")
     return (
         "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
@@ -959,7 +960,7 @@ class ForkServer:
         extra = {SHARED_VARIABLE: self._area.variable} if self._area is not None else {}
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-c", _bootstrap(entry), json.dumps(sys.path)],
+                [sys.executable, "-c", bootstrap(entry), json.dumps(sys.path)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 start_new_session=True,

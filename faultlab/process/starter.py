@@ -5,29 +5,35 @@ they cannot be run to completion one request at a time as the fork server runs t
 Forked by the explorer itself, every fork marked the explorer's whole heap
 copy-on-write, and the explorer (Hypothesis, the model, the recorder) then took a page
 fault for about every page it wrote while a worker lived: as many faults as the worker
-itself, about 3 ms of system CPU per concurrent step. A :class:`Starter` forks one
-helper from this process, once, that does nothing but fork workers, report their pids
-and reap them; this process forks no more. One helper serves a whole run of one
-system (the run's spawner keeps its launcher): forked again for every trace, each fork
-marked the explorer's heap copy-on-write anew and each end was waited for, about 8 ms a
-trace.
+itself, about 3 ms of system CPU per concurrent step. A :class:`Starter` starts one
+helper that does nothing but fork workers, report their pids and reap them; this
+process forks no more. One helper serves a whole run of one system (the run's spawner
+keeps its launcher).
 
-The helper forks each worker ahead of its use: a *spare*, leading its own group and
-waiting for its request, whose socket the helper hands to the caller. A start is one
-message from the caller straight to the spare (its spec, its environment and the
-child's ends of its four pipes) and needs no answer: the pid is known already. Asked
-through the helper instead, a start waited about 1.7 ms for the helper's reply, most of
-it page faults: each page the helper touched after forking was copied, since a worker
-still shared it.
+The helper is a fresh interpreter, as the fork server is, not a fork of this process:
+it imports only what a worker needs (its caller names a preparation that loads it, the
+system included) and forks every worker from that image. Forked from the explorer, it
+carried the explorer's image (about 26 MiB of private memory against 12), so every
+worker's fork copied, and its exit tore down, twice as many pages; and a caller with
+threads (a pytest-xdist worker) forked it from a threaded process. Its start costs a
+quarter of a second once a run.
 
-The helper is this process's child; each worker is the helper's child, leads its own
-process group (so the caller signals it, its group, pauses and kills it as it would a
-child of its own) and is reaped by the helper, which reports its wait status. Orphans
-of a killed worker (a dispatcher's service) go to the nearest child subreaper above,
-as before. The helper ends when its socket closes: it kills the groups of workers still
-alive, the spare's too (only ever its own children), reaps them and exits; it ignores
-SIGINT and SIGTERM (the caller decides when a run stops), and a caller that dies closes
-the socket too.
+The helper forks each worker ahead of its use: a *spare*, leading its own group,
+rehearsed as the fork server's spares are and waiting for its request, whose socket the
+helper hands to the caller. A start is one message from the caller straight to the
+spare (its spec, its environment and the child's ends of its four pipes) and needs no
+answer: the pid is known already. Asked through the helper instead, a start waited
+about 1.7 ms for the helper's reply, most of it page faults: each page the helper
+touched after forking was copied, since a worker still shared it.
+
+The helper is this process's child, in a session of its own (a terminal's Ctrl-C is the
+caller's to handle); each worker is the helper's child, leads its own process group (so
+the caller signals it, its group, pauses and kills it as it would a child of its own)
+and is reaped by the helper, which reports its wait status. Orphans of a killed worker
+(a dispatcher's service) go to the helper, a child subreaper. The helper ends when its
+socket closes: it kills the groups of workers still alive, the spare's too (only ever
+its own children), reaps them and exits; it ignores SIGINT and SIGTERM (the caller
+decides when a run stops), and a caller that dies closes the socket too.
 
 Protocol, over ``AF_UNIX`` ``SOCK_SEQPACKET`` pairs (one message per datagram):
 
@@ -51,18 +57,30 @@ import os
 import select
 import signal
 import socket
+import sys
 import time
-from collections.abc import Callable, Mapping
-from typing import NoReturn
+from collections.abc import Callable, Mapping, Sequence
+from importlib import import_module
+from typing import Any, NoReturn
 
 from faultlab.base import interrupt
 from faultlab.base.errors import ExecutionError
 from faultlab.process.records import WorkerSpec
-from faultlab.process.spawn import become_subreaper, child_main, lead_own_group
+from faultlab.process.spawn import (
+    StandardStreams,
+    become_subreaper,
+    bootstrap,
+    child_main,
+    lead_own_group,
+    rehearse,
+    standard_streams,
+)
 
 #: The body of a started worker: the spec, the environment variables it must set, and its
 #: two control descriptors as numbered in the child (decisions in, announcements out).
 StartedMain = Callable[[WorkerSpec, dict[str, str], tuple[int, int]], int]
+#: What the helper's interpreter runs (:func:`serve`).
+HELPER_ENTRY = "faultlab.process.starter:serve"
 #: A request (a spec and an environment) goes in datagrams of at most this many bytes: one
 #: datagram may not exceed the sender's socket buffer (``wmem_default``, 208 KiB on many
 #: machines), and a generated payload can be larger than that.
@@ -83,17 +101,30 @@ class Starter:
     """Client side of the helper: start workers, learn when they end. One per run (or per
     trace, for an executor given no spawner of a run)."""
 
-    def __init__(self, run: StartedMain) -> None:
-        """Fork the helper now; ``run`` is the worker's body in each child (it is already
-        in the helper's memory: nothing is pickled or imported)."""
+    def __init__(self, run: StartedMain, prepare: Callable[..., object] | None = None,
+                 arguments: Sequence[str] = ()) -> None:
+        """Start the helper: a fresh interpreter with this process's ``sys.path`` that
+        imports ``run`` (the worker's body in each child) and ``prepare``, both
+        module-level functions named by their module and name, calls ``prepare(*arguments)``
+        (loading what the workers use, so that none imports anything from disk) and forks
+        the first spare."""
+        import subprocess  # here: the helper's own image holds no threading module
+
+        names = [_name(run), _name(prepare) if prepare is not None else ""]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        with interrupt.deferred():  # the helper is known by its pid, or not started
-            pid = os.fork()
-            if pid == 0:  # the helper: never returns
-                ours.close()
-                _helper(theirs, run)
-            self.pid = pid
-        theirs.close()
+        try:
+            with interrupt.deferred():  # the helper is known by its pid, or not started
+                self._process = subprocess.Popen(
+                    [sys.executable, "-c", bootstrap(HELPER_ENTRY), json.dumps(sys.path),
+                     str(theirs.fileno()), *names, *arguments],
+                    stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                    start_new_session=True)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.pid = self._process.pid
         self._socket = ours
         #: Wait statuses reported and not yet taken, by pid.
         self._ended: dict[int, int] = {}
@@ -176,14 +207,14 @@ class Starter:
                 self._spare[1].close()
                 self._spare = None
             self._socket.close()
-            os.waitpid(self.pid, 0)
+            self._process.wait()
 
 
 class _Spare:
     """A worker forked ahead of its start, waiting for its request on its own socket."""
 
     def __init__(self, channel: socket.socket, children: dict[int, int],
-                 run: StartedMain) -> None:
+                 run: StartedMain, streams: StandardStreams) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:  # the spare: never returns
@@ -191,7 +222,7 @@ class _Spare:
             ours.close()
             for pidfd in children:
                 os.close(pidfd)
-            _spare_main(theirs, run)
+            _spare_main(theirs, run, streams)
         theirs.close()
         lead_own_group(pid)  # a kill as soon as the caller knows it must reach it
         try:
@@ -225,12 +256,16 @@ def _batch(on: bool) -> None:
         pass
 
 
-def _spare_main(assignment: socket.socket, run: StartedMain) -> NoReturn:
-    """A spare's life: lead its own group, wait for its request, run it as a worker. A
-    request it cannot read ends it with status 70 and says why on its stderr."""
+def _spare_main(assignment: socket.socket, run: StartedMain,
+                streams: StandardStreams) -> NoReturn:
+    """A spare's life: lead its own group, rehearse (as a fork server's spare does, off
+    the clock), wait for its request, run it as a worker with the text streams the helper
+    built once. A request it cannot read ends it with status 70 and says why on its
+    stderr."""
     os.setpgid(0, 0)
     _batch(False)
     try:
+        rehearse()
         message, descriptors, _, _ = socket.recv_fds(assignment, _CHUNK, 4)
         if not message:  # the caller closed its end unused (the trace ended)
             os._exit(0)
@@ -258,7 +293,7 @@ def _spare_main(assignment: socket.socket, run: StartedMain) -> NoReturn:
     decide, announce, out, err = descriptors
     child_main(out, err, new_group=True, read_spec=lambda: spec,
                run=lambda spec: run(spec, environment, (decide, announce)),
-               keep=(decide, announce))
+               keep=(decide, announce), streams=streams)
 
 
 def _helper(channel: socket.socket, run: StartedMain) -> NoReturn:
@@ -267,9 +302,9 @@ def _helper(channel: socket.socket, run: StartedMain) -> NoReturn:
     code = 0
     children: dict[int, int] = {}  # pidfd -> pid, the spare's included
     try:
-        # Nothing of the caller's but the channel and the standard streams: a pipe end
-        # kept here would hide a worker's end from the caller (it waits for EOF). The
-        # objects that owned them are never collected here, so no stale number is closed.
+        # Nothing but the channel and the standard streams (an interpreter of its own
+        # inherits nothing else; this makes sure): a pipe end kept here would hide a
+        # worker's end from the caller, which waits for EOF.
         gc.disable()
         os.closerange(3, channel.fileno())
         os.closerange(channel.fileno() + 1, _max_descriptor())
@@ -282,9 +317,10 @@ def _helper(channel: socket.socket, run: StartedMain) -> NoReturn:
         orphans = False  # some are still alive: look again soon
         poller = select.poll()
         poller.register(channel.fileno(), select.POLLIN)
+        streams = standard_streams()  # every spare's, built once
 
         def fork_spare() -> None:
-            spare = _Spare(channel, children, run)
+            spare = _Spare(channel, children, run, streams)
             children[spare.pidfd] = spare.pid  # reported when it ends, as every worker
             poller.register(spare.pidfd, select.POLLIN)
             spare.hand_over(channel)
@@ -350,3 +386,31 @@ def _max_descriptor() -> int:
         return max(int(name) for name in os.listdir("/proc/self/fd")) + 1
     except (OSError, ValueError):
         return os.sysconf("SC_OPEN_MAX")
+
+
+def serve() -> NoReturn:
+    """The helper's interpreter (:data:`HELPER_ENTRY`): import the body and the preparation
+    named on its command line, prepare, freeze what every worker will share (a collection
+    in a worker then never writes the headers of the objects it shares with the helper),
+    and serve the channel it was given."""
+    fd, run_name, prepare_name, *arguments = sys.argv[2:]
+    run: StartedMain = _named(run_name)
+    if prepare_name:
+        _named(prepare_name)(*arguments)
+    gc.collect()
+    gc.freeze()
+    _helper(socket.socket(fileno=int(fd)), run)
+
+
+def _name(function: Callable[..., Any]) -> str:
+    """``module:name`` of a module-level function, which the helper imports by it."""
+    name = function.__qualname__
+    if "." in name or "<" in name or function.__module__ == "__main__":
+        raise ValueError(f"the lanes' helper imports {name!r} by name: give a function "
+                         "defined at the top level of an importable module")
+    return f"{function.__module__}:{name}"
+
+
+def _named(name: str) -> Any:
+    module, _, attribute = name.partition(":")
+    return getattr(import_module(module), attribute)

@@ -60,7 +60,7 @@ from faultlab.process.spawn import (
 
 # Imported here, not in the forked child: a child that imported a module from disk would
 # run whatever the file holds at that moment, not what this run loaded.
-from faultlab.run.worker import run_worker
+from faultlab.run.worker import prepare_lanes, run_lane_worker
 from faultlab.stores import postgres as pgstores
 from faultlab.stores.sqlite import Snapshot, release_kept_readers
 from faultlab.system.contract import Program, System
@@ -179,16 +179,6 @@ class Lane:
         return f"{self.spec.role} {where}{' paused' if self.paused else ''}"
 
 
-def _run_lane_worker(spec: WorkerSpec, environment: dict[str, str],
-                     channel: tuple[int, int]) -> int:
-    """The body of a forked lane worker, after :func:`faultlab.process.spawn.child_main` gave it
-    its own group and pipes: the schedule's channel (its two descriptors as numbered in this
-    process) and the clock's variables, then the worker."""
-    os.environ.update(environment)
-    os.environ[SCHEDULE_ENV] = f"{channel[0]},{channel[1]}"
-    return run_worker(spec)
-
-
 def _program_environment(program: Program, decide: int, announce: int) -> dict[str, str]:
     """A system's own program's environment, as the system gave it; one that speaks the
     announcement protocol also finds its channel there (and holds at every point it
@@ -244,12 +234,12 @@ class Lanes:
         self.exited: list[tuple[int, ProcessRecord]] = []
         self._selector = selectors.DefaultSelector()
         #: Starts the workers (the process layer's), kept by ``spawner`` from trace to trace
-        #: of one system and closed with it (its helper is forked once a run, not once a
-        #: trace: about 8 ms a trace, forked from this process and ended; made again for
-        #: another system, so that its workers find that system loaded, not imported from
-        #: disk). An executor given no spawner makes one of its own, closed with the trace.
+        #: of one system and closed with it (its helper, a fresh interpreter, starts once a
+        #: run, not once a trace; made again for another system, so that its workers find
+        #: that system loaded, not imported from disk). An executor given no spawner makes
+        #: one of its own, closed with the trace.
         self._launcher = spawner.shared(
-            "lanes", system.ref, lambda: Launcher(_run_lane_worker))
+            "lanes", system.ref, lambda: Launcher(run_lane_worker, prepare_lanes, (system.ref,)))
 
     def close(self) -> None:
         """Kill every lane still alive (faultlab started them all) and reap them."""
@@ -293,7 +283,8 @@ class Lanes:
             and not self.power
         if forks and self._launcher.forks_here():
             # SQLite: no open connection may be carried across fork(); the executor's
-            # snapshot opens them again after it (once a trace, when the helper is made)
+            # snapshot opens them again after it (only where no helper can be made: the
+            # helper is a fresh interpreter, which inherits no connection)
             release_kept_readers()
         variables = dict(spec.environment)
         if self.statement_points:

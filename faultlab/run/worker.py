@@ -149,6 +149,25 @@ def _prepare(spec: WorkerSpec) -> None:
     load_system(spec.system)  # cached in the fork server, so its children inherit it warm
 
 
+def prepare_lanes(system: str) -> None:
+    """The lanes' helper's preparation: the fork server's image (:func:`preload`) and the
+    trace's system, loaded before it forks a lane's worker."""
+    preload()
+    load_system(system)
+
+
+def run_lane_worker(spec: WorkerSpec, environment: dict[str, str],
+                    channel: tuple[int, int]) -> int:
+    """The body of a lane's worker, forked by the lanes' helper
+    (:class:`faultlab.process.starter.Starter`, whose image holds this module) after
+    :func:`faultlab.process.spawn.child_main` gave it its own group and pipes: the
+    schedule's channel (its two descriptors as numbered in this process) and the clock's
+    variables, then the worker."""
+    os.environ.update(environment)
+    os.environ[schedule.SCHEDULE_ENV] = f"{channel[0]},{channel[1]}"
+    return run_worker(spec)
+
+
 def serve_forks() -> None:
     """The fork server's entry point (:data:`faultlab.process.spawn.FORK_SERVER_ENTRY`)."""
     preload()
