@@ -18,9 +18,10 @@ LINE_INTERVAL = 1.0
 
 
 def _tqdm() -> Any:
-    """tqdm's bar class, without its monitor thread: faultlab forks workers' helpers from
-    this process, and a fork from a process with another thread may deadlock the child (a
-    lock that thread held is never released there; Python 3.12 warns of it)."""
+    """tqdm's bar class, without its monitor thread: faultlab may fork workers from this
+    process (where the lanes' helper cannot watch its children), and a fork from a process
+    with another thread may deadlock the child (a lock that thread held is never released
+    there; Python 3.12 warns of it)."""
     try:
         from tqdm import tqdm
     except ImportError:
