@@ -55,6 +55,16 @@ def _start(chosen: starter.Starter) -> tuple[int, int, int, int]:
     return pid, decide_w, announce_r, out_r
 
 
+def _ends_with(chosen: starter.Starter, pid: int, code: int, bound: float,
+              descriptors: tuple[int, ...]) -> None:
+    """The helper reports worker ``pid`` ended with exit ``code`` within ``bound``
+    seconds; this process's ends of its pipes are closed."""
+    status = chosen.ended(pid, bound)
+    assert status is not None and os.waitstatus_to_exitcode(status) == code
+    for fd in descriptors:
+        os.close(fd)
+
+
 def test_a_started_worker_is_the_helpers_child_in_its_own_group_and_reported() -> None:
     chosen = starter.Starter(_body)
     try:
@@ -112,10 +122,7 @@ def test_the_helper_is_a_lean_interpreter_prepared_with_the_system() -> None:
             if costly is not None:  # a mutant's module brings more (the fork server's too)
                 assert held.strip() == costly, said
             assert system in loaded.split(), said  # prepared with the trace's system
-            status = chosen.ended(pid, 10)
-            assert status is not None and os.waitstatus_to_exitcode(status) == 0
-            for fd in (decide, announce, out):
-                os.close(fd)
+            _ends_with(chosen, pid, 0, 10, (decide, announce, out))
         finally:
             chosen.close()
 
@@ -182,10 +189,7 @@ def test_a_signal_as_a_notice_is_read_does_not_lose_the_workers_end() -> None:
                 chosen.collect()
                 time.sleep(0.01)
         chosen._socket = real
-        status = chosen.ended(pid, 2)
-        assert status is not None and os.waitstatus_to_exitcode(status) == 3
-        for fd in (decide, announce, out):
-            os.close(fd)
+        _ends_with(chosen, pid, 3, 2, (decide, announce, out))
     finally:
         chosen.close()
         interrupt.reset()  # the signal was this test's: later tests in this process start clean
