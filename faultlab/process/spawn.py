@@ -883,13 +883,14 @@ def zygote_main(run: WorkerMain, prepare: Callable[[WorkerSpec], None]) -> None:
     children.end()
 
 
-def _freeze() -> None:
-    """Move every object the server holds into the collector's permanent generation.
+def freeze() -> None:
+    """Move every object this process holds into the collector's permanent generation.
 
     A collection in a forked child then never walks (and writes the headers of) the
-    objects it shares with the server, which would copy their pages. Done once the
-    image is loaded, and again when a request loads a system: the server's own
-    per-request objects are freed by reference counting, not by the collector.
+    objects it shares with its parent, which would copy their pages. The fork server does
+    it once the image is loaded, and again when a request loads a system (its own
+    per-request objects are freed by reference counting, not by the collector); the
+    lanes' helper once it is prepared.
     """
     gc.collect()
     gc.freeze()
@@ -900,7 +901,7 @@ def _serve(own: _Children, run: WorkerMain, prepare: Callable[[WorkerSpec], None
     streams = standard_streams()  # every spare's sys.stdin, stdout and stderr
     requests = sys.stdin.buffer
     replies = sys.stdout.buffer
-    _freeze()
+    freeze()
     modules = len(sys.modules)
     for line in requests:
         request_id: Any = None
@@ -910,7 +911,7 @@ def _serve(own: _Children, run: WorkerMain, prepare: Callable[[WorkerSpec], None
             spec = WorkerSpec(**request["spec"])
             prepare(spec)
             if len(sys.modules) != modules:  # a system loaded for the first time
-                _freeze()
+                freeze()
                 modules = len(sys.modules)
             with interrupt.deferred():  # a forked child is always known by its pid
                 own.running = own.spare if own.spare is not None else _fork_spare(run, streams)

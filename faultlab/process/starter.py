@@ -13,8 +13,8 @@ keeps its launcher).
 The helper is a fresh interpreter, as the fork server is, not a fork of this process:
 it imports only what a worker needs (its caller names a preparation that loads it, the
 system included) and forks every worker from that image. Forked from the explorer, it
-carried the explorer's image (about 26 MiB of private memory against 12), so every
-worker's fork copied, and its exit tore down, twice as many pages; and a caller with
+carried the explorer's image (about 26 MiB of private memory against 10), so every
+worker's fork copied, and its exit tore down, two and a half times the pages; and a caller with
 threads (a pytest-xdist worker) forked it from a threaded process. Its start costs a
 quarter of a second once a run.
 
@@ -71,6 +71,7 @@ from faultlab.process.spawn import (
     become_subreaper,
     bootstrap,
     child_main,
+    freeze,
     lead_own_group,
     rehearse,
     standard_streams,
@@ -390,15 +391,13 @@ def _max_descriptor() -> int:
 
 def serve() -> NoReturn:
     """The helper's interpreter (:data:`HELPER_ENTRY`): import the body and the preparation
-    named on its command line, prepare, freeze what every worker will share (a collection
-    in a worker then never writes the headers of the objects it shares with the helper),
-    and serve the channel it was given."""
+    named on its command line, prepare, freeze what every worker will share (as the fork
+    server does) and serve the channel it was given."""
     fd, run_name, prepare_name, *arguments = sys.argv[2:]
     run: StartedMain = _named(run_name)
     if prepare_name:
         _named(prepare_name)(*arguments)
-    gc.collect()
-    gc.freeze()
+    freeze()
     _helper(socket.socket(fileno=int(fd)), run)
 
 

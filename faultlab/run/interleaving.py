@@ -58,8 +58,8 @@ from faultlab.process.spawn import (
     worker_command,
 )
 
-# Imported here, not in the forked child: a child that imported a module from disk would
-# run whatever the file holds at that moment, not what this run loaded.
+# The lanes' helper, a fresh interpreter, imports these two by name and forks every lane
+# worker from what they loaded: no worker imports a module from disk.
 from faultlab.run.worker import prepare_lanes, run_lane_worker
 from faultlab.stores import postgres as pgstores
 from faultlab.stores.sqlite import Snapshot, release_kept_readers
