@@ -134,6 +134,9 @@ def test_timeouts_run_on_the_virtual_clock(faketime: None, server: PrivateServer
     assert 0.45 < waited < 3
 
 
+# The test forks from this process on purpose (pytest-xdist's worker runs threads): the
+# children run a few lines of ours and end with os._exit.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_leaving_the_block_stops_nothing(server: PrivateServer) -> None:
     pid = os.fork()
     if pid == 0:  # the child leaves a with block it inherited, then exits normally

@@ -476,6 +476,9 @@ def test_the_reference_fork_server_does_not_import_threading(tmp_path: Path) -> 
     assert response["imported"] == []
 
 
+# The test forks from this process on purpose (pytest-xdist's worker runs threads): the
+# child only sleeps and ends with os._exit.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_the_parent_makes_a_forked_child_lead_its_own_group_at_once() -> None:
     """A group kill right after a fork reaches the child even before the child ran a line
     (here it sleeps first): the parent sets the group too. Without it, no such group."""

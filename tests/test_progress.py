@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import pty
 import struct
 import subprocess
 import sys
@@ -18,27 +17,31 @@ ARGV = ["explore", "--examples", "10", "--seed", "0", "--corpus", "{corpus}"]
 
 
 def _in_a_terminal(argv: list[str], columns: int) -> tuple[int, str]:
-    """Run faultlab with stdin/stdout/stderr on a pseudo-terminal of ``columns`` columns."""
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: a real terminal of its own
-        try:
-            fcntl.ioctl(2, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
-            os.chdir(ROOT)
-            os.execv(sys.executable, [sys.executable, "-m", "faultlab", *argv])
-        finally:
-            os._exit(127)
+    """Run faultlab with stdin/stdout/stderr on a pseudo-terminal of ``columns`` columns.
+
+    Started by ``subprocess`` (no fork of this process, which pytest-xdist runs threaded);
+    the child leads a session of its own, so the terminal is its controlling one."""
+    leader, follower = os.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "faultlab", *argv], cwd=ROOT,
+            stdin=follower, stdout=follower, stderr=follower, start_new_session=True)
+    finally:
+        os.close(follower)
     out = b""
-    while True:
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        out += chunk
-    os.close(fd)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), out.decode("utf-8", "replace")
+    try:
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: every follower descriptor is closed
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(leader)
+    return child.wait(), out.decode("utf-8", "replace")
 
 
 def test_a_terminal_gets_a_bar_with_the_budget_and_eta(tmp_path: Path) -> None:
