@@ -24,6 +24,7 @@ from faultlab.base.canonical import canonical_json
 from faultlab.base.errors import UsageError
 from faultlab.base.inputs import MAX_CONCURRENCY, check_operation_id
 from faultlab.checks.invariants import Violation
+from faultlab.stores.power_choice import parse_choice
 
 TRACE_FORMAT = "faultlab-trace"
 TRACE_VERSION = 1
@@ -244,10 +245,8 @@ class Step:
     @classmethod
     def power(cls, choice: Any) -> Step:
         """A power step, its choice checked as :func:`faultlab.stores.vfs.power_image` will."""
-        from faultlab.stores import vfs  # ctypes and all: loaded only for a power step
-
         try:
-            vfs.check_choice(choice)
+            parse_choice(choice)
         except ValueError as error:
             raise UsageError(f"power step: {error}") from None
         return cls(POWER, choice=dict(choice))

@@ -116,6 +116,19 @@ class ChattyOutbox(ReferenceOutbox):
         return {**super().dispatch(context), "service_outputs": outputs}
 
 
+class ServiceWitnessOutbox(ChattyOutbox):
+    """As :class:`ChattyOutbox`, but the service prints which process forked it and where it
+    records for power cuts (None when it does not), then serves as the reference does."""
+
+    name = "service-witness"
+
+    def service(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        vfs = sys.modules.get("faultlab.stores.vfs")
+        recording = vfs.installed_directory() if vfs is not None else None
+        print(f"service parent {os.getppid()} recording {recording}")
+        return ReferenceOutbox.service(self, context, operation_id, payload)
+
+
 def _chat(role: str, operation_id: str) -> None:
     print(f"chatty {role} stdout {operation_id} pid {os.getpid()}")
     print(f"chatty {role} stderr {operation_id} pid {os.getpid()}", file=sys.stderr)

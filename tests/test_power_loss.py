@@ -17,6 +17,7 @@ import pytest
 from conftest import ROOT
 
 from faultlab.base.errors import UsageError
+from faultlab.process.records import POWER_LOG_VARIABLE, WorkerSpec
 from faultlab.process.spawn import Spawner, spawner
 from faultlab.run.executor import execute
 from faultlab.system import is_builtin, load_system
@@ -86,6 +87,33 @@ def test_a_recording_worker_is_forked_from_the_fork_server() -> None:
         assert runner.server_pids, "the recording accept was exec'd, not forked"
     assert execution.verdict.clean
     assert execution.observations[-1].snapshot.counts()["operations_pending"] == 1
+
+
+def test_a_recording_dispatchers_service_is_the_fork_servers_and_records(
+        tmp_path: Path) -> None:
+    """The service of a recording dispatcher is forked by the fork server from its own
+    image (one forked from the dispatcher, which holds open connections and the recording
+    VFS, left a WAL database malformed), and installs the recording VFS itself; it was
+    exec'd, at an interpreter's start-up per service."""
+    system = "systems_for_tests:ServiceWitnessOutbox"
+    load_system(system).initialise(tmp_path)
+    log = tmp_path / "power"
+    log.mkdir()
+    recording = ((POWER_LOG_VARIABLE, str(log)),)
+    with spawner("fork") as runner:
+        accepted = runner.run(WorkerSpec(
+            system=system, role="accept", directory=str(tmp_path), operation_id="op-1",
+            payload=json.dumps(P), crash=None, environment=recording))
+        assert accepted.exit_code == 0, accepted.stderr
+        dispatcher = runner.run(WorkerSpec(system=system, role="dispatch",
+                                           directory=str(tmp_path), crash=None,
+                                           environment=recording))
+        assert dispatcher.exit_code == 0, dispatcher.stderr
+        [server] = runner.server_pids
+    assert dispatcher.response is not None
+    [[stdout, _, pid]] = dispatcher.response["service_outputs"]
+    assert pid != str(dispatcher.pid)
+    assert f"service parent {server} recording {log}" in stdout.splitlines()
 
 
 @pytest.mark.parametrize("name", sorted(POWER_MUTANTS))

@@ -476,6 +476,35 @@ def test_the_reference_fork_server_does_not_import_threading(tmp_path: Path) -> 
     assert response["imported"] == []
 
 
+_SYSTEMS_PROBE = """
+import json, sys
+from faultlab.run.worker import preload
+from faultlab.system import load_system
+preload()
+for name in json.loads(sys.argv[1]):
+    load_system(name)  # as the fork server does before it forks the system's workers
+print(json.dumps(sorted(name for name in ("threading", "subprocess", "random", "hashlib",
+                                          "ctypes") if name in sys.modules)))
+"""
+
+
+def test_loading_any_sqlite_system_keeps_the_fork_servers_image_lean() -> None:
+    """Every built-in system on SQLite loads into the fork server without the costly
+    modules: a power mutant's minimal trace once brought in the recording VFS (ctypes,
+    hashlib, threading), and with it threading's after-fork hook into every worker of
+    every mutant. The fork server loads the VFS when a recording worker is asked for."""
+    from faultlab.system.builtin import registry
+
+    names = registry.names(postgres=False)
+    assert "wal-normal-receiver" in names and "racy-dedup" in names
+    completed = subprocess.run(
+        [sys.executable, "-c", _SYSTEMS_PROBE, json.dumps(names)],
+        capture_output=True, text=True, env=child_environment(), timeout=120, check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert json.loads(completed.stdout) == []
+
+
 # The test forks from this process on purpose (pytest-xdist's worker runs threads): the
 # child only sleeps and ends with os._exit.
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")

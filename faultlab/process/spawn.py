@@ -650,6 +650,12 @@ def _write_line(fd: int, value: dict[str, Any]) -> None:
         data = data[os.write(fd, data):]
 
 
+def server_runs_services() -> bool:
+    """Whether this process is a worker whose fork server runs its services (from a spare
+    forked off the server's clean image): :func:`run_service` then forks nothing here."""
+    return _service_channel is not None and _service_channel[0] == os.getpid()
+
+
 def run_service(spec: WorkerSpec, run: WorkerMain) -> ProcessRecord:
     """Run a service for the worker in this process, as a process of its own in its group.
 
@@ -660,7 +666,7 @@ def run_service(spec: WorkerSpec, run: WorkerMain) -> ProcessRecord:
     a lane, started by the lanes' starter) it is forked from this process.
     """
     channel = _service_channel
-    if channel is None or channel[0] != os.getpid():
+    if channel is None or not server_runs_services():
         return fork_worker(spec, run, new_group=False)
     _, requests, replies = channel
     _write_line(requests, vars(spec))

@@ -19,7 +19,7 @@ from faultlab.base import clock
 from faultlab.base.errors import EXIT_USAGE
 from faultlab.nemesis import crash, schedule
 from faultlab.process.records import POWER_LOG_VARIABLE, ProcessRecord, WorkerSpec
-from faultlab.process.spawn import exec_worker, run_service, zygote_main
+from faultlab.process.spawn import exec_worker, run_service, server_runs_services, zygote_main
 from faultlab.stores.sqlite import StoreError, connect
 from faultlab.system import REFERENCE, load_system
 from faultlab.system.contract import Refusal, System
@@ -64,9 +64,12 @@ class Context:
             self.spec, role="service", operation_id=operation_id, payload=payload,
             crash=service_crash,
         )
-        # A recording worker execs its service too: a service forked from a recording
-        # dispatcher left a WAL database malformed (seen with wal-normal-receiver).
-        if self.spec.spawn == "exec" or os.environ.get(POWER_LOG_VARIABLE):
+        # A recording worker forks no service of its own: a service forked from a
+        # recording dispatcher left a WAL database malformed (seen with
+        # wal-normal-receiver). The fork server's service spare shares nothing with this
+        # process (it installs the recording VFS itself); without one, the service is exec'd.
+        if self.spec.spawn == "exec" or (
+                os.environ.get(POWER_LOG_VARIABLE) and not server_runs_services()):
             return exec_worker(spec, new_group=False)
         return run_service(spec, run_worker)
 
@@ -146,7 +149,14 @@ def preload() -> None:
 
 
 def _prepare(spec: WorkerSpec) -> None:
-    load_system(spec.system)  # cached in the fork server, so its children inherit it warm
+    """Load what the spec's worker needs, once in the fork server, so its children inherit
+    it warm: the system and, for a worker that records for power cuts, the recording VFS
+    (imported in each worker it cost tens of milliseconds: ctypes, hashlib and the VFS).
+    Neither is loaded before a spec needs it: the VFS brings :mod:`threading`, whose
+    after-fork hook every later fork runs."""
+    load_system(spec.system)
+    if any(name == POWER_LOG_VARIABLE for name, _ in spec.environment):
+        from faultlab.stores import vfs  # noqa: F401 - loaded for the children
 
 
 def prepare_lanes(system: str) -> None:

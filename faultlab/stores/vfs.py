@@ -119,12 +119,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from faultlab.stores.power_choice import Choice, parse_choice
+
 __all__ = [
     "LOG_NAME",
     "PowerImageError",
     "RecorderBusy",
     "VfsError",
-    "check_choice",
     "choices",
     "install",
     "installed_directory",
@@ -990,57 +991,6 @@ def _history(records: Sequence[_Record]) -> dict[str, _File]:
 # --- choices ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Choice:
-    kind: str
-    count: int = 0
-    sector: int = 512
-    sectors: int = 1
-
-
-_CHOICE_KEYS: dict[str, dict[str, bool]] = {
-    # key -> required
-    "drop_all": {},
-    "prefix": {"keep": True},
-    "torn": {"keep": True, "sector": False, "sectors": False},
-    "reorder": {"drop": True},
-}
-
-
-def _parse_choice(choice: Mapping[str, Any]) -> _Choice:
-    """Validate a choice strictly: a typo in a stored trace must fail, not mean drop_all."""
-    if not isinstance(choice, Mapping):
-        raise ValueError(f"a power choice is a mapping, not {choice!r}")
-    kind = choice.get("kind")
-    if not isinstance(kind, str) or kind not in _CHOICE_KEYS:
-        raise ValueError(f"unknown power choice kind {kind!r}: one of {sorted(_CHOICE_KEYS)}")
-    allowed = _CHOICE_KEYS[kind]
-    extra = set(choice) - set(allowed) - {"kind"}
-    if extra:
-        raise ValueError(f"power choice {kind!r} takes no {sorted(extra)}")
-    values: dict[str, int] = {}
-    for key, required in allowed.items():
-        if key not in choice:
-            if required:
-                raise ValueError(f"power choice {kind!r} needs {key!r}")
-            continue
-        value = choice[key]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"power choice {kind!r}: {key} must be an integer >= 0, not "
-                             f"{value!r}")
-        values[key] = value
-    if values.get("sector", 1) < 1 or values.get("sectors", 1) < 1:
-        raise ValueError("power choice 'torn': sector and sectors must be >= 1")
-    return _Choice(kind=kind, count=values.get("keep", values.get("drop", 0)),
-                   sector=values.get("sector", 512), sectors=values.get("sectors", 1))
-
-
-def check_choice(choice: Any) -> None:
-    """Raise ValueError unless ``choice`` is a valid choice: a trace checks its power steps
-    on load, before anything runs, with the same rules :func:`power_image` applies."""
-    _parse_choice(choice)
-
-
 #: sqlite3_db_config's op that keeps the last connection's close from checkpointing a WAL.
 _DBCONFIG_NO_CKPT_ON_CLOSE = 1006
 
@@ -1080,7 +1030,7 @@ def _torn_part(record: _Record, sector: int, sectors: int) -> int:
     return min(record.b, boundary - record.a)
 
 
-def _selection(choice: _Choice, unsynced: Sequence[_Record]) -> tuple[set[int], tuple[int, int]
+def _selection(choice: Choice, unsynced: Sequence[_Record]) -> tuple[set[int], tuple[int, int]
                                                                      | None]:
     """Which unsynced changes survive, and which write survives only in part (index, bytes)."""
     count = len(unsynced)
@@ -1312,7 +1262,7 @@ def _redo(record: _Record, captured: object, part: int | None) -> None:
         os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
 
 
-def _rebuild(known: _File, choice: _Choice) -> dict[str, int]:
+def _rebuild(known: _File, choice: Choice) -> dict[str, int]:
     """Undo every unsynced change newest first, then redo the chosen ones oldest first."""
     unsynced = known.unsynced
     keep, torn = _selection(choice, unsynced)
@@ -1350,7 +1300,7 @@ def power_image(log_directory: str | os.PathLike[str],
     choice, PowerImageError when a file the log changed is missing.
     """
     directory = os.path.abspath(os.fspath(log_directory))
-    parsed = _parse_choice(choice)
+    parsed = parse_choice(choice)
     with _exclusive(directory):
         log = _read_log(directory)
         files = _history(log.records)
