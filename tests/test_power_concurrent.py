@@ -4,6 +4,7 @@ the choice keeps of their unsynced writes, and the findings shrink, save and rep
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,10 @@ def test_a_cut_kills_the_held_lane_and_loses_an_unsynced_acceptance() -> None:
         assert accepted.violations == () and len(accepted.snapshot.operations) == 1
         held = ex.run(Step("dispatch", lane=2, hold=True))
         (pid,) = [lane.pid for lane in ex.lanes.values() if lane.alive]
+        # forked by the lanes' helper, which holds no connection and no recording VFS (a
+        # lane was exec'd: an interpreter's start each)
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert parent != os.getpid()
         cut = ex.run(Step.power(DROP_ALL))
         assert _gone(pid) and not any(lane.alive for lane in ex.lanes.values())
         assert cut.sigkills == 1 and held.violations == ()

@@ -53,6 +53,32 @@ def test_workers_read_faultlabs_clock_through_time_time(faketime: None) -> None:
         assert record.response["idle"] is True
 
 
+def test_lanes_on_the_virtual_wall_clock_are_forked_by_a_helper_under_libfaketime(
+        faketime: None) -> None:
+    """A lane's worker is forked (not exec'd: an interpreter's start each) by the lanes'
+    helper, started under libfaketime as a fork server is; it reads the trace's clock, and
+    the helper's libfaketime area goes with the helper."""
+    system = load_system("systems_for_tests:WallClockRetryOutbox")
+    ours = f"faultlab-faketime-{os.getpid()}-"  # libfaketime areas this process made
+    with spawner("fork") as runner:
+        with Executor(system, runner, concurrency=2) as ex:
+            ex.run(Step("accept", "op-1", P, lane=1))
+            ex.run(Step("tick", ticks=3))
+            ex.run(Step("dispatch", lane=1, hold=True))
+            worker = ex.lanes[1].pid
+            stat = Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()
+            helper = int(stat[1])
+            command = Path(f"/proc/{worker}/cmdline").read_bytes()
+            assert helper != os.getpid() and b"\x00worker\x00" not in command  # not exec'd
+            assert "libfaketime" in Path(f"/proc/{helper}/maps").read_text()
+            (_, record), = ex.run(Step("finish", lane=1)).exited
+            assert record.exit_code == 0, record.stderr
+            assert (record.response or {})["wall_time"] == wall_clock.EPOCH + 3
+        assert Path(f"/proc/{helper}").exists()  # one helper for the run, not the trace
+    assert not Path(f"/proc/{helper}").exists()
+    assert [name for name in os.listdir("/dev/shm") if ours in name] == []
+
+
 def test_a_retry_after_a_back_off_is_not_reported_lost(faketime: None) -> None:
     system = load_system("systems_for_tests:WallClockRetryOutbox")
     result = execute(system, TRACE, concurrency=2, settle=True)

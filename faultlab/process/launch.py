@@ -102,13 +102,16 @@ class Launcher:
     imported and prepared everything it uses, so a worker imports nothing from disk."""
 
     def __init__(self, body: starter.StartedMain, prepare: Callable[..., object] | None = None,
-                 arguments: Sequence[str] = ()) -> None:
+                 arguments: Sequence[str] = (),
+                 environment: Mapping[str, str] | None = None) -> None:
         """``body`` and ``prepare`` are module-level functions: the helper, a fresh
         interpreter, imports both and calls ``prepare(*arguments)`` before it forks a
-        worker (:class:`faultlab.process.starter.Starter`)."""
+        worker; it is started with ``environment`` added to this process's (a preload its
+        workers inherit) (:class:`faultlab.process.starter.Starter`)."""
         self._body = body
         self._prepare = prepare
         self._arguments = tuple(arguments)
+        self._environment = dict(environment) if environment else None
         self._starter: starter.Starter | None = None
 
     def notices(self) -> int | None:
@@ -133,7 +136,8 @@ class Launcher:
         cannot watch its children."""
         if self._starter is None and starter.available():
             with interrupt.deferred():  # started and known, or neither
-                self._starter = starter.Starter(self._body, self._prepare, self._arguments)
+                self._starter = starter.Starter(self._body, self._prepare, self._arguments,
+                                                self._environment)
         helper = self._starter
 
         def begin(decide: int, announce: int, out: int, err: int) -> int:

@@ -962,16 +962,14 @@ class ForkServer:
 
         #: libfaketime's area for a server under it and every worker it forks
         #: (:class:`faultlab.base.wall_clock.SharedArea`), removed at close
-        self._area = SharedArea() if environment and under_library(dict(environment)) \
-            else None
-        extra = {SHARED_VARIABLE: self._area.variable} if self._area is not None else {}
+        started_with, self._area = preloaded_environment(environment)
         try:
             self._process = subprocess.Popen(
                 [sys.executable, "-c", bootstrap(entry), json.dumps(sys.path)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 start_new_session=True,
-                env={**os.environ, **environment, **extra} if environment else None,
+                env=started_with,
             )
         except BaseException:
             if self._area is not None:
@@ -1038,6 +1036,21 @@ class ForkServer:
             if self._area is not None:  # the server and its workers are gone
                 self._area.remove()
                 self._area = None
+
+
+def preloaded_environment(
+    environment: Mapping[str, str] | None,
+) -> tuple[dict[str, str] | None, SharedArea | None]:
+    """The whole environment to start a process that forks workers with (a fork server,
+    the lanes' helper) so that its children run under ``environment``'s preload
+    (:func:`server_environment`), and libfaketime's shared area made for it when that
+    preload is libfaketime: the caller removes the area once the process and its children
+    are gone. (None, None) when ``environment`` is empty: the process inherits this one's."""
+    if not environment:
+        return None, None
+    area = SharedArea() if under_library(dict(environment)) else None
+    extra = {SHARED_VARIABLE: area.variable} if area is not None else {}
+    return {**os.environ, **environment, **extra}, area
 
 
 def server_environment(

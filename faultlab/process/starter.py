@@ -73,6 +73,7 @@ from faultlab.process.spawn import (
     child_main,
     freeze,
     lead_own_group,
+    preloaded_environment,
     rehearse,
     standard_streams,
 )
@@ -103,15 +104,21 @@ class Starter:
     trace, for an executor given no spawner of a run)."""
 
     def __init__(self, run: StartedMain, prepare: Callable[..., object] | None = None,
-                 arguments: Sequence[str] = ()) -> None:
+                 arguments: Sequence[str] = (),
+                 environment: Mapping[str, str] | None = None) -> None:
         """Start the helper: a fresh interpreter with this process's ``sys.path`` that
         imports ``run`` (the worker's body in each child) and ``prepare``, both
         module-level functions named by their module and name, calls ``prepare(*arguments)``
         (loading what the workers use, so that none imports anything from disk) and forks
-        the first spare."""
+        the first spare. ``environment`` is added to this process's for the helper itself:
+        a preload every worker it forks inherits (libfaketime's, as for a fork server:
+        :func:`faultlab.process.spawn.server_environment`)."""
         import subprocess  # here: the helper's own image holds no threading module
 
         names = [_name(run), _name(prepare) if prepare is not None else ""]
+        #: libfaketime's area for a helper under it and every worker it forks, removed at
+        #: close
+        started_with, self._area = preloaded_environment(environment)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             with interrupt.deferred():  # the helper is known by its pid, or not started
@@ -119,9 +126,11 @@ class Starter:
                     [sys.executable, "-c", bootstrap(HELPER_ENTRY), json.dumps(sys.path),
                      str(theirs.fileno()), *names, *arguments],
                     stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
-                    start_new_session=True)
+                    start_new_session=True, env=started_with)
         except BaseException:
             ours.close()
+            if self._area is not None:
+                self._area.remove()
             raise
         finally:
             theirs.close()
@@ -209,6 +218,9 @@ class Starter:
                 self._spare = None
             self._socket.close()
             self._process.wait()
+            if self._area is not None:  # the helper and its workers are gone
+                self._area.remove()
+                self._area = None
 
 
 class _Spare:

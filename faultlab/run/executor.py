@@ -301,7 +301,8 @@ class Executor:
                     self.system, self.spawner, concurrency=self.concurrency,
                     history=self.history, ticks=self._ticks, deadline=self.deadline,
                     block_bound=self.block_bound, statement_points=self.statement_points,
-                    power=self.power, wall=self.wall is not None)
+                    power=self.power,
+                    wall=self.wall.environment() if self.wall is not None else None)
             else:
                 self._readers.enter_context(readers_kept_open())
                 self._start_clock(existing=False)

@@ -30,7 +30,7 @@ import os
 import selectors
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +53,7 @@ from faultlab.process.spawn import (
     Spawner,
     child_environment,
     reap_group,
+    server_environment,
     tree_activity,
     tree_pids,
     worker_command,
@@ -204,7 +205,7 @@ class Lanes:
         self, system: System, spawner: Spawner, *, concurrency: int, history: History,
         ticks: Callable[[], int], deadline: float = DEFAULT_DEADLINE,
         block_bound: float = BLOCK_BOUND, statement_points: bool = False,
-        power: bool = False, wall: bool = False,
+        power: bool = False, wall: Mapping[str, str] | None = None,
     ) -> None:
         if statement_points and not system.supports_statement_points:
             raise UsageError(f"{system.name}: statement scheduling points (sql:K, commit:K) "
@@ -220,10 +221,15 @@ class Lanes:
         #: Python workers also hold at sql:K and commit:K (before the K-th statement,
         #: after the K-th COMMIT), not only at their named points.
         self.statement_points = statement_points
-        #: Workers record for power cuts, or run under libfaketime: each is exec'd (a lane
-        #: forked from a recording process failed a dispatcher's first write).
+        #: Workers record for power cuts (each forked by the helper, or exec'd where
+        #: this process would fork them: a lane forked from a recording process failed a
+        #: dispatcher's first write).
         self.power = power
+        #: The variables of the trace's virtual wall clock (libfaketime's preload and the
+        #: clock's file), or None. Its workers are forked by a helper started under the
+        #: preload (as a fork server is); exec'd where none can be.
         self.wall = wall
+        preload = server_environment(tuple(wall.items())) if wall else None
         #: A Python system's workers sleep only in SQLite's busy handler (waiting for a
         #: lock); a command-line program may sleep for reasons of its own.
         self.fast_blocking = system.sleeps_only_on_locks
@@ -238,8 +244,14 @@ class Lanes:
         #: run, not once a trace; made again for another system, so that its workers find
         #: that system loaded, not imported from disk). An executor given no spawner makes
         #: one of its own, closed with the trace.
+        #: Whether the helper runs under the wall clock's preload (a workers' fork then
+        #: gives it), where one is needed.
+        self._preloaded = preload is not None
         self._launcher = spawner.shared(
-            "lanes", system.ref, lambda: Launcher(run_lane_worker, prepare_lanes, (system.ref,)))
+            "lanes", system.ref if preload is None else f"{system.ref} {preload}",
+            lambda: Launcher(run_lane_worker, prepare_lanes,
+                             (system.ref, *(("power",) if power else ())),
+                             dict(preload) if preload is not None else None))
 
     def close(self) -> None:
         """Kill every lane still alive (faultlab started them all) and reap them."""
@@ -277,10 +289,15 @@ class Lanes:
         # the system decides what runs: a program of its own (argv, environment, whether it
         # announces its points), or faultlab's worker (None), as for a sequential step
         program = self.system.program(spec)
-        # exec for a libfaketime preload, and when recording for power cuts: a lane forked
-        # from this (recording) process failed a dispatcher's first write (disk I/O error)
-        forks = program is None and self.spawn == "fork" and not self.wall \
-            and not self.power
+        # The helper forks unless it cannot be made (then this process would): exec then
+        # for a libfaketime preload, and when recording for power cuts: a lane forked from
+        # this (recording) process failed a dispatcher's first write (disk I/O error),
+        # where the helper, a fresh interpreter, holds no connection and no recording VFS
+        # (the worker installs its own). A preload that only exec can give is exec'd too.
+        here = self._launcher.forks_here()
+        forks = program is None and self.spawn == "fork" \
+            and not (self.power and here) \
+            and (not self.wall or (self._preloaded and not here))
         if forks and self._launcher.forks_here():
             # SQLite: no open connection may be carried across fork(); the executor's
             # snapshot opens them again after it (only where no helper can be made: the

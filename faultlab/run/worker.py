@@ -159,11 +159,14 @@ def _prepare(spec: WorkerSpec) -> None:
         from faultlab.stores import vfs  # noqa: F401 - loaded for the children
 
 
-def prepare_lanes(system: str) -> None:
-    """The lanes' helper's preparation: the fork server's image (:func:`preload`) and the
-    trace's system, loaded before it forks a lane's worker."""
+def prepare_lanes(system: str, *recording: str) -> None:
+    """The lanes' helper's preparation: the fork server's image (:func:`preload`), the
+    trace's system and, when ``recording`` is given (``"power"``: the first trace's lanes
+    record for power cuts), the recording VFS, loaded before it forks a lane's worker."""
     preload()
     load_system(system)
+    if recording:
+        from faultlab.stores import vfs  # noqa: F401 - loaded for the children
 
 
 def run_lane_worker(spec: WorkerSpec, environment: dict[str, str],
