@@ -239,14 +239,15 @@ class Lanes:
         #: The workers that ended during the current step (see :meth:`begin`).
         self.exited: list[tuple[int, ProcessRecord]] = []
         self._selector = selectors.DefaultSelector()
+        #: Whether the helper is started under the wall clock's preload, so that a forked
+        #: worker runs under it (False: no wall clock, or one only exec can give).
+        self._preloaded = preload is not None
         #: Starts the workers (the process layer's), kept by ``spawner`` from trace to trace
         #: of one system and closed with it (its helper, a fresh interpreter, starts once a
-        #: run, not once a trace; made again for another system, so that its workers find
-        #: that system loaded, not imported from disk). An executor given no spawner makes
-        #: one of its own, closed with the trace.
-        #: Whether the helper runs under the wall clock's preload (a workers' fork then
-        #: gives it), where one is needed.
-        self._preloaded = preload is not None
+        #: run, not once a trace; made again for another system or preload, so that its
+        #: workers find that system loaded, not imported from disk). The run's first trace
+        #: decides whether it loads the recording VFS too. An executor given no spawner
+        #: makes one of its own, closed with the trace.
         self._launcher = spawner.shared(
             "lanes", system.ref if preload is None else f"{system.ref} {preload}",
             lambda: Launcher(run_lane_worker, prepare_lanes,
@@ -298,7 +299,7 @@ class Lanes:
         forks = program is None and self.spawn == "fork" \
             and not (self.power and here) \
             and (not self.wall or (self._preloaded and not here))
-        if forks and self._launcher.forks_here():
+        if forks and here:
             # SQLite: no open connection may be carried across fork(); the executor's
             # snapshot opens them again after it (only where no helper can be made: the
             # helper is a fresh interpreter, which inherits no connection)
