@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 from test_lanes import _gone
+from test_starter import _parent_of
 
 from faultlab.base.errors import UsageError
 from faultlab.run.executor import Executor, execute
@@ -49,8 +50,7 @@ def test_a_cut_kills_the_held_lane_and_loses_an_unsynced_acceptance() -> None:
         (pid,) = [lane.pid for lane in ex.lanes.values() if lane.alive]
         # forked by the lanes' helper, which holds no connection and no recording VFS (a
         # lane was exec'd: an interpreter's start each)
-        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        assert parent != os.getpid()
+        assert _parent_of(pid) != os.getpid()
         cut = ex.run(Step.power(DROP_ALL))
         assert _gone(pid) and not any(lane.alive for lane in ex.lanes.values())
         assert cut.sigkills == 1 and held.violations == ()

@@ -30,6 +30,7 @@ from faultlab.stores.sqlite import scratch_directory
 from faultlab.system import load_system
 from faultlab.trace import Step
 from tests.conftest import require_service
+from tests.test_starter import _parent_of
 
 P = {"title": "backlog"}
 #: Accept, a dispatcher claims (the entry is hidden for the back-off) and is SIGKILLed.
@@ -66,8 +67,7 @@ def test_lanes_on_the_virtual_wall_clock_are_forked_by_a_helper_under_libfaketim
             ex.run(Step("tick", ticks=3))
             ex.run(Step("dispatch", lane=1, hold=True))
             worker = ex.lanes[1].pid
-            stat = Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()
-            helper = int(stat[1])
+            helper = _parent_of(worker)
             command = Path(f"/proc/{worker}/cmdline").read_bytes()
             assert helper != os.getpid() and b"\x00worker\x00" not in command  # not exec'd
             assert "libfaketime" in Path(f"/proc/{helper}/maps").read_text()

@@ -156,7 +156,7 @@ def _prepare(spec: WorkerSpec) -> None:
     after-fork hook every later fork runs."""
     load_system(spec.system)
     if any(name == POWER_LOG_VARIABLE for name, _ in spec.environment):
-        from faultlab.stores import vfs  # noqa: F401 - loaded for the children
+        _load_recording()
 
 
 def prepare_lanes(system: str, *recording: str) -> None:
@@ -166,7 +166,12 @@ def prepare_lanes(system: str, *recording: str) -> None:
     preload()
     load_system(system)
     if recording:
-        from faultlab.stores import vfs  # noqa: F401 - loaded for the children
+        _load_recording()
+
+
+def _load_recording() -> None:
+    """Import the recording VFS here, before the children that record are forked."""
+    from faultlab.stores import vfs  # noqa: F401 - loaded for the children
 
 
 def run_lane_worker(spec: WorkerSpec, environment: dict[str, str],
