@@ -466,3 +466,46 @@ def test_choices_are_plain_data_and_validated(tmp_path: Path) -> None:
         vfs.power_image(run.log, option)
         assert vfs.opens_cleanly(run.db) is None
     assert vfs.choices(run.log) == [{"kind": "drop_all"}], "power_image clears the log"
+
+
+PREPARED_CHILD = r"""
+import json, os, resource, sqlite3, sys
+from faultlab.run import worker
+from faultlab.stores import vfs
+worker.prepare_lanes("reference", "power")  # the lanes' helper's image; the fork server's too
+log = sys.argv[1]
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:  # a recording worker, as the helper or the fork server forks it
+    vfs.install(log)
+    with sqlite3.connect(os.path.join(log, "db.sqlite")) as connection:
+        connection.execute("CREATE TABLE t (id INTEGER)")
+    started = resource.getrusage(resource.RUSAGE_CHILDREN)
+    os.write(write, json.dumps({
+        "children_faults": started.ru_minflt,
+        "library": vfs.installed_library(),
+        "extension": sys.modules["_sqlite3"].__file__,
+    }).encode())
+    os._exit(0)
+os.close(write)
+report = os.read(read, 65536)
+_, status = os.waitpid(pid, 0)
+print(report.decode() if status == 0 else "the worker failed")
+"""
+
+
+def test_a_recording_worker_forked_from_a_prepared_image_starts_no_program(
+        tmp_path: Path) -> None:
+    """A worker forked from the fork server's or the lanes' helper's image installs the VFS
+    on the SQLite its image loaded: the copy the sqlite3 module links, found without a
+    search. Each used to look the library up by name, which runs ``ldconfig`` (about 3 ms
+    a recording worker); a program it started and waited for shows in its children's
+    page faults."""
+    result = subprocess.run([sys.executable, "-c", PREPARED_CHILD, str(tmp_path)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["children_faults"] == 0, "the recording worker started a program"
+    assert report["library"] == report["extension"]
+    assert (tmp_path / vfs.LOG_NAME).stat().st_size > 0, "the worker's commit was recorded"

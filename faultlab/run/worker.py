@@ -170,8 +170,11 @@ def prepare_lanes(system: str, *recording: str) -> None:
 
 
 def _load_recording() -> None:
-    """Import the recording VFS here, before the children that record are forked."""
-    from faultlab.stores import vfs  # noqa: F401 - loaded for the children
+    """Load the recording VFS here, before the children that record are forked: its
+    module, SQLite through ctypes and the VFS's structure (:func:`faultlab.stores.vfs.preload`)."""
+    from faultlab.stores import vfs
+
+    vfs.preload()
 
 
 def run_lane_worker(spec: WorkerSpec, environment: dict[str, str],

@@ -111,6 +111,7 @@ import hashlib
 import os
 import sqlite3
 import struct
+import sys
 import threading
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
@@ -372,6 +373,7 @@ _state: dict[str, Any] = {
     "probe": None,  # a path xOpen passes through unrecorded (install's self-check)
     "opens": 0,  # xOpen calls seen, for install's self-check
     "handles": 0,
+    "at_exit": False,  # _close_connections_at_exit registered in this process
 }
 
 
@@ -728,12 +730,25 @@ def _wrapper_methods(version: int) -> _IoMethods:
 
 
 def _library() -> ctypes.CDLL:
+    """The libsqlite3 the :mod:`sqlite3` module runs on, loaded through ctypes once per
+    process image.
+
+    Opened through the module's own extension (a ``dlopen`` of a loaded library returns
+    it, and its symbols resolve in it and in the libraries it links), so it is the very
+    copy :mod:`sqlite3` uses, found without a search. Only when that finds no SQLite is
+    the library searched for by name (``ctypes.util.find_library``, which runs
+    ``ldconfig``: about 3 ms in a forked worker, which every recording worker paid when
+    that was the only way).
+    """
     library: ctypes.CDLL | None = _state["library"]
     if library is None:
-        name = ctypes.util.find_library("sqlite3")
-        if name is None:
-            raise VfsError("libsqlite3 not found: the recording VFS needs the shared library")
-        library = ctypes.CDLL(name)
+        library = _linked_library()
+        if library is None:
+            name = ctypes.util.find_library("sqlite3")
+            if name is None:
+                raise VfsError("libsqlite3 not found: the recording VFS needs the shared "
+                               "library")
+            library = ctypes.CDLL(name)
         library.sqlite3_vfs_find.restype = _ptr
         library.sqlite3_vfs_find.argtypes = [ctypes.c_char_p]
         library.sqlite3_vfs_register.restype = _int
@@ -748,8 +763,41 @@ def _library() -> ctypes.CDLL:
     return library
 
 
+def _linked_library() -> ctypes.CDLL | None:
+    """SQLite as the :mod:`sqlite3` module's extension links it, or None (an interpreter
+    with the extension built in, or a library that does not export SQLite's functions)."""
+    path = getattr(sys.modules.get("_sqlite3"), "__file__", None)
+    if not path:
+        return None
+    try:
+        library = ctypes.CDLL(path)
+        for function in ("sqlite3_libversion", "sqlite3_vfs_find", "sqlite3_vfs_register"):
+            getattr(library, function)
+    except (OSError, AttributeError):
+        return None
+    return library
+
+
+def preload() -> None:
+    """Load SQLite through ctypes and build the wrapping VFS, not registered, in a process
+    whose forked children will record (the fork server, the lanes' helper): each child
+    then registers it as it installs, with nothing to look up or build."""
+    _build()
+
+
 def _register() -> None:
-    """Build our sqlite3_vfs from the real one (once per process image) and make it default."""
+    """Make our sqlite3_vfs (built once per process image) the default."""
+    vfs = _build()
+    if not _state["at_exit"]:
+        atexit.register(_close_connections_at_exit)
+        _state["at_exit"] = True
+    rc = _library().sqlite3_vfs_register(ctypes.addressof(vfs), 1)
+    if rc != _SQLITE_OK:
+        raise VfsError(f"sqlite3_vfs_register failed: SQLite code {rc}")
+
+
+def _build() -> _Vfs:
+    """Our sqlite3_vfs, built from the real one once per process image."""
     library = _library()
     vfs: _Vfs | None = _state["vfs"]
     if vfs is None:
@@ -780,10 +828,7 @@ def _register() -> None:
         _state["real_delete"] = _X_DELETE(real.xDelete)
         _state["vfs"] = vfs
         _KEEP.extend([vfs, _state["real_open"], _state["real_delete"]])
-        atexit.register(_close_connections_at_exit)
-    rc = library.sqlite3_vfs_register(ctypes.addressof(vfs), 1)
-    if rc != _SQLITE_OK:
-        raise VfsError(f"sqlite3_vfs_register failed: SQLite code {rc}")
+    return vfs
 
 
 def _probe(directory: str) -> None:
@@ -877,6 +922,12 @@ def uninstall() -> None:
         if current is not None:
             os.close(current.log_fd)
             os.close(current.lock_fd)
+
+
+def installed_library() -> str | None:
+    """The file SQLite was loaded from through ctypes in this process (None before)."""
+    library: ctypes.CDLL | None = _state["library"]
+    return None if library is None else str(library._name)
 
 
 def installed_directory() -> str | None:
