@@ -117,8 +117,10 @@ class ChattyOutbox(ReferenceOutbox):
 
 
 class ServiceWitnessOutbox(ChattyOutbox):
-    """As :class:`ChattyOutbox`, but the service prints which process forked it and where it
-    records for power cuts (None when it does not), then serves as the reference does."""
+    """As :class:`ChattyOutbox`, but the service prints which process forked it, where it
+    records for power cuts (None when it does not) and how its interpreter was started
+    (``-m`` when it was exec'd as a worker, ``-c`` when forked from a fork server or the
+    lanes' helper), then serves as the reference does."""
 
     name = "service-witness"
 
@@ -126,6 +128,7 @@ class ServiceWitnessOutbox(ChattyOutbox):
         vfs = sys.modules.get("faultlab.stores.vfs")
         recording = vfs.installed_directory() if vfs is not None else None
         print(f"service parent {os.getppid()} recording {recording}")
+        print(f"service interpreter {sys.orig_argv[1]}")
         return ReferenceOutbox.service(self, context, operation_id, payload)
 
 

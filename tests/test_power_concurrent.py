@@ -58,6 +58,28 @@ def test_a_cut_kills_the_held_lane_and_loses_an_unsynced_acceptance() -> None:
         assert {v.invariant for v in cut.violations} >= {"ACK", "DURABLE"}
 
 
+def test_a_recording_lane_dispatchers_service_is_forked_and_records(tmp_path: Path) -> None:
+    """A lane's recording dispatcher forks its service's spare before it records anything
+    (one forked from it afterwards shares its connections and the recording VFS's open
+    files): the service is the dispatcher's child, forked, not exec'd (an interpreter's
+    start each), and installs the recording VFS itself."""
+    system = load_system("systems_for_tests:ServiceWitnessOutbox")
+    with Executor(system, concurrency=2, power=True) as ex:
+        ex.run(Step("accept", "op-1", P, lane=1))
+        dispatched = ex.run(Step("dispatch", lane=2))
+        [record] = [record for _, record in dispatched.exited
+                    if record.response and "service_outputs" in record.response]
+        dispatcher = record.pid
+        log = ex._power_log()
+        assert dispatched.violations == ()
+    assert record.response is not None
+    [[stdout, _, service]] = record.response["service_outputs"]
+    lines = stdout.splitlines()
+    assert f"service parent {dispatcher} recording {log}" in lines, lines
+    assert "service interpreter -c" in lines, lines
+    assert service != str(dispatcher)
+
+
 def test_the_reference_keeps_what_it_acknowledged_through_a_cut_under_a_held_lane() -> None:
     steps = [Step("accept", "op-1", P, lane=1), Step("dispatch", lane=2, hold=True),
              Step.power(DROP_ALL), Step("dispatch", lane=1),

@@ -505,7 +505,8 @@ def _read_spec(fd: int) -> WorkerSpec | None:
     return spec
 
 
-def _fork_spare(run: WorkerMain, streams: StandardStreams, *, service: bool = False) -> _Spare:
+def _fork_spare(run: WorkerMain, streams: StandardStreams | None, *,
+                service: bool = False) -> _Spare:
     """Fork the next worker ahead of time, so fork and copy-on-write happen off the clock.
 
     The spare is a fresh process like any other worker: it blocks until the fork server
@@ -650,6 +651,42 @@ def _write_line(fd: int, value: dict[str, Any]) -> None:
         data = data[os.write(fd, data):]
 
 
+#: In a worker whose services no fork server runs (a lane's, forked by the lanes' helper)
+#: and that records for power cuts: the service spare it forked before it recorded
+#: anything (:func:`keep_service_spare`), until a service takes it.
+_clean_service: _Spare | None = None
+
+
+def keep_service_spare(run: WorkerMain) -> None:
+    """Fork, now, the service this worker may ask for: a spare waiting for its spec.
+
+    For a worker about to record for power cuts with no fork server to run its services
+    (a lane's dispatcher): a service forked from it once it records inherits its open
+    connections and the recording VFS's open files (it left a WAL database malformed), so
+    such a service was exec'd, an interpreter's start (about 100 ms) per service. Forked
+    before this process opens or records anything, the spare shares neither, and
+    installs the recording VFS itself when it runs. It is this worker's child in its
+    group, as a service forked on demand is; unused, :func:`release_service_spare` ends it.
+    """
+    global _clean_service
+    if _clean_service is None:
+        _clean_service = _fork_spare(run, None, service=True)
+
+
+def has_service_spare() -> bool:
+    """Whether this worker holds a spare of :func:`keep_service_spare` for its service."""
+    return _clean_service is not None
+
+
+def release_service_spare() -> None:
+    """End the spare of :func:`keep_service_spare` if no service took it (EOF on its
+    control pipe, then reaped: the worker's group holds nothing of it afterwards)."""
+    global _clean_service
+    spare, _clean_service = _clean_service, None
+    if spare is not None:
+        _retire(spare)
+
+
 def server_runs_services() -> bool:
     """Whether this process is a worker whose fork server runs its services (from a spare
     forked off the server's clean image): :func:`run_service` then forks nothing here."""
@@ -663,11 +700,19 @@ def run_service(spec: WorkerSpec, run: WorkerMain) -> ProcessRecord:
     forked from its clean image, so the service starts warm and its fork is off this
     worker's clock (forking it here, from a worker that has run, made sequential
     exploration about 1.08x slower: docs/internals/speed.md). Anywhere else (a worker in
-    a lane, started by the lanes' starter) it is forked from this process.
+    a lane, started by the lanes' starter) it is the spare this worker forked before it
+    recorded (:func:`keep_service_spare`), or else forked from this process now.
     """
+    global _clean_service
     channel = _service_channel
     if channel is None or not server_runs_services():
-        return fork_worker(spec, run, new_group=False)
+        spare, _clean_service = _clean_service, None
+        if spare is None:
+            return fork_worker(spec, run, new_group=False)
+        started = _assign(spare, json.dumps(vars(spec)).encode())
+        outputs, status, timed_out = _collect(
+            spare.pid, {spare.stdout: "stdout", spare.stderr: "stderr"}, spec.deadline, False)
+        return _record(spare.pid, outputs, status, started, timed_out)
     _, requests, replies = channel
     _write_line(requests, vars(spec))
     chunks: list[bytes] = []

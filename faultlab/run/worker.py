@@ -19,7 +19,15 @@ from faultlab.base import clock
 from faultlab.base.errors import EXIT_USAGE
 from faultlab.nemesis import crash, schedule
 from faultlab.process.records import POWER_LOG_VARIABLE, ProcessRecord, WorkerSpec
-from faultlab.process.spawn import exec_worker, run_service, server_runs_services, zygote_main
+from faultlab.process.spawn import (
+    exec_worker,
+    has_service_spare,
+    keep_service_spare,
+    release_service_spare,
+    run_service,
+    server_runs_services,
+    zygote_main,
+)
 from faultlab.stores.sqlite import StoreError, connect
 from faultlab.system import REFERENCE, load_system
 from faultlab.system.contract import Refusal, System
@@ -66,10 +74,12 @@ class Context:
         )
         # A recording worker forks no service of its own: a service forked from a
         # recording dispatcher left a WAL database malformed (seen with
-        # wal-normal-receiver). The fork server's service spare shares nothing with this
-        # process (it installs the recording VFS itself); without one, the service is exec'd.
-        if self.spec.spawn == "exec" or (
-                os.environ.get(POWER_LOG_VARIABLE) and not server_runs_services()):
+        # wal-normal-receiver). The fork server's service spare, or the one a lane's
+        # dispatcher forked before it recorded, shares nothing with this process (it
+        # installs the recording VFS itself); without either, the service is exec'd.
+        if self.spec.spawn == "exec" or (os.environ.get(POWER_LOG_VARIABLE)
+                                         and not server_runs_services()
+                                         and not has_service_spare()):
             return exec_worker(spec, new_group=False)
         return run_service(spec, run_worker)
 
@@ -99,10 +109,20 @@ def record_for_power_loss() -> None:
 def run_worker(spec: WorkerSpec) -> int:
     """Run the role; return the exit status (0, a refusal's status, or 2 for bad input)."""
     system = load_system(spec.system)
-    record_for_power_loss()
     crash.disarm()  # a forked service must not inherit its dispatcher's statement point
     schedule.disarm()  # nor its dispatcher's scheduling channel
     schedule.arm_from_environment()
+    if spec.role == "dispatch" and spec.spawn != "exec" and os.environ.get(
+            POWER_LOG_VARIABLE) and not server_runs_services():
+        keep_service_spare(run_worker)  # before this process records anything
+    try:
+        return _run_role(spec, system)
+    finally:
+        release_service_spare()
+
+
+def _run_role(spec: WorkerSpec, system: System) -> int:
+    record_for_power_loss()
     if spec.crash is not None and crash.is_statement_point(spec.crash):
         crash.arm_statement_point(spec.crash)
     elif schedule.statement_holds_requested():
