@@ -80,6 +80,21 @@ def test_a_recording_lane_dispatchers_service_is_forked_and_records(tmp_path: Pa
     assert service != str(dispatcher)
 
 
+def test_a_cut_in_a_laned_trace_loses_an_unsynced_wal_commit() -> None:
+    """The explorer keeps its readers open through a laned power trace, as through a
+    sequential one: closing the last connection to a WAL store checkpoints and syncs it,
+    so the service's connection (or the snapshot's, opened and closed after each step)
+    made the receiver's unsynced commit durable, and wal-normal-receiver's lost ticket
+    went unseen with lanes (``explore --concurrency 2 --power-loss`` read it clean)."""
+    steps = [Step("accept", "op-1", P, lane=1), Step("dispatch", lane=2),
+             Step.power(DROP_ALL)]
+    execution = execute(load_system("wal-normal-receiver"), steps, concurrency=2)
+    before, after = (o.snapshot.counts() for o in execution.observations[-2:])
+    assert before["tickets"] == 1 and before["operations_complete"] == 1
+    assert after["tickets"] == 0 and after["operations_complete"] == 1
+    assert {v.invariant for v in execution.violations} >= {"DONE", "DURABLE"}
+
+
 def test_the_reference_keeps_what_it_acknowledged_through_a_cut_under_a_held_lane() -> None:
     steps = [Step("accept", "op-1", P, lane=1), Step("dispatch", lane=2, hold=True),
              Step.power(DROP_ALL), Step("dispatch", lane=1),

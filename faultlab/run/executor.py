@@ -289,10 +289,10 @@ class Executor:
             self.unrecorded_baseline = self._run.baseline
             if self.laned:
                 # a laned trace's own clock; its readers are kept open too (released before
-                # this process forks: see Lanes._spawn), except under power cuts, whose
-                # lanes record as they run and whose readers open as a cut leaves the stores
-                if not self.power:
-                    self._readers.enter_context(readers_kept_open())
+                # this process forks: see Lanes._spawn), under power cuts as well: a
+                # worker's connection closed as a WAL store's last checkpoints and syncs what
+                # a cut must be able to lose (closing its snapshot's did the same)
+                self._readers.enter_context(readers_kept_open())
                 self.clock = VirtualClock(self.directory)
                 self._set_server_clock()
                 if getattr(self.system, "virtual_wall_clock", False):
@@ -431,14 +431,7 @@ class Executor:
         """
         if not self.power:
             raise ExecutionError("a power step needs an executor that records (power=True)")
-        for connection in kept_connections():
-            vfs.keep_wal_on_close(connection)
-        self._readers.close()
-        self._readers = ExitStack()
-        unopenable, self.unrecorded_baseline = cut_power(
-            self.system, self.directory, self._power_log(), step.choice or {},
-            self.unrecorded_baseline, f"power step {step.describe()}")
-        self._readers.enter_context(readers_kept_open())
+        unopenable = self._cut_stores(step)
         after = self.snapshot if unopenable else self.system.snapshot(self.directory)
         return self._observe(step, phase, after, NO_PROCESS, unopenable=unopenable)
 
@@ -530,10 +523,23 @@ class Executor:
         if not self.power:
             raise ExecutionError("a power step needs an executor that records (power=True)")
         killed = lanes.kill_all()
-        self._unopenable, self.unrecorded_baseline = cut_power(
+        self._unopenable = self._cut_stores(step)
+        return killed
+
+    def _cut_stores(self, step: Step) -> tuple[str, ...]:
+        """Rebuild the stores as the power step's choice says (every process that recorded
+        is dead): this process's readers are closed first without checkpointing a WAL (a
+        checkpoint would sync what the cut must be able to lose) and kept open again
+        afterwards. Returns why each store that no longer opens does not."""
+        for connection in kept_connections():
+            vfs.keep_wal_on_close(connection)
+        self._readers.close()
+        self._readers = ExitStack()
+        unopenable, self.unrecorded_baseline = cut_power(
             self.system, self.directory, self._power_log(), step.choice or {},
             self.unrecorded_baseline, f"power step {step.describe()}")
-        return killed
+        self._readers.enter_context(readers_kept_open())
+        return unopenable
 
     def _observe_lanes(self, lanes: Lanes, step: Step, moved: Lane | None, phase: str,
                        sigkills: int, processes: int) -> Observation:
