@@ -118,7 +118,9 @@ def _run(args: argparse.Namespace) -> int:
     sqlite_system, pg_system = load_system("reference"), load_system("reference-pg")
     run = pgstores.current_run()
     server = run._admin.execute("SHOW server_version").fetchone()
-    pg_system.initialise(Path(tempfile.mkdtemp(prefix="faultlab-bench-warm-")))  # templates
+    with tempfile.TemporaryDirectory(prefix="faultlab-bench-warm-") as warm:
+        pg_system.initialise(Path(warm))  # the templates, made once for the run
+        pg_system.release(Path(warm))
     time.sleep(1)  # let the pool fill before the pooled measurement
     pooled = _setup_ms(pg_system, args.traces, PAUSE)
     pool, run.pool = run.pool, 0
