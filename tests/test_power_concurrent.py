@@ -15,6 +15,7 @@ from test_lanes import _gone
 from test_starter import _parent_of
 
 from faultlab.base.errors import UsageError
+from faultlab.run.directory import POWER_LOG
 from faultlab.run.executor import Executor, execute
 from faultlab.system import load_system
 from faultlab.trace import Step, Trace
@@ -70,7 +71,7 @@ def test_a_recording_lane_dispatchers_service_is_forked_and_records(tmp_path: Pa
         [record] = [record for _, record in dispatched.exited
                     if record.response and "service_outputs" in record.response]
         dispatcher = record.pid
-        log = ex._power_log()
+        log = ex.directory / POWER_LOG
         assert dispatched.violations == ()
     assert record.response is not None
     [[stdout, _, service]] = record.response["service_outputs"]

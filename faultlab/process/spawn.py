@@ -667,6 +667,7 @@ def keep_service_spare(run: WorkerMain) -> None:
     before this process opens or records anything, the spare shares neither, and
     installs the recording VFS itself when it runs. It is this worker's child in its
     group, as a service forked on demand is; unused, :func:`release_service_spare` ends it.
+    There is one: a second service the same worker asks for is exec'd.
     """
     global _clean_service
     if _clean_service is None:
