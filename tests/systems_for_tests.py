@@ -6,6 +6,7 @@ fails (or a deadline fires) for a reason the test controls.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import sys
@@ -397,3 +398,21 @@ class HangingServiceOutbox(ReferenceOutbox):
         (context.directory / "service.pid").write_text(str(os.getpid()))
         time.sleep(3600)
         raise AssertionError("unreachable: the deadline kills this service")
+
+
+class LockLeavingOutbox(ReferenceOutbox):
+    """accept takes a POSIX lock on ``held.lock`` in the stores' directory (the kind SQLite
+    takes) and leaves its descriptor open, as a connection left open would; with
+    ``{"previous": PID}`` as payload it also says whether that process is still in /proc
+    (running, exiting or a zombie) as it runs."""
+
+    name = "lock-leaving"
+
+    def accept(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        import fcntl
+
+        held = os.open(context.directory / "held.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.lockf(held, fcntl.LOCK_EX)
+        previous = json.loads(payload).get("previous")
+        return {"worker": os.getpid(),
+                "previous_in_proc": previous is not None and os.path.exists(f"/proc/{previous}")}

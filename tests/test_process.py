@@ -3,6 +3,7 @@ a worker that hangs is killed at its deadline, with its whole process group."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import pytest
 
 from faultlab.base.errors import ExecutionError
 from faultlab.cli import main
+from faultlab.process import spawn
 from faultlab.process.records import ProcessRecord, WorkerSpec, parse_response
 from faultlab.process.spawn import Spawner, child_environment, spawner
 from faultlab.run.executor import execute
@@ -335,6 +337,73 @@ def test_spawners_are_the_modes_they_say(fork_spawner: Spawner, exec_spawner: Sp
     assert (fork_spawner.mode, exec_spawner.mode) == ("fork", "exec")
     with pytest.raises(ValueError, match="unknown spawn mode"):
         Spawner("thread")  # type: ignore[arg-type]
+
+
+def test_a_forked_worker_is_answered_once_its_files_are_closed_and_reaped_before_the_next(
+    fork_spawner: Spawner, tmp_path: Path,
+) -> None:
+    """A worker that finished its action closes every file it holds and says its status
+    before its exit unmaps its memory: its record may come while it is still exiting, but
+    never while it holds a lock, and the next worker runs only once it is reaped."""
+    system = load_system("systems_for_tests:LockLeavingOutbox")
+    system.initialise(tmp_path)
+
+    def accept(operation_id: str, payload: dict[str, Any]) -> ProcessRecord:
+        return fork_spawner.run(WorkerSpec(
+            system=system.ref, role="accept", directory=str(tmp_path),
+            operation_id=operation_id, payload=json.dumps(payload)))
+
+    first = accept("op-1", {"title": "lock"})
+    assert first.exit_code == 0 and first.response is not None
+    assert first.response["worker"] == first.pid
+    with open(tmp_path / "held.lock", "r+b") as held:  # the worker's lock is released ...
+        fcntl.lockf(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ... or this raises
+    second = accept("op-2", {"title": "lock", "previous": first.pid})
+    assert second.exit_code == 0 and second.response is not None
+    assert second.response == {"worker": second.pid, "previous_in_proc": False}
+
+
+def _announcing_child(status: int, then: Callable[[], None]) -> tuple[int, int, int]:
+    """Fork a child that says ``status`` on a status pipe, closes its stdout pipe, then
+    calls ``then``: (pid, stdout's read end, the status pipe's read end)."""
+    out_r, out_w = os.pipe()
+    status_r, status_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(out_r)
+            os.write(status_w, bytes((status,)))
+            os.close(out_w)
+            then()
+        finally:
+            os._exit(status)
+    os.close(out_w)
+    os.close(status_w)
+    return pid, out_r, status_r
+
+
+@pytest.mark.parametrize("killed", [False, True], ids=["exits-as-it-said", "killed-after"])
+def test_a_child_that_ends_otherwise_than_it_said_breaks_the_run(killed: bool) -> None:
+    """The fork server answers with the status a worker said and reaps it after: a process
+    that then ends otherwise (here it SIGKILLs itself after saying 3) is reported as a
+    broken run, never passed off as the status it said."""
+    then = (lambda: os.kill(os.getpid(), signal.SIGKILL)) if killed else (lambda: None)
+    pid, out_r, status_r = _announcing_child(3, then)
+    try:
+        outputs, status, timed_out, exiting = spawn._collect_announced(
+            pid, {out_r: "stdout"}, 5.0, False, announced=status_r)
+    finally:
+        os.close(status_r)
+    assert (outputs, os.waitstatus_to_exitcode(status), timed_out, exiting) == (
+        {"stdout": b""}, 3, False, True)
+    children = spawn._Children(exiting=[(pid, 3)])
+    children.confirm()
+    assert children.exiting == []
+    assert pid not in processes()  # reaped either way
+    if killed:
+        assert children.broken == f"worker {pid} said it ends with status 3 but ended with -9"
+    else:
+        assert children.broken is None
 
 
 def test_parse_response_takes_the_last_json_object_line() -> None:

@@ -11,7 +11,11 @@ Two spawn modes give the same process boundary:
 
 Each worker runs in its own process group, and the service it calls joins that
 group, so a missed deadline kills exactly that worker and its service, and
-nothing else. Every child is reaped before :func:`Spawner.run` returns.
+nothing else. Every child is reaped before :func:`Spawner.run` returns, except
+a fork server's worker that ended its action: it closed every file it held and
+said its exit status, so the server answers while its memory is still being
+unmapped and reaps it right after, before it runs the next worker
+(:func:`_end_action`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import IO, TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, cast
 
@@ -90,14 +94,62 @@ def _collect(pid: int, fds: dict[int, str], deadline: float, group: bool,
     If anything interrupts the wait (SIGINT, SIGTERM), the child is killed and reaped
     before the exception goes on: an interrupted run leaves no worker behind.
     """
+    outputs, status, timed_out, _ = _collect_announced(pid, fds, deadline, group, requests)
+    return outputs, status, timed_out
+
+
+def _collect_announced(
+    pid: int, fds: dict[int, str], deadline: float, group: bool,
+    requests: tuple[int, ServeRequest] | None = None, announced: int = -1,
+) -> tuple[dict[str, bytes], int, bool, bool]:
+    """:func:`_collect`, for a child that says its exit status on ``announced`` as it
+    ends its action (:func:`_end_action`): (outputs, wait status, timed out, exiting).
+
+    When the pipes closed with a status said, the child is not waited for: the status is
+    returned as a wait status, and ``exiting`` tells the caller to reap it with
+    :func:`_confirm_exit` before it starts another. Otherwise (killed at a crash point,
+    no status) it is reaped here, as :func:`_collect` does.
+    """
     try:
-        outputs, status, timed_out = _collect_and_reap(pid, fds, deadline, group, requests)
+        outputs, end, timed_out = _read_outputs(pid, fds, deadline, group, requests)
+        code = _announced_status(announced) if announced >= 0 and not timed_out else None
+        if code is not None:
+            return outputs, code << 8, False, True
+        status, timed_out = _reap(pid, end, timed_out, group)
     except BaseException:
         end_child(pid, group)
         raise
     if timed_out and group:
         reap_group(pid)  # what the killed worker started (its service) goes too
-    return outputs, status, timed_out
+    return outputs, status, timed_out, False
+
+
+def _announced_status(fd: int) -> int | None:
+    """The exit status a child wrote on ``fd`` as it ended its action, if it did."""
+    os.set_blocking(fd, False)
+    try:
+        data = os.read(fd, 1)
+    except BlockingIOError:
+        return None
+    return data[0] if data else None
+
+
+def _confirm_exit(pid: int, code: int) -> str | None:
+    """Reap a child that said it ends with ``code`` and closed everything it held; a
+    description of the difference if it ended otherwise (something outside killed it in
+    the moment between): the run is then broken, not a finding.
+
+    It has nothing left to do but exit; if it has not within :data:`_KILL_GRACE`, it is
+    killed (it is our unreaped child, so the pid is still its own).
+    """
+    try:
+        status, _ = _reap(pid, time.monotonic() + _KILL_GRACE, False, False)
+    except ChildProcessError:
+        return f"worker {pid} was reaped before its status could be confirmed"
+    ended = os.waitstatus_to_exitcode(status)
+    if ended == code:
+        return None
+    return f"worker {pid} said it ends with status {code} but ended with {ended}"
 
 
 def end_child(pid: int, group: bool) -> None:
@@ -228,11 +280,12 @@ def reap_group(pgid: int, wait: float = 1.0) -> None:
         time.sleep(0.005)
 
 
-def _collect_and_reap(pid: int, fds: dict[int, str], deadline: float, group: bool,
-                      requests: tuple[int, ServeRequest] | None = None) -> tuple[
-    dict[str, bytes], int, bool
+def _read_outputs(pid: int, fds: dict[int, str], deadline: float, group: bool,
+                  requests: tuple[int, ServeRequest] | None = None) -> tuple[
+    dict[str, bytes], float, bool
 ]:
-    """The loop behind :func:`_collect`. It waits with ``select.poll`` rather than the
+    """Read the child's pipes to EOF, killing it (or its group) at the deadline: (outputs,
+    the deadline as a monotonic time, timed out). It waits with ``select.poll`` rather than the
     ``selectors`` module: the fork server runs it for every worker, and each page of
     Python it touches is a copy-on-write fault while a spare shares it (measured: about
     15 fewer faults a step, and one module less in its image)."""
@@ -280,8 +333,7 @@ def _collect_and_reap(pid: int, fds: dict[int, str], deadline: float, group: boo
     finally:
         for fd in fds:
             os.close(fd)
-    status, timed_out = _reap(pid, end, timed_out, group)
-    return {name: b"".join(parts) for name, parts in chunks.items()}, status, timed_out
+    return {name: b"".join(parts) for name, parts in chunks.items()}, end, timed_out
 
 
 def _reap(pid: int, end: float, timed_out: bool, group: bool) -> tuple[int, bool]:
@@ -381,13 +433,17 @@ def standard_streams() -> StandardStreams:
 def child_main(
     out_w: int, err_w: int, *, new_group: bool, read_spec: Callable[[], WorkerSpec | None],
     run: WorkerMain, keep: tuple[int, ...] = (), streams: StandardStreams | None = None,
+    announce: int | None = None,
 ) -> NoReturn:
     """The body of a forked worker: its own group, stdout/stderr to the pipes, run, exit.
 
     ``streams`` are unused text streams on descriptors 0, 1 and 2 built by the parent
-    (:func:`standard_streams`), so that the child does not build its own.
+    (:func:`standard_streams`), so that the child does not build its own. ``announce``
+    (kept open, like ``keep``) is where a worker that ran its spec says how it ends
+    (:func:`_end_action`).
     """
     code = 70
+    ran = False
     try:
         if new_group:
             os.setpgid(0, 0)
@@ -412,6 +468,7 @@ def child_main(
         if spec is None:  # a spare that was never assigned: the fork server is closing
             code = 0
         else:
+            ran = True
             code = run(spec)
     except BaseException:
         try:
@@ -425,7 +482,36 @@ def child_main(
             sys.stderr.flush()
         except Exception:  # noqa: BLE001
             pass
+        if announce is not None and ran:
+            _end_action(announce, code)
         os._exit(code)
+
+
+#: Above every descriptor a worker can hold (``closerange`` closes what is open in one
+#: system call where the kernel has ``close_range``).
+_DESCRIPTOR_LIMIT = 1 << 20
+
+
+def _end_action(announce: int, code: int) -> None:
+    """End a worker's action before its process exits: close every file it holds, say its
+    exit status on ``announce``, then close its output pipes.
+
+    A process's exit first unmaps its memory and only then closes its files: about a
+    millisecond on this VM, on the clock of every step while the fork server waited for
+    the pipes to close (docs/internals/speed.md). Closed here, every store's file, lock
+    and connection is released before the pipes close, so once the server sees them
+    closed with a status said, the action is over: it answers with that status and reaps
+    the process right after (:func:`_confirm_exit`, which reports a process that then ends
+    otherwise). Nothing runs after this but ``os._exit(code)``.
+    """
+    try:
+        os.closerange(3, announce)
+        os.closerange(announce + 1, _DESCRIPTOR_LIMIT)
+        os.write(announce, bytes((code & 0xFF,)))
+        for fd in (0, 1, 2, announce):
+            os.close(fd)
+    except OSError:
+        pass  # the server finds no status, or the pipes still open, and waits for the exit
 
 
 def fork_worker(spec: WorkerSpec, run: WorkerMain, *, new_group: bool) -> ProcessRecord:
@@ -460,6 +546,9 @@ class _Spare:
     #: none): the worker's requests come in on one, their records go back on the other.
     requests: int = -1
     replies: int = -1
+    #: The server's end of the pipe on which the worker says its exit status as it ends
+    #: its action (:func:`_end_action`).
+    status: int = -1
 
 
 #: In a worker forked by a fork server: (its pid, where it writes a service request,
@@ -518,25 +607,26 @@ def _fork_spare(run: WorkerMain, streams: StandardStreams | None, *,
     control_r, control_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    status_r, status_w = os.pipe()
     channel = () if service else (*os.pipe(), *os.pipe())  # requests r, w; replies r, w
     pid = os.fork()
     if pid == 0:  # child: never returns
-        keep: tuple[int, ...] = (control_r,)
-        for fd in (control_w, out_r, err_r, *channel[0::3]):
+        keep: tuple[int, ...] = (control_r, status_w)
+        for fd in (control_w, out_r, err_r, status_r, *channel[0::3]):
             os.close(fd)
         if channel:
             _service_channel = (os.getpid(), channel[1], channel[2])
             keep += (channel[1], channel[2])
         child_main(out_w, err_w, new_group=not service,
                    read_spec=lambda: _read_spec(control_r), run=run, keep=keep,
-                   streams=streams)
+                   streams=streams, announce=status_w)
     if not service:
         lead_own_group(pid)
-    for fd in (control_r, out_w, err_w, *channel[1:3]):
+    for fd in (control_r, out_w, err_w, status_w, *channel[1:3]):
         os.close(fd)
     if channel:
-        return _Spare(pid, control_w, out_r, err_r, channel[0], channel[3])
-    return _Spare(pid, control_w, out_r, err_r)
+        return _Spare(pid, control_w, out_r, err_r, channel[0], channel[3], status_r)
+    return _Spare(pid, control_w, out_r, err_r, status=status_r)
 
 
 def _assign(worker: _Spare, line: bytes) -> float:
@@ -549,17 +639,22 @@ def _assign(worker: _Spare, line: bytes) -> float:
     return started
 
 
-def _finish(worker: _Spare, spec: WorkerSpec, started: float,
+def _finish(own: _Children, worker: _Spare, spec: WorkerSpec, started: float,
             serve: ServeRequest) -> ProcessRecord:
-    outputs, status, timed_out = _collect(
+    """Collect an assigned worker's record; one that ended its action and said its status
+    is left to exit, in ``own.exiting``, for :meth:`_Children.confirm` to reap."""
+    outputs, status, timed_out, exiting = _collect_announced(
         worker.pid, {worker.stdout: "stdout", worker.stderr: "stderr"}, spec.deadline,
-        True, (worker.requests, serve),
+        True, (worker.requests, serve), worker.status,
     )
+    if exiting:
+        own.exiting.append((worker.pid, os.waitstatus_to_exitcode(status)))
     return _record(worker.pid, outputs, status, started, timed_out)
 
 
 def _close_channel(worker: _Spare) -> None:
-    for fd in (worker.requests, worker.replies):
+    """Close the server's ends of an assigned worker's service channel and status pipe."""
+    for fd in (worker.requests, worker.replies, worker.status):
         if fd >= 0:
             os.close(fd)
 
@@ -620,9 +715,13 @@ def _serve_service(own: _Children, worker: _Spare, line: bytes, remaining: float
                 return
     started = _assign(service, line)
     limit = min(spec.deadline, max(remaining, 0.0))
-    outputs, status, timed_out = _collect(
+    outputs, status, timed_out, exiting = _collect_announced(
         service.pid, {service.stdout: "stdout", service.stderr: "stderr"}, limit, False,
+        announced=service.status,
     )
+    if exiting:
+        own.exiting.append((service.pid, os.waitstatus_to_exitcode(status)))
+    _close_channel(service)
     own.serving = None
     if timed_out and limit < spec.deadline:
         # the worker's own deadline: its whole group goes (the service went first), and
@@ -633,6 +732,7 @@ def _serve_service(own: _Children, worker: _Spare, line: bytes, remaining: float
                                           timed_out).to_json()})
     with interrupt.deferred():
         own.service = _fork_spare(run, streams, service=True)
+    own.confirm()  # while the worker goes on with the reply
 
 
 def _reply(worker: _Spare, reply: dict[str, Any]) -> None:
@@ -711,8 +811,12 @@ def run_service(spec: WorkerSpec, run: WorkerMain) -> ProcessRecord:
         if spare is None:
             return fork_worker(spec, run, new_group=False)
         started = _assign(spare, json.dumps(vars(spec)).encode())
-        outputs, status, timed_out = _collect(
-            spare.pid, {spare.stdout: "stdout", spare.stderr: "stderr"}, spec.deadline, False)
+        try:
+            outputs, status, timed_out = _collect(
+                spare.pid, {spare.stdout: "stdout", spare.stderr: "stderr"}, spec.deadline,
+                False)
+        finally:
+            _close_channel(spare)
         return _record(spare.pid, outputs, status, started, timed_out)
     _, requests, replies = channel
     _write_line(requests, vars(spec))
@@ -886,16 +990,36 @@ def _reap_orphans(wait: float = 0.0) -> None:
 @dataclass
 class _Children:
     """The fork server's children that are not reaped yet: the spares (a worker's and a
-    service's), the running worker and the service it asked for."""
+    service's), the running worker and the service it asked for, and those that ended
+    their action and are exiting."""
 
     spare: _Spare | None = None
     running: _Spare | None = None  # assigned a spec and not yet reaped
     service: _Spare | None = None  # forked for the next service a worker asks for
     serving: _Spare | None = None  # the service a running worker asked for
+    #: (pid, the status it said) of each worker or service answered for and not yet reaped
+    exiting: list[tuple[int, int]] = field(default_factory=list)
+    #: Why the run is broken: a process that ended otherwise than it said. Every later
+    #: request is answered with it, and the server ends with it.
+    broken: str | None = None
+
+    def confirm(self) -> None:
+        """Reap the exiting children, keeping the first difference from what they said.
+
+        An interruption waits for each reap (a child that has nothing left to do but exit,
+        at most :data:`_KILL_GRACE`): raised between the reap and the list's update, it
+        would leave a reaped pid to be waited for again, and a spare unreleased."""
+        while self.exiting:
+            with interrupt.deferred():
+                pid, code = self.exiting[0]
+                difference = _confirm_exit(pid, code)
+                del self.exiting[0]
+            self.broken = self.broken or difference
 
     def end(self) -> None:
-        """Kill and reap the running worker and its service, release the spares, reap
-        orphans."""
+        """Kill and reap the running worker and its service, reap the exiting ones, release
+        the spares, reap orphans."""
+        self.confirm()
         if self.serving is not None:
             end_child(self.serving.pid, False)
             self.serving = None
@@ -960,6 +1084,8 @@ def _serve(own: _Children, run: WorkerMain, prepare: Callable[[WorkerSpec], None
         try:
             request = json.loads(line)
             request_id = request["id"]
+            if own.broken is not None:
+                raise ExecutionError(own.broken)
             spec = WorkerSpec(**request["spec"])
             prepare(spec)
             if len(sys.modules) != modules:  # a system loaded for the first time
@@ -972,7 +1098,7 @@ def _serve(own: _Children, run: WorkerMain, prepare: Callable[[WorkerSpec], None
             with interrupt.deferred():
                 own.spare = _fork_spare(run, streams)  # the next worker forks while this one runs
             running = own.running
-            record = _finish(running, spec, started,
+            record = _finish(own, running, spec, started,
                              partial(_serve_service, own, running, run=run, streams=streams))
             own.running = None
             _close_channel(running)
@@ -983,12 +1109,17 @@ def _serve(own: _Children, run: WorkerMain, prepare: Callable[[WorkerSpec], None
                 _close_channel(own.running)
                 own.running = None
             reply = {"id": request_id, "error": f"{type(error).__name__}: {error}"}
-        _reap_orphans()
         try:
             replies.write(json.dumps(reply).encode() + b"\n")
             replies.flush()
         except BrokenPipeError:
             break  # the client went away
+        own.confirm()  # while the client judges the record; before the next worker runs
+        _reap_orphans()
+    if own.broken is not None:
+        own.confirm()
+        replies.write(json.dumps({"id": None, "error": own.broken}).encode() + b"\n")
+        replies.flush()
 
 
 class ForkServer:
@@ -1059,12 +1190,17 @@ class ForkServer:
         return ProcessRecord.from_json(reply["record"])
 
     def close(self) -> None:
-        """End the server and reap it; after an interruption, stop its worker first."""
+        """End the server and reap it; after an interruption, stop its worker first.
+
+        Raises :class:`ExecutionError` when the server's last words say the run is broken
+        (a worker that ended otherwise than it said, after its record was answered)."""
         import subprocess
 
+        last_words = b""
         with interrupt.deferred():
             process = self._process
-            if self._in_flight or interrupt.received() is not None:
+            stopping = self._in_flight or interrupt.received() is not None
+            if stopping:
                 if process.poll() is None:  # not reaped, so the pid is still ours
                     process.send_signal(signal.SIGTERM)
             if process.stdin is not None:
@@ -1078,10 +1214,17 @@ class ForkServer:
                 process.kill()
                 process.wait()
             if process.stdout is not None:
+                if not stopping:
+                    os.set_blocking(process.stdout.fileno(), False)
+                    last_words = process.stdout.read() or b""
                 process.stdout.close()
             if self._area is not None:  # the server and its workers are gone
                 self._area.remove()
                 self._area = None
+        for line in last_words.splitlines():
+            reply = json.loads(line)
+            if isinstance(reply, dict) and "error" in reply:
+                raise ExecutionError(f"the fork server (pid {self.pid}): {reply['error']}")
 
 
 def preloaded_environment(
