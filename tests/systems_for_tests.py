@@ -416,3 +416,17 @@ class LockLeavingOutbox(ReferenceOutbox):
         previous = json.loads(payload).get("previous")
         return {"worker": os.getpid(),
                 "previous_in_proc": previous is not None and os.path.exists(f"/proc/{previous}")}
+
+
+class ThreadLeavingOutbox(LockLeavingOutbox):
+    """accept leaves a second thread running (asleep) as it returns: a process that could
+    still act after its descriptors were closed, which the fork server must see exit
+    before it answers."""
+
+    name = "thread-leaving"
+
+    def accept(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        import _thread
+
+        _thread.start_new_thread(time.sleep, (3600,))
+        return super().accept(context, operation_id, payload)

@@ -363,6 +363,23 @@ def test_a_forked_worker_is_answered_once_its_files_are_closed_and_reaped_before
     assert second.response == {"worker": second.pid, "previous_in_proc": False}
 
 
+def test_a_forked_worker_with_a_second_thread_is_answered_only_once_reaped(
+    fork_spawner: Spawner, tmp_path: Path,
+) -> None:
+    """A worker whose process still has another thread could act after its descriptors
+    were closed: it says no status, and the server answers only once it has exited and
+    been reaped (its pid is gone from /proc when the record comes)."""
+    system = load_system("systems_for_tests:ThreadLeavingOutbox")
+    system.initialise(tmp_path)
+    for number in range(3):
+        record = fork_spawner.run(WorkerSpec(
+            system=system.ref, role="accept", directory=str(tmp_path),
+            operation_id=f"op-{number}", payload='{"title": "thread"}'))
+        assert record.exit_code == 0 and record.response is not None
+        assert record.response["worker"] == record.pid
+        assert record.pid not in processes()
+
+
 def _announcing_child(status: int, then: Callable[[], None]) -> tuple[int, int, int]:
     """Fork a child that says ``status`` on a status pipe, closes its stdout pipe, then
     calls ``then``: (pid, stdout's read end, the status pipe's read end)."""

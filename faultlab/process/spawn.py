@@ -502,9 +502,14 @@ def _end_action(announce: int, code: int) -> None:
     and connection is released before the pipes close, so once the server sees them
     closed with a status said, the action is over: it answers with that status and reaps
     the process right after (:func:`_confirm_exit`, which reports a process that then ends
-    otherwise). Nothing runs after this but ``os._exit(code)``.
+    otherwise). Nothing runs after this but ``os._exit(code)``, so only a process with no
+    other thread says its status: another thread could still act (open a file, write a
+    store) after the descriptors were closed; for such a process, or where ``/proc`` does
+    not say, the server waits for the exit, as for a killed worker.
     """
     try:
+        if len(os.listdir("/proc/self/task")) != 1:
+            return
         os.closerange(3, announce)
         os.closerange(announce + 1, _DESCRIPTOR_LIMIT)
         os.write(announce, bytes((code & 0xFF,)))
