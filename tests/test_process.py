@@ -423,6 +423,29 @@ def test_a_child_that_ends_otherwise_than_it_said_breaks_the_run(killed: bool) -
         assert children.broken is None
 
 
+def test_a_spawner_closes_every_fork_server_when_one_reports_a_broken_run() -> None:
+    """A fork server whose last worker ended otherwise than it said fails its close; the
+    spawner still closes (and reaps) its other servers, then raises that failure."""
+    closed: list[str] = []
+
+    class Server:
+        def __init__(self, name: str, failure: str | None) -> None:
+            self.name, self.failure = name, failure
+
+        def close(self) -> None:
+            closed.append(self.name)
+            if self.failure is not None:
+                raise ExecutionError(self.failure)
+
+    runner = Spawner("fork")
+    runner._servers = {(("A", "1"),): Server("plain", None),  # type: ignore[dict-item]
+                       (("B", "2"),): Server("broken", "said 0, ended with -9"),
+                       (("C", "3"),): Server("wall clock", None)}
+    with pytest.raises(ExecutionError, match="said 0, ended with -9"):
+        runner.close()
+    assert sorted(closed) == ["broken", "plain", "wall clock"]
+
+
 def test_parse_response_takes_the_last_json_object_line() -> None:
     assert parse_response('noise\n{"a": 1}\n[1]\n{"b": 2}\n{"broken": \n') == {"b": 2}
     assert parse_response("") is None

@@ -1354,6 +1354,9 @@ class Spawner:
         return [server.pid for server in self._servers.values()]
 
     def close(self) -> None:
+        """Close what it keeps and every fork server; the first server's failure is
+        raised once all are closed (a worker that ended otherwise than it said)."""
+        failure: ExecutionError | None = None
         try:
             while self._shared:
                 _, (_, kept) = self._shared.popitem()
@@ -1361,7 +1364,12 @@ class Spawner:
         finally:
             while self._servers:
                 _, server = self._servers.popitem()
-                server.close()
+                try:
+                    server.close()
+                except ExecutionError as error:
+                    failure = failure or error
+        if failure is not None:
+            raise failure
 
 
 @contextmanager
