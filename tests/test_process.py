@@ -71,12 +71,16 @@ def shape(root: int) -> dict[int | str, str]:
     service, a new process after every service, in the server's group. Anything else
     below root is listed by pid, so a leftover worker or zombie still shows. A process is
     "Z" (a zombie) or "alive": whether it is running or sleeping at the moment of the
-    look is timing (a fork server forking its next spare), not a leftover.
+    look is timing (a fork server forking its next spare), not a leftover. Nor is a worker
+    whose process is exiting (answered as it ended its action, its memory still being
+    unmapped; the server reaps it next, and one it did not would show as a zombie).
     """
     table = processes()
     found = descendants(root)
     named: dict[int | str, str] = {}
     for pid, state in found.items():
+        if state != "Z" and exiting(pid):
+            continue
         parent = table[pid][1] if pid in table else -1
         is_spare = parent in found and table.get(parent, ("", -1, 0))[1] == root
         role = "service spare" if table.get(pid, ("", 0, 0))[2] == parent else "spare"
@@ -85,6 +89,19 @@ def shape(root: int) -> dict[int | str, str]:
             key = pid  # a second waiting child in the same role is not a spare
         named[key] = "Z" if state == "Z" else "alive"
     return named
+
+
+#: The kernel's flag for a process that is exiting (``PF_EXITING``, /proc/PID/stat's flags).
+PF_EXITING = 0x4
+
+
+def exiting(pid: int) -> bool:
+    """Whether process ``pid`` has begun to exit (a zombie has too)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False  # gone already
+    return bool(int(fields[6]) & PF_EXITING)
 
 
 def in_group(pgid: int) -> dict[int, str]:
@@ -380,23 +397,22 @@ def test_a_forked_worker_with_a_second_thread_is_answered_only_once_reaped(
         assert record.pid not in processes()
 
 
-def _announcing_child(status: int, then: Callable[[], None]) -> tuple[int, int, int]:
-    """Fork a child that says ``status`` on a status pipe, closes its stdout pipe, then
-    calls ``then``: (pid, stdout's read end, the status pipe's read end)."""
+def _announcing_child(status: int, killed: bool) -> tuple[int, int, int]:
+    """Start a child that says ``status`` on a status pipe and closes its stdout, then
+    exits with it or (``killed``) SIGKILLs itself: (pid, stdout's read end, the status
+    pipe's read end). A fresh interpreter rather than a fork of this (threaded) process."""
     out_r, out_w = os.pipe()
     status_r, status_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(out_r)
-            os.write(status_w, bytes((status,)))
-            os.close(out_w)
-            then()
-        finally:
-            os._exit(status)
-    os.close(out_w)
-    os.close(status_w)
-    return pid, out_r, status_r
+    program = (f"import os, signal; os.write({status_w}, bytes(({status},))); os.close(1); "
+               + ("os.kill(os.getpid(), signal.SIGKILL)" if killed else f"os._exit({status})"))
+    try:
+        child = subprocess.Popen([sys.executable, "-c", program], stdout=out_w,
+                                 pass_fds=(status_w,))
+    finally:
+        os.close(out_w)
+        os.close(status_w)
+    child.returncode = 0  # reaped by the test, not by Popen
+    return child.pid, out_r, status_r
 
 
 @pytest.mark.parametrize("killed", [False, True], ids=["exits-as-it-said", "killed-after"])
@@ -404,8 +420,7 @@ def test_a_child_that_ends_otherwise_than_it_said_breaks_the_run(killed: bool) -
     """The fork server answers with the status a worker said and reaps it after: a process
     that then ends otherwise (here it SIGKILLs itself after saying 3) is reported as a
     broken run, never passed off as the status it said."""
-    then = (lambda: os.kill(os.getpid(), signal.SIGKILL)) if killed else (lambda: None)
-    pid, out_r, status_r = _announcing_child(3, then)
+    pid, out_r, status_r = _announcing_child(3, killed)
     try:
         outputs, status, timed_out, exiting = spawn._collect_announced(
             pid, {out_r: "stdout"}, 5.0, False, announced=status_r)
