@@ -487,9 +487,10 @@ def child_main(
         os._exit(code)
 
 
-#: Above every descriptor a worker can hold (``closerange`` closes what is open in one
-#: system call where the kernel has ``close_range``).
-_DESCRIPTOR_LIMIT = 1 << 20
+#: Above every descriptor a worker can hold: its limit of open files (``closerange``
+#: closes what is open in one system call where the kernel has ``close_range``, and
+#: closes each number in turn where it has not, so the bound is the real one).
+_DESCRIPTOR_LIMIT = max(os.sysconf("SC_OPEN_MAX"), 1024)
 
 
 def _end_action(announce: int, code: int) -> None:
