@@ -312,14 +312,16 @@ class TraceMachine(NewOperations, RuleBasedStateMachine):
                 recovered = failed is None
                 self.failure = found
         finally:
-            # first: a signal landing anywhere later must not leave the run directory
+            # first: a signal landing anywhere later must not leave the run directory. The
+            # example stays open until close returns: a signal that lands as close begins
+            # (before its deferred section) leaves the stores to the search's own cleanup
             try:
                 executor.close()
             except Exception as error:  # releasing the stores failed: the run's error
+                self.recorder.open_example = None
                 self.recorder.run_error = self.recorder.run_error or error
                 raise
-            finally:
-                self.recorder.open_example = None
+            self.recorder.open_example = None
             verdict, violations = Verdict(), []
             if self.failure is not None:
                 violations = self.failure.violations

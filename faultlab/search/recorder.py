@@ -101,8 +101,9 @@ class Recorder:
     run_error: Exception | None = None
     #: What closes the example under way (its executor's ``close``): set as the machine
     #: opens its stores, cleared once its teardown has closed them. Hypothesis makes the
-    #: machine a few statements before the block that runs its teardown, so a signal
-    #: landing there would leave the stores behind; the search closes them then.
+    #: machine a few statements before the block that runs its teardown, and a signal can
+    #: land as the teardown's close begins, before it defers signals: either would leave
+    #: the stores behind, so the search closes them then.
     open_example: Callable[[], None] | None = None
     _last_progress: float = 0.0
 
