@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from typing import Any
 
 
@@ -68,16 +69,41 @@ def existing_directories() -> set[str]:
             for p in glob.glob(f"{place}/{pattern}")}
 
 
-def run_directories(*pids: int, before: frozenset[str] = frozenset()) -> list[str]:
+def run_directories(*pids: int, before: frozenset[str] = frozenset(),
+                    alive: Collection[int] | None = None) -> list[str]:
     """The run directories of ``pids``, except those there before the command started:
     pids wrap (pid_max is often 32768), so a process below faultlab may carry the pid of
     an earlier, unrelated process whose directory was left behind; that is not a leftover
-    of this run."""
-    patterns = [f"{kind}{pid}-*" for pid in pids
+    of this run. ``alive``: faultlab's processes still alive (all below the harness); a
+    pid held by any other process now was reused, and what its holder made is not this
+    run's either (see :func:`made_by_another_holder`)."""
+    patterns = [(pid, f"{kind}{pid}-*") for pid in pids
                 for kind in ("faultlab-", "faultlab-lanes-", "faultlab-faketime-",
                              "sem.faultlab-faketime-")]
-    return sorted(p for place in PLACES for name in patterns for p in glob.glob(f"{place}/{name}")
-                  if p not in before)
+    return sorted(p for place in PLACES for pid, name in patterns
+                  for p in glob.glob(f"{place}/{name}")
+                  if p not in before
+                  and not (alive is not None and pid not in alive
+                           and made_by_another_holder(p, pid)))
+
+
+def made_by_another_holder(path: str, pid: int) -> bool:
+    """Whether ``path``, named for ``pid``, was made by the process that holds ``pid`` now
+    (one that is not faultlab's): a run forks thousands of workers, so within a long run
+    another test's process can get one of their pids. Its directory was made after it
+    started; one that faultlab's process left was made before that process ended, so
+    before any later holder of its pid started (reuse waits for the pid counter to wrap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # since boot
+        made = os.stat(path).st_ctime
+    except (OSError, ValueError, IndexError):
+        return False  # the pid is free (or the directory is gone): nothing to tell apart
+    started = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME) + ticks / _TICKS
+    return made >= started
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def descendants(root: int) -> set[int]:
@@ -151,7 +177,7 @@ def main() -> None:
         child.wait()
     exited_at = time.monotonic()
     left = children(me)  # anything faultlab left behind is ours now
-    directories = run_directories(*sorted(seen), before=before)
+    directories = run_directories(*sorted(seen), before=before, alive=descendants(me))
     # clean up after a failing run, so the next test starts clean: what is killed here
     # may leave its own children to us, so repeat until nothing is left (bounded)
     end = time.monotonic() + 10

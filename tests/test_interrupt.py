@@ -106,6 +106,72 @@ def test_the_harness_reports_a_directory_left_by_the_run_but_not_one_from_before
         new.rmdir()
 
 
+#: Run inside a private pid namespace (pid 1 there): a process makes a run directory and
+#: ends, leaving it; its pid is then given to another process on purpose, through the
+#: namespace's own ns_last_pid, and that one makes its own. Prints both and what the
+#: harness reports, with and without knowing which processes are faultlab's.
+REUSED_PID = """
+import json, os, subprocess, sys, time
+sys.path.insert(0, sys.argv[1])
+import interrupt_harness as harness
+
+before = frozenset(harness.existing_directories())
+make = ("import os, sys; pid = os.getpid(); "
+        "os.mkdir(f'/dev/shm/faultlab-{pid}-{sys.argv[1]}') if sys.argv[2] in ('any', str(pid)) "
+        "else None; "
+        "print(pid, flush=True); sys.stdin.read()")
+leaver = subprocess.Popen([sys.executable, "-c", make, "leaked", "any"], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True)
+pid = leaver.pid
+leaver.stdout.readline()  # its directory is made
+leaver.stdin.close()
+leaver.wait()  # ended, its directory left behind
+leaked = f"/dev/shm/faultlab-{pid}-leaked"
+time.sleep(0.1)  # pid reuse waits for the counter to wrap: far longer than a clock tick
+with open("/proc/sys/kernel/ns_last_pid", "w") as last:
+    last.write(str(pid - 1))
+later = f"/dev/shm/faultlab-{pid}-later"
+holder = subprocess.Popen([sys.executable, "-c", make, "later", str(pid)],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+try:
+    holder.stdout.readline()  # its directory is made
+    result = {"pid": pid, "holder": holder.pid, "leaked": leaked, "later": later,
+              "known": harness.run_directories(pid, before=before, alive=set()),
+              "unknown": harness.run_directories(pid, before=before)}
+finally:
+    holder.stdin.close()
+    holder.wait()
+    for path in (leaked, later):
+        if os.path.isdir(path):
+            os.rmdir(path)
+print(json.dumps(result))
+"""
+
+
+def test_the_harness_does_not_count_a_directory_made_by_a_later_holder_of_a_pid() -> None:
+    """Pids wrap within a long run (thousands of workers, pid_max 32768), so another
+    test's process can hold one of the pids seen below faultlab when the harness looks.
+    A real reuse, in a private pid namespace: the directory the first holder left is
+    reported, the one its successor made is not. Without knowing faultlab's live
+    processes the harness reports both (the false leftover it reported before)."""
+    import shutil
+
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("reusing a pid on purpose needs unshare(1) for a private pid namespace")
+    done = subprocess.run(
+        [unshare, "--pid", "--fork", "--mount-proc", sys.executable, "-c", REUSED_PID,
+         str(TESTS)], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0 and "unshare failed" in done.stderr:
+        pytest.skip(f"no private pid namespace here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["holder"] == result["pid"], result  # the pid was reused
+    assert result["known"] == [result["leaked"]], result
+    assert result["unknown"] == [result["later"], result["leaked"]], result
+    assert not Path(result["leaked"]).exists() and not Path(result["later"]).exists()
+
+
 @pytest.mark.parametrize("sig", ["INT", pytest.param("TERM", marks=pytest.mark.slow)])
 def test_a_signal_before_the_first_worker(tmp_path: Path, sig: str) -> None:
     corpus = tmp_path / "corpus"
@@ -594,6 +660,51 @@ def test_a_signal_before_hypothesis_tears_the_example_down_leaves_no_directory(
         try:
             with interrupt.handling(), pytest.raises(interrupt.Interrupted):
                 _search(SignalledOnceOpen, machine_settings(5, 5), 0, recorder,
+                        hypothesis_shrink=False)
+        finally:
+            interrupt.reset()
+    assert len(made) == 1, made  # the example's run directory, made by this process
+    assert not Path(made[0]).exists(), made
+    assert recorder.open_example is None
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_a_signal_as_the_teardown_starts_closing_leaves_no_directory(concurrency: int) -> None:
+    """A real SIGTERM delivered the moment an example's teardown calls its executor's
+    ``close``, before ``close`` holds signals back: the Interrupted leaves ``close`` at
+    once, and the search closes the stores itself. Before, the teardown forgot the open
+    example either way, and the run directory was left in /dev/shm."""
+    from faultlab.process.spawn import spawner
+    from faultlab.search.explore import _search
+    from faultlab.search.machine import machine_settings, outbox_machine
+    from faultlab.search.recorder import Recorder
+    from faultlab.search.schedules import concurrent_machine
+
+    recorder: Recorder = Recorder()
+    prefix = "faultlab-lanes-" if concurrency > 1 else "faultlab-"
+    mine = f"/dev/shm/{prefix}{os.getpid()}-*"
+    before = set(glob_paths(mine))
+    made: list[str] = []
+    with spawner("fork") as runner:
+        base: Any = (concurrent_machine("reference", concurrency=2, recorder=recorder)
+                     if concurrency > 1 else
+                     outbox_machine("reference", spawner=runner, recorder=recorder))
+
+        class SignalledAsItCloses(base):  # type: ignore[misc,valid-type]
+            def __init__(self) -> None:
+                super().__init__()  # the stores exist now
+                made.extend(set(glob_paths(mine)) - before)
+                executor, close = self.executor, self.executor.close
+
+                def signalled_close() -> None:
+                    os.kill(os.getpid(), signal.SIGTERM)  # raised here, before close runs
+                    close()
+
+                executor.close = signalled_close
+
+        try:
+            with interrupt.handling(), pytest.raises(interrupt.Interrupted):
+                _search(SignalledAsItCloses, machine_settings(5, 2), 0, recorder,
                         hypothesis_shrink=False)
         finally:
             interrupt.reset()
