@@ -11,6 +11,7 @@ import os
 import sqlite3
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from faultlab.nemesis.crash import kill_self
@@ -430,3 +431,19 @@ class ThreadLeavingOutbox(LockLeavingOutbox):
 
         _thread.start_new_thread(time.sleep, (3600,))
         return super().accept(context, operation_id, payload)
+
+
+class StoreWatchingOutbox(ReferenceOutbox):
+    """accept watches its stores' directory until it is killed. Should the directory go
+    while it still runs (the run removed the stores under a live worker, which could
+    still write them), it says so in the file ``FAULTLAB_TEST_WITNESS`` names."""
+
+    name = "store-watching"
+
+    def accept(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
+        witness = Path(os.environ["FAULTLAB_TEST_WITNESS"])
+        while context.directory.exists():
+            time.sleep(0.001)
+        witness.write_text(f"worker {os.getpid()} outlived {context.directory}\n")
+        time.sleep(3600)
+        raise AssertionError("unreachable: the run kills this worker")

@@ -195,6 +195,27 @@ def test_a_signal_while_a_worker_hangs_ends_and_reaps_it(
     assert result["exit_after_signal"] < 10, result
 
 
+@pytest.mark.parametrize("spawn", ["fork", "exec"])
+def test_a_signal_mid_step_ends_the_worker_before_its_stores_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spawn: str,
+) -> None:
+    """The worker watches its stores' directory every millisecond while it runs: the
+    interrupted run ends it before it removes the stores. A worker that outlived them
+    could still write there (a rollback journal made as the directory was being removed
+    left it behind, empty, after the commit) and says so. Before, a forked worker ran
+    until the fork server was stopped, after the stores had gone."""
+    witness = tmp_path / "witness"
+    monkeypatch.setenv("FAULTLAB_TEST_WITNESS", str(witness))
+    corpus = tmp_path / "corpus"
+    result = interrupted_run(
+        ["explore", "--system", "systems_for_tests:StoreWatchingOutbox", "--deadline", "60",
+         "--spawn", spawn, "--corpus", str(corpus)],
+        "TERM", "rundir", delay=1.0 if spawn == "exec" else 0.5,
+    )
+    assert_stopped_cleanly(result, "TERM", corpus)
+    assert not witness.exists(), witness.read_text()
+
+
 @pytest.mark.parametrize("sig", [pytest.param("INT", marks=pytest.mark.slow), "TERM"])
 def test_a_signal_while_shrinking_saves_nothing(tmp_path: Path, sig: str) -> None:
     """The signal arrives as faultlab's shrinker starts on the negative control's finding."""

@@ -1133,8 +1133,8 @@ class ForkServer:
 
     Every request carries a fresh id that the reply must echo. An exchange cut short
     (a signal between writing a request and reading its reply) leaves the channel
-    unusable: no later request can read the earlier reply, and :meth:`close` stops the
-    server with SIGTERM, which kills and reaps the worker it was running.
+    unusable: no later request can read the earlier reply, and the server is stopped at
+    once with SIGTERM (:meth:`close`), which kills and reaps the worker it was running.
     """
 
     def __init__(self, entry: str = FORK_SERVER_ENTRY,
@@ -1182,6 +1182,12 @@ class ForkServer:
             line = stdout.readline()
         except BrokenPipeError:
             line = b""
+        except BaseException:
+            # interrupted while the worker runs: stop the server now, which kills and reaps
+            # that worker (and its service), before the caller removes the stores it uses;
+            # a worker left running until the run's end could still write in them
+            self.close()
+            raise
         if not line:
             raise ExecutionError(f"the fork server (pid {self.pid}) died")
         reply = json.loads(line)
