@@ -649,52 +649,18 @@ def test_after_a_signal_no_lane_step_runs() -> None:
 
 
 @pytest.mark.parametrize("concurrency", [1, 2])
-def test_a_signal_before_hypothesis_tears_the_example_down_leaves_no_directory(
-    concurrency: int,
+@pytest.mark.parametrize("moment", ["opened", "closing"])
+def test_a_signal_at_either_end_of_an_example_leaves_no_directory(
+    moment: str, concurrency: int,
 ) -> None:
-    """A real SIGTERM the moment a machine has opened its example's stores, before
-    Hypothesis enters the block that calls its teardown (it makes the machine a few
-    statements earlier): the search closes those stores itself. Before, the run directory
-    was left in /dev/shm (seen once in a few CI runs of an interrupted ``explore --jobs``)."""
-    from faultlab.process.spawn import spawner
-    from faultlab.search.explore import _search
-    from faultlab.search.machine import machine_settings, outbox_machine
-    from faultlab.search.recorder import Recorder
-    from faultlab.search.schedules import concurrent_machine
-
-    recorder: Recorder = Recorder()
-    prefix = "faultlab-lanes-" if concurrency > 1 else "faultlab-"
-    mine = f"/dev/shm/{prefix}{os.getpid()}-*"
-    before = set(glob_paths(mine))
-    with spawner("fork") as runner:
-        base: Any = (concurrent_machine("reference", concurrency=2, recorder=recorder)
-                     if concurrency > 1 else
-                     outbox_machine("reference", spawner=runner, recorder=recorder))
-
-        class SignalledOnceOpen(base):  # type: ignore[misc,valid-type]
-            def __init__(self) -> None:
-                super().__init__()  # the stores exist now
-                made.extend(set(glob_paths(mine)) - before)
-                os.kill(os.getpid(), signal.SIGTERM)  # raised here, at once
-
-        made: list[str] = []
-        try:
-            with interrupt.handling(), pytest.raises(interrupt.Interrupted):
-                _search(SignalledOnceOpen, machine_settings(5, 5), 0, recorder,
-                        hypothesis_shrink=False)
-        finally:
-            interrupt.reset()
-    assert len(made) == 1, made  # the example's run directory, made by this process
-    assert not Path(made[0]).exists(), made
-    assert recorder.open_example is None
-
-
-@pytest.mark.parametrize("concurrency", [1, 2])
-def test_a_signal_as_the_teardown_starts_closing_leaves_no_directory(concurrency: int) -> None:
-    """A real SIGTERM delivered the moment an example's teardown calls its executor's
-    ``close``, before ``close`` holds signals back: the Interrupted leaves ``close`` at
-    once, and the search closes the stores itself. Before, the teardown forgot the open
-    example either way, and the run directory was left in /dev/shm."""
+    """A real SIGTERM at either end of an example, where its teardown cannot close its
+    stores: ``opened``, the moment a machine has opened them, before Hypothesis enters the
+    block that calls its teardown (it makes the machine a few statements earlier);
+    ``closing``, the moment the teardown calls its executor's ``close``, before ``close``
+    holds signals back (the Interrupted leaves ``close`` at once). The search closes the
+    stores itself. Before, the run directory was left in /dev/shm: ``opened`` was seen
+    once in a few CI runs of an interrupted ``explore --jobs``; ``closing`` the teardown
+    forgot either way."""
     from faultlab.process.spawn import spawner
     from faultlab.search.explore import _search
     from faultlab.search.machine import machine_settings, outbox_machine
@@ -711,10 +677,13 @@ def test_a_signal_as_the_teardown_starts_closing_leaves_no_directory(concurrency
                      if concurrency > 1 else
                      outbox_machine("reference", spawner=runner, recorder=recorder))
 
-        class SignalledAsItCloses(base):  # type: ignore[misc,valid-type]
+        class Signalled(base):  # type: ignore[misc,valid-type]
             def __init__(self) -> None:
                 super().__init__()  # the stores exist now
                 made.extend(set(glob_paths(mine)) - before)
+                if moment == "opened":
+                    os.kill(os.getpid(), signal.SIGTERM)  # raised here, at once
+                    return
                 executor, close = self.executor, self.executor.close
 
                 def signalled_close() -> None:
@@ -725,7 +694,7 @@ def test_a_signal_as_the_teardown_starts_closing_leaves_no_directory(concurrency
 
         try:
             with interrupt.handling(), pytest.raises(interrupt.Interrupted):
-                _search(SignalledAsItCloses, machine_settings(5, 2), 0, recorder,
+                _search(Signalled, machine_settings(5, 2), 0, recorder,
                         hypothesis_shrink=False)
         finally:
             interrupt.reset()
