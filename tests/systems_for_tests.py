@@ -434,14 +434,17 @@ class ThreadLeavingOutbox(LockLeavingOutbox):
 
 
 class StoreWatchingOutbox(ReferenceOutbox):
-    """accept watches its stores' directory until it is killed. Should the directory go
-    while it still runs (the run removed the stores under a live worker, which could
-    still write them), it says so in the file ``FAULTLAB_TEST_WITNESS`` names."""
+    """accept watches its stores' directory until it is killed (it never returns), and
+    writes ``watching`` in the directory ``FAULTLAB_TEST_WITNESS`` names as it starts.
+    Should the stores' directory go while it still runs (the run removed the stores under
+    a live worker, which could still write them), it writes ``outlived`` there too."""
 
     name = "store-watching"
 
     def accept(self, context: WorkerContext, operation_id: str, payload: str) -> dict[str, Any]:
-        witness = Path(os.environ["FAULTLAB_TEST_WITNESS"])
+        witnesses = Path(os.environ["FAULTLAB_TEST_WITNESS"])
+        (witnesses / "watching").write_text(f"worker {os.getpid()}\n")
+        witness = witnesses / "outlived"
         while context.directory.exists():
             time.sleep(0.001)
         witness.write_text(f"worker {os.getpid()} outlived {context.directory}\n")
