@@ -332,8 +332,13 @@ def test_explore_reference_pg_is_clean_and_leaves_nothing(server: Any, tmp_path:
 ])
 def test_an_interrupted_run_drops_its_databases(server: Any, tmp_path: Path, signum: int,
                                                 after: float) -> None:
-    """Ctrl-C or SIGTERM at some moment of an exploration: exit 130/143 within 2 s, no
-    database left."""
+    """Ctrl-C or SIGTERM at some moment of an exploration: exit 130/143 within 5 s, no
+    database left.
+
+    The teardown is the server's work: the run's last few databases are dropped one by one
+    (about 0.75 s in all on an idle machine; two sessions dropping at once took no less).
+    Beside a 20,000-step soak on the other core it took 2.1 s, so the bound leaves room for
+    a loaded machine and still catches the 10-21 s this once took."""
     before = _faultlab_databases(server)
     process = subprocess.Popen(
         [sys.executable, "-m", "faultlab", "explore", "--system", "reference-pg", "--examples",
@@ -350,7 +355,7 @@ def test_an_interrupted_run_drops_its_databases(server: Any, tmp_path: Path, sig
     _, stderr = process.communicate(timeout=60)
     took = time.monotonic() - sent
     assert process.returncode == 128 + signum, stderr
-    assert took < 2.0, f"{took:.1f} s from the signal to the exit (was 10-21 s)"
+    assert took < 5.0, f"{took:.1f} s from the signal to the exit (was 10-21 s)"
     name = signal.Signals(signum).name
     assert stderr.strip().splitlines()[-1] == (
         f"faultlab: interrupted by {name}; workers stopped, nothing reported or saved")

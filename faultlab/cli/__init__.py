@@ -88,12 +88,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = 130
     except BrokenPipeError:
         code = _closed_pipe()
-    if program:
+    if program and "multiprocessing.resource_tracker" in sys.modules:
         # the exception and its frames are gone, so multiprocessing's semaphores are
         # released: end its resource tracker too, rather than leave it to outlive us.
         # Frames in a reference cycle (an error a library kept, whose frames reach back to
         # run_jobs and its queue) are collected first: a tracker that outlives their
-        # semaphores prints a traceback for each one at exit.
+        # semaphores prints a traceback for each one at exit. A run that never loaded the
+        # tracker's module started no tracker, and skips the collection (tens of
+        # milliseconds at the end of every command, and of every interrupted one).
         import gc
 
         gc.collect()
