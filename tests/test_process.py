@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -293,6 +294,58 @@ def test_a_fork_server_replaces_a_spare_service_that_died(tmp_path: Path) -> Non
         assert record.response["families"][0][1:] == [server, record.pid]
         assert record.response["service"]["pid"] != spares[0]
     assert spares[0] not in processes()
+
+
+def _running_since(pid: int, started: str) -> bool:
+    """Whether the process ``pid`` that started at ``started`` (its start time in /proc)
+    still runs: not gone, not a zombie, not another process that took its pid since."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z" and fields[19] == started
+
+
+def test_a_fork_server_killed_from_outside_takes_its_worker_and_spares_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fork server killed from outside (by hand, or by the kernel's out-of-memory
+    killer) while its worker runs: the run fails, and the worker and the spares die with
+    the server (a parent-death signal each spare asked for as it was forked). Before, the
+    worker ran on, orphaned, in a group of its own that nothing else knew of (the spare
+    ended, seeing its spec's pipe close)."""
+    witnesses = tmp_path / "witnesses"
+    witnesses.mkdir()
+    monkeypatch.setenv("FAULTLAB_TEST_WITNESS", str(witnesses))  # the server inherits it
+    stores = tmp_path / "stores"
+    stores.mkdir()
+    load_system("reference").initialise(stores)
+    server = spawn.ForkServer()
+    watching = WorkerSpec(system="systems_for_tests:StoreWatchingOutbox", role="accept",
+                          directory=str(stores), operation_id="op-1",
+                          payload='{"title":"x"}', deadline=60)
+    seen: dict[int, str] = {}  # the server's children as it was killed: pid -> start time
+
+    def kill_the_server() -> None:
+        wait_until(lambda: (witnesses / "watching").exists(), 30)
+        for pid, (_, parent, _) in processes().items():
+            if parent == server.pid:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                seen[pid] = stat.rsplit(")", 1)[1].split()[19]
+        os.kill(server.pid, signal.SIGKILL)  # this test's own fork server
+
+    killer = threading.Thread(target=kill_the_server)
+    try:
+        killer.start()
+        with pytest.raises(ExecutionError, match=r"the fork server \(pid \d+\) died"):
+            server.run(watching)
+    finally:
+        killer.join()
+        server.close()
+    worker = int((witnesses / "watching").read_text().split()[1])
+    assert worker in seen and len(seen) >= 2, seen  # and the spare forked while it runs
+    assert wait_until(lambda: not any(_running_since(p, s) for p, s in seen.items())), [
+        pid for pid, started in seen.items() if _running_since(pid, started)]
 
 
 def test_an_exec_mode_dispatchers_service_is_its_own_child(exec_spawner: Spawner) -> None:

@@ -615,8 +615,10 @@ def _fork_spare(run: WorkerMain, streams: StandardStreams | None, *,
     err_r, err_w = os.pipe()
     status_r, status_w = os.pipe()
     channel = () if service else (*os.pipe(), *os.pipe())  # requests r, w; replies r, w
+    server = os.getpid()
     pid = os.fork()
     if pid == 0:  # child: never returns
+        _die_with(server)
         keep: tuple[int, ...] = (control_r, status_w)
         for fd in (control_w, out_r, err_r, status_r, *channel[0::3]):
             os.close(fd)
@@ -961,17 +963,44 @@ def become_subreaper() -> None:
     _set_child_subreaper()
 
 
+#: The C library's ``prctl``, kept once this process has made itself a child subreaper
+#: (so the fork server has it before it forks a spare, which uses it: :func:`_die_with`).
+_prctl: Callable[..., int] | None = None
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_SIGKILL = int(signal.SIGKILL)  # a plain int: no enum work in a forked child
+
+
 def _set_child_subreaper() -> None:
     """Become the reaper of orphaned grandchildren (Linux), so none stays a zombie."""
+    global _prctl
     if not sys.platform.startswith("linux"):
         return
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        _prctl = libc.prctl
     except (OSError, AttributeError):
         pass
+
+
+def _die_with(parent: int) -> None:
+    """Have the kernel SIGKILL this forked child when ``parent``, which forked it, dies.
+
+    A fork server's worker runs in a group of its own, and only the server knows its pid:
+    a server killed from outside (by hand, or by the kernel's out-of-memory killer) would
+    leave it running, orphaned, for as long as it hangs, and its waiting spares for good.
+    A parent that died before the request took effect is seen at once: the child then has
+    another parent, and ends. Called by a spare before it waits for its spec, off the
+    clock; where ``prctl`` is not to be had, nothing changes.
+    """
+    if _prctl is None:
+        return
+    _prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(70)
 
 
 def _reap_orphans(wait: float = 0.0) -> None:
