@@ -327,12 +327,17 @@ def test_a_fork_server_killed_from_outside_takes_its_worker_and_spares_with_it(
     seen: dict[int, str] = {}  # the server's children as it was killed: pid -> start time
 
     def kill_the_server() -> None:
-        wait_until(lambda: (witnesses / "watching").exists(), 30)
-        for pid, (_, parent, _) in processes().items():
-            if parent == server.pid:
-                stat = Path(f"/proc/{pid}/stat").read_text()
-                seen[pid] = stat.rsplit(")", 1)[1].split()[19]
-        os.kill(server.pid, signal.SIGKILL)  # this test's own fork server
+        try:
+            wait_until(lambda: (witnesses / "watching").exists(), 30)
+            for pid, (_, parent, _) in processes().items():
+                if parent == server.pid:
+                    try:
+                        stat = Path(f"/proc/{pid}/stat").read_text()
+                    except OSError:
+                        continue  # ended as we looked
+                    seen[pid] = stat.rsplit(")", 1)[1].split()[19]
+        finally:
+            os.kill(server.pid, signal.SIGKILL)  # this test's own fork server, whatever came
 
     killer = threading.Thread(target=kill_the_server)
     try:

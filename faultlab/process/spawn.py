@@ -991,10 +991,10 @@ def _die_with(parent: int) -> None:
 
     A fork server's worker runs in a group of its own, and only the server knows its pid:
     a server killed from outside (by hand, or by the kernel's out-of-memory killer) would
-    leave it running, orphaned, for as long as it hangs, and its waiting spares for good.
-    A parent that died before the request took effect is seen at once: the child then has
-    another parent, and ends. Called by a spare before it waits for its spec, off the
-    clock; where ``prctl`` is not to be had, nothing changes.
+    leave it running, orphaned, for as long as it hangs (a waiting spare ends by itself,
+    its spec's pipe closed). A parent that died before the request took effect is seen
+    at once: the child then has another parent, and ends. Called by a spare before it
+    waits for its spec, off the clock; where ``prctl`` is not to be had, nothing changes.
     """
     if _prctl is None:
         return
