@@ -188,7 +188,12 @@ def test_exec_suite_leaves_no_process_fd_or_temp_dir(
 @pytest.fixture(params=["fork", "exec"])
 def warm_spawner(request: pytest.FixtureRequest, reference: System) -> Spawner:
     runner: Spawner = request.getfixturevalue(f"{request.param}_spawner")
-    execute(reference, [Step("dispatch")], runner)  # the fork server is up before we count
+    # the fork server is up before we count ...
+    warm_up = execute(reference, [Step("dispatch")], runner).observations[0].record.pid
+    # ... and has reaped that worker: it answers as the worker ends its action and reaps
+    # it right after, so a look in between can still see it (not yet exiting), and the
+    # next look, without it, would differ by a process no test made
+    assert wait_until(lambda: warm_up not in processes())
     return runner
 
 
