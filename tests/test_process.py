@@ -301,14 +301,20 @@ def test_a_fork_server_replaces_a_spare_service_that_died(tmp_path: Path) -> Non
     assert spares[0] not in processes()
 
 
-def _running_since(pid: int, started: str) -> bool:
-    """Whether the process ``pid`` that started at ``started`` (its start time in /proc)
-    still runs: not gone, not a zombie, not another process that took its pid since."""
+def _state_and_start(pid: int) -> tuple[str, str] | None:
+    """A process's state and start time (/proc/PID/stat), or None once it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return False
-    return fields[0] != "Z" and fields[19] == started
+        return None
+    return fields[0], fields[19]
+
+
+def _running_since(pid: int, started: str) -> bool:
+    """Whether the process ``pid`` that started at ``started`` still runs: not gone, not
+    a zombie, not another process that took its pid since."""
+    now = _state_and_start(pid)
+    return now is not None and now[0] != "Z" and now[1] == started
 
 
 def test_a_fork_server_killed_from_outside_takes_its_worker_and_spares_with_it(
@@ -335,12 +341,9 @@ def test_a_fork_server_killed_from_outside_takes_its_worker_and_spares_with_it(
         try:
             wait_until(lambda: (witnesses / "watching").exists(), 30)
             for pid, (_, parent, _) in processes().items():
-                if parent == server.pid:
-                    try:
-                        stat = Path(f"/proc/{pid}/stat").read_text()
-                    except OSError:
-                        continue  # ended as we looked
-                    seen[pid] = stat.rsplit(")", 1)[1].split()[19]
+                now = _state_and_start(pid) if parent == server.pid else None
+                if now is not None:  # a child of the server that had not ended as we looked
+                    seen[pid] = now[1]
         finally:
             os.kill(server.pid, signal.SIGKILL)  # this test's own fork server, whatever came
 
