@@ -4,8 +4,8 @@
                           [--concurrent-examples N] [--concurrent-repeat N]
                           [--wall-seconds S] [--wall-repeat N]
 
-The earlier commit (default f402273, the code before the "more bugs per CPU-second"
-work) is checked out into a temporary ``git worktree``, removed at the end. Each
+The earlier commit (default f402273, the baseline the 2x target is measured against)
+is checked out into a temporary ``git worktree``, removed at the end. Each
 measurement is a fresh interpreter (``python -c``) importing one tree's faultlab only,
 exploring the reference sequentially for ``--seconds`` with one job (rounds of 20
 examples, ``explore --duration``); the two trees alternate, each first in turn, with
