@@ -213,10 +213,11 @@ def test_the_machine_draws_server_crashes_only_on_a_private_server(
 
 # -- the command line ------------------------------------------------------------------------
 
-def _faultlab(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def _faultlab(*args: str, cwd: Path, timeout: float = 600,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "faultlab", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
 def _left_behind(pid: int) -> list[str]:
@@ -249,6 +250,35 @@ def test_a_dropped_connection_is_refused_without_a_private_server(tmp_path: Path
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "drop_connection" in lines[0] and "--postgres private" in lines[0]
+
+
+def test_a_power_cut_of_postgres_stores_is_refused_not_run(tmp_path: Path) -> None:
+    """A power step rebuilds the SQLite files faultlab recorded: on a system whose stores
+    are on a server it would cut nothing, and DURABLE would pass untested. Refused with one
+    line, as a replay and as an exploration (which ran clean, checking DURABLE after every
+    such cut, before the refusal), before anything is made."""
+    path = _trace_file(tmp_path, "reference-pg", [Step("accept", "op-1", PAYLOAD),
+                                                   Step.power({"kind": "drop_all"})])
+    done = _faultlab("replay", str(path), cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "PostgreSQL" in lines[0] and "server_crash" in lines[0], lines
+    assert done.stdout == ""
+    temporary = tmp_path / "tmp"  # the runs' TMPDIR: where a run directory would be made
+    temporary.mkdir()
+    for lanes in ("1", "2"):
+        done = _faultlab("explore", "--system", "reference-pg", "--power-loss",
+                         "--concurrency", lanes, "--examples", "5",
+                         "--corpus", str(tmp_path / "corpus"), cwd=tmp_path,
+                         env={"TMPDIR": str(temporary)})
+        assert done.returncode == 2, done.stdout + done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("faultlab: error: --power-loss cuts "), \
+            lines
+        assert "reference-pg keeps its stores on PostgreSQL" in lines[0]
+        assert done.stdout == ""
+    assert sorted(tmp_path.iterdir()) == [path, temporary]  # no corpus
+    assert list(temporary.iterdir()) == []  # no run directory
 
 
 def test_server_crash_steps_are_written_only_when_used_and_checked_on_load() -> None:

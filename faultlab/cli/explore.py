@@ -187,7 +187,9 @@ def register(commands: Commands) -> None:
                              "cut could leave them (with --concurrency every live lane dies "
                              "at the cut; a command-line system's program records only if it "
                              "calls faultlab.record_power_loss(), and a run whose writes were "
-                             "not recorded ends with exit 3)")
+                             "not recorded ends with exit 3). SQLite stores only: a system on "
+                             "PostgreSQL is refused (its server's crash is the server_crash "
+                             "step, with --postgres private)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_html(parser, "for a finding, write its replay as one self-contained HTML page (a "
                      "timeline with a lane per process, both stores after each step); nothing "
@@ -283,6 +285,7 @@ def _progress_line(totals: Totals, seconds: float, jobs: int, concurrency: int =
 def cmd_explore(args: argparse.Namespace) -> int:
     from faultlab.process.spawn import spawner
     from faultlab.report import tables as report
+    from faultlab.run.faults import check_power_cut
     from faultlab.search.explore import HYPOTHESIS_VERSION
     from faultlab.search.rounds import Plan, Totals, run_jobs, run_stream
     from faultlab.search.shrink import length
@@ -299,6 +302,8 @@ def cmd_explore(args: argparse.Namespace) -> int:
         check_output_path(args.html, "--html", html_report.PAGE)
     system = load_system(args.system, args.deduplication)
     refuse_unused_postgres(system, args.postgres)
+    if args.power_loss:
+        check_power_cut(system, "--power-loss")
     if args.statement_points and not system.supports_statement_points:
         raise UsageError(f"--statement-points: {system.name} runs its own programs; statement "
                          "points need faultlab's own worker processes (a Python system)")

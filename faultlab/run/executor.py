@@ -54,7 +54,12 @@ from faultlab.process.records import (
 )
 from faultlab.process.spawn import Spawner
 from faultlab.run.directory import POWER_LOG, RunDirectory
-from faultlab.run.faults import check_server_alive, check_server_crash, cut_power
+from faultlab.run.faults import (
+    check_power_cut,
+    check_server_alive,
+    check_server_crash,
+    cut_power,
+)
 from faultlab.run.interleaving import BLOCK_BOUND, Lane, Lanes
 from faultlab.run.observation import NO_PROCESS, Execution, Observation, worker_observation
 from faultlab.stores import postgres as pgstores
@@ -89,6 +94,7 @@ def validate_step(system: System, step: Step) -> None:
                          "never holds (a laned trace runs through the lanes)")
     if step.action == POWER:
         Step.power(step.choice)  # raises UsageError for a malformed choice
+        check_power_cut(system)
         return
     if step.action == SERVER_CRASH:
         check_server_crash(system)
@@ -133,6 +139,8 @@ class Executor:
         block_bound: float = BLOCK_BOUND,
     ) -> None:
         system.require_deduplication_switch(deduplication)
+        if power:
+            check_power_cut(system, "power cuts")
         if statement_points and not system.supports_statement_points:
             raise UsageError(f"{system.name}: statement scheduling points (sql:K, commit:K) "
                              "need faultlab's own worker processes (a Python system)")

@@ -30,6 +30,19 @@ def check_server_crash(system: System, what: str = "a server_crash step") -> Non
                          f"{system.name} keeps them elsewhere")
 
 
+def check_power_cut(system: System, what: str = "a power step") -> None:
+    """Refuse a power cut that would cut nothing: it rebuilds the SQLite files faultlab
+    recorded, and a system whose stores live on a server has none, so every store would
+    come through untouched and ``DURABLE`` would pass without having been tested. A
+    PostgreSQL server's own crash is ``server_crash`` (``--postgres private``)."""
+    if system.store_kind != "sqlite":
+        where = "PostgreSQL" if system.store_kind == "postgres" else system.store_kind
+        raise UsageError(f"{what} cuts the SQLite files faultlab records; {system.name} "
+                         f"keeps its stores on {where}, which a cut would leave untouched "
+                         "(a private PostgreSQL server's crash is the server_crash step of "
+                         "--postgres private)")
+
+
 def check_server_alive(system: System) -> None:
     """A private PostgreSQL server that died by itself fails the run (ExecutionError, exit
     3), whatever the step's worker showed: never a finding."""
