@@ -254,9 +254,9 @@ def test_a_dropped_connection_is_refused_without_a_private_server(tmp_path: Path
 
 def test_a_power_cut_of_postgres_stores_is_refused_not_run(tmp_path: Path) -> None:
     """A power step rebuilds the SQLite files faultlab recorded: on a system whose stores
-    are on a server it would cut nothing, and DURABLE would pass untested. Refused with one
-    line, as a replay and as an exploration (which ran clean, checking DURABLE after every
-    such cut, before the refusal), before anything is made."""
+    are on a server it would cut nothing, and DURABLE would pass untested (an exploration
+    would call itself clean with DURABLE checked after every such cut). Refused with one
+    line, as a replay and as an exploration, before anything is made."""
     path = _trace_file(tmp_path, "reference-pg", [Step("accept", "op-1", PAYLOAD),
                                                    Step.power({"kind": "drop_all"})])
     done = _faultlab("replay", str(path), cwd=tmp_path)

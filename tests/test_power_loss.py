@@ -38,6 +38,16 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, cwd=ROOT, timeout=600)
 
 
+def test_an_executor_that_would_cut_stores_on_a_server_is_refused_before_anything() -> None:
+    """Recording for power cuts means SQLite files; an executor asked to record a system
+    whose stores are on PostgreSQL refuses at once (no run directory, no connection)."""
+    from faultlab.run.executor import Executor
+
+    with pytest.raises(UsageError) as raised:
+        Executor(load_system("reference-pg"), power=True)
+    assert "\n" not in str(raised.value) and "PostgreSQL" in str(raised.value)
+
+
 def test_a_power_step_writes_its_choice_and_nothing_else() -> None:
     step = Step.power({"kind": "prefix", "keep": 1})
     assert step.to_json() == {"action": "power", "choice": {"kind": "prefix", "keep": 1}}
