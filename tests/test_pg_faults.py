@@ -259,11 +259,19 @@ def test_a_power_cut_of_postgres_stores_is_refused_not_run(tmp_path: Path) -> No
     line, as a replay and as an exploration, before anything is made."""
     path = _trace_file(tmp_path, "reference-pg", [Step("accept", "op-1", PAYLOAD),
                                                    Step.power({"kind": "drop_all"})])
-    done = _faultlab("replay", str(path), cwd=tmp_path)
-    assert done.returncode == 2, done.stdout + done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "PostgreSQL" in lines[0] and "server_crash" in lines[0], lines
-    assert done.stdout == ""
+    laned = tmp_path / "laned.json"
+    laned.write_text(json.dumps(Trace(
+        system="reference-pg", deduplication=True, concurrency=2,
+        steps=[Step("accept", "op-1", PAYLOAD, lane=1), Step.power({"kind": "drop_all"})],
+    ).to_json()), encoding="utf-8")
+    for trace in (path, laned):
+        done = _faultlab("replay", str(trace), cwd=tmp_path)
+        assert done.returncode == 2, done.stdout + done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"faultlab: error: {trace}: "), lines
+        assert "PostgreSQL" in lines[0] and "server_crash" in lines[0], lines
+        assert done.stdout == ""
+    laned.unlink()
     temporary = tmp_path / "tmp"  # the runs' TMPDIR: where a run directory would be made
     temporary.mkdir()
     for lanes in ("1", "2"):
@@ -273,8 +281,7 @@ def test_a_power_cut_of_postgres_stores_is_refused_not_run(tmp_path: Path) -> No
                          env={"TMPDIR": str(temporary)})
         assert done.returncode == 2, done.stdout + done.stderr
         lines = done.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("faultlab: error: --power-loss cuts "), \
-            lines
+        assert len(lines) == 1 and lines[0].startswith("faultlab: error: --power-loss: "), lines
         assert "reference-pg keeps its stores on PostgreSQL" in lines[0]
         assert done.stdout == ""
     assert sorted(tmp_path.iterdir()) == [path, temporary]  # no corpus

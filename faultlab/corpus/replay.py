@@ -32,9 +32,10 @@ from faultlab.base.errors import UsageError
 from faultlab.process.spawn import Spawner
 from faultlab.report import tables as report
 from faultlab.run.executor import execute_trace, validate_step
+from faultlab.run.faults import check_power_cut
 from faultlab.run.observation import Execution
 from faultlab.system.contract import System, check_crash_point
-from faultlab.trace import EXPECT_FINDING, EXPECT_FLAKY, Trace, Verdict
+from faultlab.trace import EXPECT_FINDING, EXPECT_FLAKY, POWER, Trace, Verdict
 
 #: The line a failing regression replay ends with: what to do about it.
 STILL_FAILS = "still fails: fix the bug, then replay again; it passes once fixed"
@@ -61,6 +62,8 @@ def plan(path: Path, trace: Trace, system: System, *,
         else:
             for step in trace.steps:  # a crash point the step's role cannot arm
                 check_crash_point(system, step.role or "", step.crash)
+                if step.action == POWER:
+                    check_power_cut(system)
     except UsageError as error:
         raise UsageError(f"{path}: {error}") from None
     return Plan(Path(path), trace, system, against)

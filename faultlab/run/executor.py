@@ -140,7 +140,7 @@ class Executor:
     ) -> None:
         system.require_deduplication_switch(deduplication)
         if power:
-            check_power_cut(system, "power cuts")
+            check_power_cut(system, "recording for power cuts")
         if statement_points and not system.supports_statement_points:
             raise UsageError(f"{system.name}: statement scheduling points (sql:K, commit:K) "
                              "need faultlab's own worker processes (a Python system)")

@@ -37,10 +37,10 @@ def check_power_cut(system: System, what: str = "a power step") -> None:
     PostgreSQL server's own crash is ``server_crash`` (``--postgres private``)."""
     if system.store_kind != "sqlite":
         where = "PostgreSQL" if system.store_kind == "postgres" else system.store_kind
-        raise UsageError(f"{what} cuts the SQLite files faultlab records; {system.name} "
-                         f"keeps its stores on {where}, which a cut would leave untouched "
-                         "(a private PostgreSQL server's crash is the server_crash step of "
-                         "--postgres private)")
+        raise UsageError(f"{what}: a power cut rebuilds only the SQLite files faultlab "
+                         f"records, and {system.name} keeps its stores on {where}, which a "
+                         "cut would leave untouched (a private PostgreSQL server's crash is "
+                         "the server_crash step of --postgres private)")
 
 
 def check_server_alive(system: System) -> None:
