@@ -32,8 +32,9 @@ class Outcome:
     """What an exploration or a replay showed.
 
     ``clean`` is True only when something was tested and no invariant failed (a vacuous
-    exploration, one that accepted no operation, never fired a declared crash point or
-    never let concurrent workers overlap, is not clean: ``notes`` says why). ``trace`` is
+    exploration, one that accepted no operation, left a family of invariants with nothing to
+    check, armed the declared crash points and never fired one, or ran lanes of workers that
+    can never overlap, is not clean: ``notes`` says why). ``trace`` is
     the shrunk trace of a finding (``None`` when clean); ``violations`` the invariant
     failures its replay showed; ``path`` the corpus file a finding was saved to, if any;
     ``notes`` anything the run wants a reader to know.

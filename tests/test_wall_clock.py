@@ -107,16 +107,30 @@ def test_control_on_the_real_clock_the_retry_is_reported_lost() -> None:
     assert result.verdict.invariants == ("LIVE",)
 
 
-def test_no_library_is_one_line_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(wall_clock.LIBRARY_ENV, str(tmp_path / "missing.so"))
+def test_a_missing_named_library_is_one_line_error(monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
+    """A FAULTLAB_LIBFAKETIME naming no file is named as such, not as libfaketime missing
+    (it may well be installed)."""
+    missing = tmp_path / "missing.so"
+    monkeypatch.setenv(wall_clock.LIBRARY_ENV, str(missing))
     scratch = Path(scratch_directory() or tempfile.gettempdir())
     before = set(scratch.glob("faultlab-lanes-*"))
-    with pytest.raises(UsageError, match="libfaketime is not installed") as raised:
+    with pytest.raises(UsageError) as raised:
         with Executor(load_system("systems_for_tests:WallClockRetryOutbox"), concurrency=2):
             pass
-    assert "\n" not in str(raised.value)
+    assert str(raised.value) == (
+        "this system asks for a virtual wall clock (virtual_wall_clock) and "
+        f"{wall_clock.LIBRARY_ENV} names {str(missing)!r}, which is not a file")
     # nothing left behind (another test running beside this one may remove its own)
     assert set(scratch.glob("faultlab-lanes-*")) <= before
+
+
+def test_no_library_found_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(wall_clock.LIBRARY_ENV, raising=False)
+    monkeypatch.setattr(wall_clock, "library", lambda: None)  # none on this machine
+    with pytest.raises(UsageError, match="libfaketime is not installed: pip install") as raised:
+        wall_clock.require_library()
+    assert "\n" not in str(raised.value)
 
 
 def _command_system(tmp_path: Path, wall: object) -> Path:

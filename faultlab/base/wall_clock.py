@@ -92,7 +92,13 @@ def library() -> Path | None:
 
 def require_library() -> Path:
     """The library, or a one-line error saying how to install it."""
+    named = os.environ.get(LIBRARY_ENV)
     found = library()
+    if found is None and named:
+        raise UsageError(
+            f"this system asks for a virtual wall clock (virtual_wall_clock) and "
+            f"{LIBRARY_ENV} names {named!r}, which is not a file"
+        )
     if found is None:
         raise UsageError(
             "this system asks for a virtual wall clock (virtual_wall_clock) but libfaketime "

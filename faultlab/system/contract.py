@@ -36,7 +36,7 @@ class CrashPoint:
     """A named place in one worker role where an armed worker SIGKILLs itself.
 
     ``expected`` documents what a correct system shows after the crash and after
-    recovery; it is printed by ``faultlab points`` and in the README.
+    recovery; ``faultlab systems --system NAME`` prints it for every declared point.
     """
 
     name: str
@@ -211,7 +211,8 @@ class System(ABC):
     #: crash points (``sql:K``, ``commit:K``) need faultlab's traced sqlite3 in the worker.
     supports_statement_points: bool = True
     #: A payload field that orders operations (None: no order): the relay must deliver the
-    #: operations of one key in acceptance order. Concurrent traces check it (``ORDER``).
+    #: operations of one key in acceptance order. Every trace, sequential or concurrent,
+    #: checks it (``ORDER``).
     ordering_key: str | None = None
     #: where the stores live: "sqlite" (files in the run directory) or "postgres"
     #: (databases cloned per trace; see faultlab.stores.postgres)
