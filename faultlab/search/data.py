@@ -33,7 +33,9 @@ encoding can raise a false alarm there.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from hypothesis import strategies as st
@@ -221,14 +223,27 @@ def payload_strategy(system: Any) -> st.SearchStrategy[Any]:
     return default_payloads()
 
 
+#: Keywords that only describe a schema: they do not change what it admits.
+_ANNOTATIONS = frozenset({"title", "description", "$schema", "$comment", "examples",
+                          "default"})
+#: The keywords of the object and array schemas faultlab draws itself.
+OBJECT_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties",
+                             "minProperties", "maxProperties"})
+ARRAY_KEYWORDS = frozenset({"type", "items", "minItems", "maxItems", "uniqueItems"})
+
+
 def schema_strategy(schema: Any) -> st.SearchStrategy[Any]:
     """Payloads from a JSON Schema (needs the optional hypothesis-jsonschema).
 
-    Object schemas with ``properties`` are built here (required properties always,
-    the others optionally; no extra properties), each property's schema drawn by
-    hypothesis-jsonschema: its own object support uses Hypothesis internals that recent
-    Hypothesis versions no longer have (hypothesis-jsonschema 0.23.1 fails on
-    Hypothesis 6.170 with ``'many' object has no attribute 'more'``).
+    Objects, arrays and their ``anyOf``/``oneOf`` are built here when they use only the
+    keywords :data:`OBJECT_KEYWORDS`, :data:`ARRAY_KEYWORDS` and annotations: an object's
+    required properties always, the others optionally, extra properties only as many as
+    ``minProperties`` needs, or up to three for an object that names none. Every other
+    part is drawn by hypothesis-jsonschema, whose own object support uses Hypothesis
+    internals that recent Hypothesis versions no longer have (hypothesis-jsonschema
+    0.23.1 fails on Hypothesis 6.170 with ``'many' object has no attribute 'more'``):
+    left to it, payload schemas, which are objects, would not be drawn at all. A part
+    that cannot be drawn is named by :func:`check_schema` before a run.
     """
     try:
         from hypothesis_jsonschema import from_schema
@@ -237,14 +252,20 @@ def schema_strategy(schema: Any) -> st.SearchStrategy[Any]:
                          "pip install 'faultlab[jsonschema]'") from None
 
     def build(part: Any) -> st.SearchStrategy[Any]:
-        if _built_here(part):
-            required = set(part.get("required", []))
-            properties = part["properties"]
-            return st.fixed_dictionaries(
-                {key: build(sub) for key, sub in properties.items() if key in required},
-                optional={key: build(sub) for key, sub in properties.items()
-                          if key not in required},
-            )
+        if _is_object(part):
+            return _object_strategy(part, build)
+        if _is_array(part):
+            return st.lists(build(part.get("items", {})), min_size=part.get("minItems", 0),
+                            max_size=part.get("maxItems"),
+                            unique_by=_canonical if part.get("uniqueItems") else None)
+        if _is_choice(part):
+            key = "anyOf" if "anyOf" in part else "oneOf"
+            options = st.one_of([build(option) for option in part[key]])
+            if key == "anyOf":
+                return options
+            from jsonschema.validators import validator_for  # type: ignore[import-untyped,unused-ignore]
+            checks = [validator_for(option)(option).is_valid for option in part[key]]
+            return options.filter(lambda value: sum(check(value) for check in checks) == 1)
         return from_schema(part)
 
     try:
@@ -253,13 +274,82 @@ def schema_strategy(schema: Any) -> st.SearchStrategy[Any]:
         raise UsageError(f"payload_schema is not a usable JSON Schema: {error}") from None
 
 
-def _built_here(part: Any) -> bool:
-    """Whether :func:`schema_strategy` builds this object schema itself (not
-    hypothesis-jsonschema)."""
+def _object_strategy(part: dict[str, Any],
+                     build: Callable[[Any], st.SearchStrategy[Any]]
+                     ) -> st.SearchStrategy[dict[str, Any]]:
+    properties: dict[str, Any] = part.get("properties", {})
+    required = [key for key in part.get("required", []) if isinstance(key, str)]
+    additional = part.get("additionalProperties", True)
+    extra_values = build(additional) if isinstance(additional, dict) else (
+        None if additional is False else json_values())
+    fixed: dict[str, st.SearchStrategy[Any]] = {}
+    for key in required:
+        if key in properties:
+            fixed[key] = build(properties[key])
+        elif extra_values is not None:
+            fixed[key] = extra_values
+        else:  # a required property no schema admits
+            return st.nothing()
+    optional = {key: build(sub) for key, sub in properties.items() if key not in fixed}
+    strategy: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(fixed,
+                                                                        optional=optional)
+    least = part.get("minProperties", 0)
+    most = part.get("maxProperties")
+    known = set(properties) | set(fixed)
+    # extra properties: as many as minProperties needs, and a few for an object that
+    # names none (any object: the empty one is its simple case, not its only one)
+    needed = max(least - len(known), 0)
+    spare = 3 if not known and extra_values is not None else 0
+    if (needed or spare) and extra_values is not None:
+        extras = st.dictionaries(strings().filter(lambda key: key not in known),
+                                 extra_values, min_size=needed, max_size=needed + spare)
+        strategy = st.builds(lambda base, more: {**more, **base}, strategy, extras)
+    if least or most is not None:
+        strategy = strategy.filter(
+            lambda value: least <= len(value) and (most is None or len(value) <= most))
+    return strategy
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def _is_object(part: Any) -> bool:
     return isinstance(part, dict) and part.get("type") == "object" \
-        and isinstance(part.get("properties"), dict) \
-        and set(part) <= {"type", "properties", "required", "additionalProperties",
-                          "title", "description", "$schema"}
+        and set(part) <= OBJECT_KEYWORDS | _ANNOTATIONS \
+        and isinstance(part.get("properties", {}), dict) \
+        and isinstance(part.get("additionalProperties", True), (bool, dict))
+
+
+def _is_array(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") == "array" \
+        and set(part) <= ARRAY_KEYWORDS | _ANNOTATIONS \
+        and isinstance(part.get("items", {}), dict)
+
+
+def _is_choice(part: Any) -> bool:
+    if not isinstance(part, dict) or len({"anyOf", "oneOf"} & set(part)) != 1:
+        return False
+    options = part.get("anyOf", part.get("oneOf"))
+    return set(part) <= {"anyOf", "oneOf"} | _ANNOTATIONS and isinstance(options, list) \
+        and bool(options)
+
+
+def _built_parts(part: Any) -> list[tuple[str, Any]]:
+    """The parts of a schema :func:`schema_strategy` builds itself, each with its path
+    below it (none: the whole is drawn by hypothesis-jsonschema)."""
+    if _is_object(part):
+        parts = [(f".properties[{key!r}]", sub)
+                 for key, sub in part.get("properties", {}).items()]
+        if isinstance(part.get("additionalProperties"), dict):
+            parts.append((".additionalProperties", part["additionalProperties"]))
+        return parts
+    if _is_array(part):
+        return [(".items", part.get("items", {}))]
+    if _is_choice(part):
+        key = "anyOf" if "anyOf" in part else "oneOf"
+        return [(f".{key}[{index}]", sub) for index, sub in enumerate(part[key])]
+    return []
 
 
 def id_strategy(system: Any) -> st.SearchStrategy[str] | None:
@@ -346,14 +436,30 @@ def json_key(part: Any) -> str:
 
 
 def _check_part(part: Any, where: str) -> None:
-    """Draw from each schema :func:`schema_strategy` builds (every property of an object
-    built here, since an optional property may never be drawn at the top)."""
-    if _built_here(part):
-        for key, sub in part["properties"].items():
-            _check_part(sub, f"{where}.properties[{key!r}]")
+    """Draw from each schema :func:`schema_strategy` builds (every part of one built here
+    first, since an optional property or one option may never be drawn at the top, and
+    the innermost part that cannot be drawn is the one to name)."""
+    for below, sub in _built_parts(part):
+        _check_part(sub, where + below)
     problem = _draw_problem(schema_strategy(part))
+    if problem is not None and "'many' object has no attribute" in problem:
+        raise UsageError(
+            f"{where} holds an object that faultlab does not draw itself, and "
+            f"hypothesis-jsonschema {_version('hypothesis-jsonschema')} draws no object under "
+            f"Hypothesis {_version('hypothesis')} ({problem.removeprefix('is not usable: ')}): "
+            "write its objects with only the keywords "
+            f"{', '.join(sorted(OBJECT_KEYWORDS))} (arrays: "
+            f"{', '.join(sorted(ARRAY_KEYWORDS))}), alone or in anyOf/oneOf")
     if problem is not None:
         raise UsageError(f"{where} {problem}")
+
+
+def _version(distribution: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(distribution)
+    except PackageNotFoundError:  # pragma: no cover - imported, so installed
+        return "?"
 
 
 def check_pattern(pattern: str) -> None:
