@@ -635,3 +635,55 @@ def test_the_api_refuses_lanes_no_trace_could_hold_before_anything_runs(lanes: o
         with pytest.raises(UsageError, match="concurrency must be an integer from 1 to 8"):
             call()
     assert ours() == before
+
+
+@pytest.mark.parametrize("option", ["--seed", "--examples"])
+def test_an_integer_no_trace_could_record_is_refused_before_the_search(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str,
+) -> None:
+    """A finding records --seed and --examples, and replay refuses a trace whose integers
+    have more than 100 digits: such a value is refused up front, not saved as a finding
+    nothing can replay."""
+    corpus = tmp_path / "corpus"
+    refused(capsys, ["explore", "--system", "no-dedup", option, "1" * 150,
+                     "--corpus", str(corpus)], option, "at most 100 digits",
+            watch=(tmp_path,))
+    assert not corpus.exists()
+
+
+@pytest.mark.parametrize("url", ["redis://[::1/0", "redis://[zz]:1/0", "redis://h:99999/0"])
+def test_a_malformed_redis_url_is_one_line(capsys: pytest.CaptureFixture[str],
+                                           url: str) -> None:
+    refused(capsys, ["corpus", "status", url], url, "not a redis://HOST:PORT/DB URL")
+    refused(capsys, ["explore", "--corpus", url, "--examples", "1"], url)
+
+
+def test_init_where_no_directory_can_be_made_is_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Root passes every os.access check, even in /proc: the mkdir itself is what fails."""
+    err = refused(capsys, ["init", "/proc/faultlab-init-test"], "/proc/faultlab-init-test")
+    assert "cannot create the directory" in err or "not writable" in err, err
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo"])
+def test_a_payload_file_that_never_ends_is_refused_unread(
+        tmp_path: Path, reference: Any, special: str) -> None:
+    """A payload file is read like a trace file: a regular file of bounded size (read
+    whole, /dev/zero once grew a worker to the whole machine's memory; a FIFO blocked)."""
+    stores = tmp_path / "stores"
+    stores.mkdir()
+    reference.initialise(stores)
+    path = special
+    if special == "fifo":
+        path = str(tmp_path / "payload")
+        os.mkfifo(path)
+    before = tree(stores)
+    done = subprocess.run(
+        [sys.executable, "-m", "faultlab", "worker", "accept", "--directory", str(stores),
+         "--operation-id", "op-1", "--payload-file", path],
+        capture_output=True, text=True, cwd=ROOT, env=child_environment(), timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == "" and done.stderr == (
+        f"faultlab: error: {path}: not a regular file; a payload file is a JSON file\n")
+    assert tree(stores) == before

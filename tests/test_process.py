@@ -371,6 +371,19 @@ def test_an_exec_mode_dispatchers_service_is_its_own_child(exec_spawner: Spawner
     assert record.response["families"] == [[service_pid, record.pid, record.pid]]
 
 
+def test_values_that_look_like_options_reach_an_exec_mode_worker_as_values(
+        exec_spawner: Spawner, reference: System) -> None:
+    """An id "--crash" and a payload -1e300 are values: as separate arguments argparse
+    took them for options, and a valid trace failed only under --spawn exec (exit 3)."""
+    steps = [Step("accept", "--crash", -1e300), Step("dispatch")]
+    result = execute(reference, steps, exec_spawner, settle=True)
+    records = [observation.record for observation in result.observations]
+    assert [record.exit_code for record in records] == [0, 0]
+    assert records[0].response is not None
+    assert records[0].response["operation_id"] == "--crash"
+    assert result.verdict.clean, result.verdict
+
+
 def test_a_dispatchers_deadline_kills_the_service_it_waits_for(
     warm_spawner: Spawner, tmp_path: Path, reference: System,
 ) -> None:

@@ -202,7 +202,7 @@ def test_a_payload_file_is_read_and_a_bad_one_refused(stores: Path, tmp_path: Pa
     before = tree(stores)
     for args, words in (
         (["--payload-file", str(tmp_path / "missing.json")], ["missing.json", "cannot read"]),
-        (["--payload-file", str(stores)], ["cannot read"]),
+        (["--payload-file", str(stores)], ["not a regular file"]),
         (["--payload", PAYLOAD, "--payload-file", str(given)], ["not both"]),
     ):
         result = faultlab("worker", "accept", "--directory", str(stores), "--operation-id",

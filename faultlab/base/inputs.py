@@ -106,6 +106,12 @@ def parse_json(text: str, where: str) -> Any:
 
 def read_json_file(path: Path, what: str) -> Any:
     """Read a JSON document from a regular file of bounded size; UsageError naming it."""
+    return parse_json(read_text_file(path, what), f"{path}: not a {what}")
+
+
+def read_text_file(path: Path, what: str) -> str:
+    """The UTF-8 text of a regular file of at most :data:`MAX_FILE_BYTES` (a FIFO would
+    block, ``/dev/zero`` never ends); UsageError naming it."""
     try:
         info = os.stat(path)
     except OSError as error:
@@ -123,10 +129,9 @@ def read_json_file(path: Path, what: str) -> Any:
     if len(data) > MAX_FILE_BYTES:
         raise UsageError(f"{path}: a {what} has at most {MAX_FILE_BYTES} bytes")
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise UsageError(f"{path}: not a {what} (not UTF-8 text)") from None
-    return parse_json(text, f"{path}: not a {what}")
 
 
 def check_operation_id(value: Any, where: str = "operation id") -> str:

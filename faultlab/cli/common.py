@@ -14,7 +14,7 @@ from typing import Any, NoReturn, TypeAlias
 from faultlab import system as registry
 from faultlab.base import output
 from faultlab.base.errors import EXIT_FLAKY, EXIT_VACUOUS, UsageError
-from faultlab.base.inputs import MAX_CONCURRENCY
+from faultlab.base.inputs import MAX_CONCURRENCY, MAX_INT_DIGITS
 from faultlab.process.records import DEFAULT_DEADLINE, SPAWN_MODES
 from faultlab.system.contract import System
 
@@ -182,15 +182,20 @@ def positive_float(text: str) -> float:
     return value
 
 
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer no smaller than ``minimum``."""
+def int_at_least(minimum: int | None) -> Callable[[str], int]:
+    """An argparse type: an integer no smaller than ``minimum`` (None: any), of at most
+    :data:`~faultlab.base.inputs.MAX_INT_DIGITS` digits, since a finding records its
+    ``--seed`` and ``--examples`` and a trace file with a longer integer is refused."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < minimum:
+            raise argparse.ArgumentTypeError(f"not an integer: {text[:40]!r}") from None
+        if len(str(abs(value))) > MAX_INT_DIGITS:
+            raise argparse.ArgumentTypeError(
+                f"an integer of at most {MAX_INT_DIGITS} digits, not {len(str(abs(value)))}")
+        if minimum is not None and value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}: {text!r}")
         return value
 
@@ -198,6 +203,8 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
 
 
 positive_int = int_at_least(1)
+#: ``--seed``: any integer a trace file can record.
+seed_int = int_at_least(None)
 count = int_at_least(0)
 
 

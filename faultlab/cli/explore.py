@@ -41,6 +41,7 @@ from faultlab.cli.common import (
     positive_float,
     positive_int,
     refuse_unused_postgres,
+    seed_int,
 )
 from faultlab.corpus.files import (
     DEFAULT_CORPUS,
@@ -110,7 +111,7 @@ def register(commands: Commands) -> None:
     parser.add_argument("--steps", type=positive_int, default=defaults.STEPS, metavar="N",
                          help="steps per example, before the final recovery "
                               f"(default {defaults.STEPS})")
-    parser.add_argument("--seed", type=int, default=defaults.SEED, metavar="S",
+    parser.add_argument("--seed", type=seed_int, default=defaults.SEED, metavar="S",
                          help="random seed; the same seed gives the same run "
                               f"(default {defaults.SEED})")
     parser.add_argument("--corpus", default=str(DEFAULT_CORPUS), metavar="DIR|URL",

@@ -69,7 +69,11 @@ def cmd_init(args: argparse.Namespace) -> int:
                          f"{system.store_kind}, dropped when the run ends; try its workers "
                          "through suite, explore or replay")
     if create:
-        directory.mkdir()
+        try:
+            directory.mkdir()
+        except OSError as error:  # os.access says yes to root, even in /proc
+            raise UsageError(f"{directory}: cannot create the directory "
+                             f"({error.strerror or error})") from None
     try:
         system.initialise(directory)
     except BaseException as error:  # an interruption too: no half-initialised directory

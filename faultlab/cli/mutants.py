@@ -22,6 +22,7 @@ from faultlab.cli.common import (
     count,
     jobs,
     positive_int,
+    seed_int,
 )
 from faultlab.corpus.files import DEFAULT_CORPUS, check_corpus_directory
 from faultlab.search import defaults
@@ -70,7 +71,7 @@ def register(commands: Commands) -> None:
                         help=f"explore: examples per system (default {defaults.EXAMPLES})")
     parser.add_argument("--steps", type=positive_int, default=defaults.STEPS, metavar="N",
                         help=f"explore: steps per example (default {defaults.STEPS})")
-    parser.add_argument("--seed", type=int, default=defaults.SEED, metavar="S",
+    parser.add_argument("--seed", type=seed_int, default=defaults.SEED, metavar="S",
                         help=f"explore: seed (default {defaults.SEED})")
     parser.add_argument("--operations", type=positive_int, default=defaults.OPERATIONS, metavar="N",
                         help=f"enumerate: operations per trace (default {defaults.OPERATIONS})")

@@ -24,6 +24,7 @@ from faultlab.cli.common import (
     int_at_least,
     load_system,
     refuse_unused_postgres,
+    seed_int,
 )
 from faultlab.system.contract import System
 
@@ -48,7 +49,7 @@ def register(commands: Commands) -> None:
     parser.add_argument("--examples", type=int_at_least(0), default=50, metavar="N",
                        help="examples the exploration phase must complete (default 50; 0 skips "
                             "it); ones Hypothesis abandons partway come on top")
-    parser.add_argument("--seed", type=int, default=0, metavar="S",
+    parser.add_argument("--seed", type=seed_int, default=0, metavar="S",
                        help="seed for the exploration phase (default 0)")
     add_spawn(parser)
     add_format(parser)

@@ -43,7 +43,7 @@ def register(commands: Commands) -> None:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from faultlab.base.canonical import parse_payload
-    from faultlab.base.inputs import check_operation_id
+    from faultlab.base.inputs import check_operation_id, read_text_file
     from faultlab.process.records import WorkerSpec
     from faultlab.run.worker import run_worker
     from faultlab.system.contract import check_crash_point
@@ -60,11 +60,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.role in ("accept", "service"):
         text = args.payload
         if args.payload_file is not None:
-            try:
-                text = args.payload_file.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as error:
-                raise UsageError(f"--payload-file {args.payload_file}: cannot read it: "
-                                 f"{getattr(error, 'strerror', None) or error}") from None
+            text = read_text_file(args.payload_file, "payload file")
         if text is None:
             raise UsageError(f"worker {args.role}: --payload (or --payload-file) is required")
         if args.operation_id is None:

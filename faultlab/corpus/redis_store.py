@@ -89,7 +89,11 @@ class Address:
 
 def parse_url(text: str) -> Address:
     """``redis://HOST:PORT/DB`` (port default 6379, database default 0)."""
-    parsed = urlparse(text)
+    try:
+        parsed = urlparse(text)
+        parsed.hostname, parsed.port  # noqa: B018 - both parse now, raising for "[::1"
+    except ValueError as error:
+        raise UsageError(f"{text!r}: not a redis://HOST:PORT/DB URL ({error})") from None
     if parsed.scheme != "redis" or not parsed.hostname:
         raise UsageError(f"{text!r}: expected redis://HOST:PORT/DB")
     if parsed.query or parsed.fragment or parsed.username or parsed.password:

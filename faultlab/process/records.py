@@ -51,17 +51,19 @@ class WorkerSpec:
         """The ``python -m faultlab worker`` command line for this spec (exec mode), its
         payload read from ``payload_file`` when given (see
         :func:`faultlab.process.spawn.worker_command`)."""
+        # OPTION=VALUE: a value that begins with "-" (an id "--crash", a payload -1e300)
+        # is still the option's value, not taken for an option of its own
         args = [sys.executable, "-m", "faultlab", "worker", self.role]
-        args += ["--directory", self.directory, "--system", self.system]
-        args += ["--spawn", self.spawn, "--deadline", repr(self.deadline)]
+        args += [f"--directory={self.directory}", f"--system={self.system}"]
+        args += [f"--spawn={self.spawn}", f"--deadline={self.deadline!r}"]
         if self.operation_id is not None:
-            args += ["--operation-id", self.operation_id]
+            args.append(f"--operation-id={self.operation_id}")
         if payload_file is not None:
-            args += ["--payload-file", payload_file]
+            args.append(f"--payload-file={payload_file}")
         elif self.payload is not None:
-            args += ["--payload", self.payload]
+            args.append(f"--payload={self.payload}")
         if self.crash is not None:
-            args += ["--crash", self.crash]
+            args.append(f"--crash={self.crash}")
         if not self.deduplication:
             args.append("--no-deduplication")
         return args
