@@ -221,6 +221,37 @@ def test_a_file_that_appears_during_the_run_is_not_replaced(tmp_path: Path) -> N
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
 
 
+@pytest.mark.parametrize("occupant", ["link", "file", "own"])
+def test_a_finding_replaces_only_a_trace_at_its_name(tmp_path: Path, occupant: str) -> None:
+    """A finding's name is predictable (seed 0 always gives the same one): a link to
+    another file or a foreign file at that name stays, byte for byte (exit 3 through
+    ExecutionError); only a trace there, the same finding saved before, is replaced."""
+    from faultlab.corpus.files import finding_name, save
+    from faultlab.trace import Trace
+
+    trace = Trace.from_json(json.loads(TRACE.read_text()))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    path = corpus / finding_name(trace)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    if occupant == "link":
+        path.symlink_to(notes)
+    elif occupant == "file":
+        path.write_text("my notes\n")
+    else:
+        path.write_text(TRACE.read_text().replace('"seed"', '"seed" ', 1))
+    before = snapshot(tmp_path)
+    if occupant == "own":
+        assert save(trace, corpus) == path
+        assert path.read_bytes() == TRACE.read_bytes()
+        return
+    with pytest.raises(ExecutionError, match="exists and is not a faultlab trace; the "
+                                             "finding was not saved over it"):
+        save(trace, corpus)
+    assert snapshot(tmp_path) == before
+
+
 def _bench(name: str) -> object:
     """A bench script as a module (bench/ is not a package)."""
     import importlib.util

@@ -5,13 +5,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 from faultlab.base.errors import ExecutionError, UsageError
-from faultlab.base.output import check_output_directory, write_json
+from faultlab.base.output import Kind, check_output_directory, write_json
 from faultlab.trace import EXPECT_FINDING, Trace
 
 DEFAULT_CORPUS = Path("corpus")
+#: A corpus file: the only file a finding of the same name replaces (the same finding,
+#: byte for byte or but for its recorded versions), never another program's file.
+TRACE = Kind("a faultlab trace", (re.compile(rb'\{\s*"format":\s*"faultlab-trace"'),))
 
 
 def check_corpus_directory(path: Path) -> None:
@@ -100,12 +104,21 @@ def save(trace: Trace, directory: Path, system_name: str | None = None) -> Path:
         missing.append(parent)
         parent = parent.parent
     path = directory / finding_name(trace, system_name)
+    if os.path.lexists(path):
+        try:
+            ours = path.is_file() and TRACE.made(path)
+        except OSError:
+            ours = False
+        if not ours:
+            raise ExecutionError(
+                f"{path}: exists and is not a faultlab trace; the finding was not saved "
+                "over it (move it away and run again: the same seed finds the same trace)")
     try:
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise ExecutionError(f"cannot create {directory}: {error.strerror or error}") from None
-        write_json(path, marked(trace).to_json(), final=True)
+        write_json(path, marked(trace).to_json(), final=True, kind=TRACE)
     except BaseException:
         for made in missing:  # innermost first; only directories this call created
             try:
