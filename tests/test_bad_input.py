@@ -687,3 +687,12 @@ def test_a_payload_file_that_never_ends_is_refused_unread(
     assert done.stdout == "" and done.stderr == (
         f"faultlab: error: {path}: not a regular file; a payload file is a JSON file\n")
     assert tree(stores) == before
+
+
+def test_suite_output_and_directory_on_one_path_is_refused_before_the_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Both are checked alone and both are fine; together the run went ahead and failed at
+    its end (exit 3) after printing PASS."""
+    same = tmp_path / "same"
+    refused(capsys, ["suite", "--output", str(same), "--directory", str(same)],
+            "the same path", watch=(tmp_path,))

@@ -140,3 +140,18 @@ def test_replay_refuses_a_missing_file_before_running_anything(tmp_path: Path) -
     done = run_cli("replay", str(good), str(tmp_path / "missing.json"))
     assert done.returncode == 2
     assert "missing.json" in done.stderr and done.stdout == ""
+
+
+def test_the_printed_replay_command_survives_a_shell(tmp_path: Path) -> None:
+    """The line explore prints is pasted into a shell: a corpus "my corp" and a system file
+    whose path has a space must come back as one argument each."""
+    import shlex
+
+    from faultlab.corpus.files import replay_command
+
+    line = replay_command(tmp_path / "my corp" / "x-ONE-1.json", str(tmp_path / "a b.json"))
+    assert shlex.split(line) == ["python", "-m", "faultlab", "replay",
+                                 str(tmp_path / "my corp" / "x-ONE-1.json"),
+                                 "--system", str(tmp_path / "a b.json")]
+    assert replay_command("corpus/x-ONE-1.json", "reference") == \
+        "python -m faultlab replay corpus/x-ONE-1.json"

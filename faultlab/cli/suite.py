@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
@@ -10,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from faultlab.base.errors import EXIT_FOUND, EXIT_OK
+from faultlab.base.errors import EXIT_FOUND, EXIT_OK, UsageError
 from faultlab.base.messages import plural
 from faultlab.cli.common import (
     SUITE_EPILOG,
@@ -74,6 +75,11 @@ def cmd_suite(args: argparse.Namespace) -> int:
         check_output_path(args.output, "--output", report.EVIDENCE)
     if args.directory is not None:
         check_new_directory(args.directory)
+        if args.output is not None and \
+                os.path.abspath(args.output) == os.path.abspath(args.directory):
+            raise UsageError(f"--output {args.output} and --directory {args.directory} are "
+                             "the same path: the evidence file and the scenarios' stores "
+                             "need two")
     try:
         return _run(args, system)
     except BaseException:

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 from pathlib import Path
 
 from faultlab.base.errors import ExecutionError, UsageError
@@ -137,11 +138,13 @@ def replay_command(path: Path | str, system_ref: str) -> str:
     ``--system`` with the reference the finding was explored with.
 
     A finding made on faultlab's own PostgreSQL server replays on one too
-    (``--postgres private``): its server_crash steps run nowhere else.
+    (``--postgres private``): its server_crash steps run nowhere else. Paths are quoted
+    for a POSIX shell (a corpus "my corp" is printed as 'my corp'), so the line can be
+    pasted as it is.
     """
     from faultlab.stores import postgres as pgstores
     from faultlab.system import is_builtin
 
-    named = "" if is_builtin(system_ref) else f" --system {system_ref}"
+    named = "" if is_builtin(system_ref) else f" --system {shlex.quote(system_ref)}"
     private = " --postgres private" if pgstores.private_server() is not None else ""
-    return f"python -m faultlab replay {path}{named}{private}"
+    return f"python -m faultlab replay {shlex.quote(str(path))}{named}{private}"
