@@ -135,6 +135,30 @@ def reset() -> None:
     _state.finished = False
 
 
+@contextmanager
+def held_for_children() -> Iterator[None]:
+    """Block SIGINT and SIGTERM in this thread while it starts child interpreters (the
+    jobs of ``--jobs``, the judges of ``mutants``).
+
+    The terminal sends SIGINT to the whole foreground group, a child still importing
+    included, and a child interrupted before it installs its handlers printed a
+    ``KeyboardInterrupt`` traceback of ``multiprocessing``'s own start-up. A child inherits
+    the blocked mask across exec, so the signal waits in it until it has its handlers and
+    calls :func:`release_held`; here it is delivered as the block ends. Nothing is lost
+    either way."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def release_held() -> None:
+    """Unblock SIGINT and SIGTERM in a child started under :func:`held_for_children`, once
+    its handlers are in place: a signal that arrived meanwhile is handled now."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+
+
 def install() -> None:
     """Turn SIGINT and SIGTERM into :class:`Interrupted` for the rest of this process
     (a process that only ever runs faultlab work: a pool worker of ``mutants``)."""

@@ -271,6 +271,7 @@ def _job_main(plan: Plan, job: int, messages: Any, stop_event: Any) -> None:
             messages.put(("progress", job, vars(totals)))
 
     try:
+        interrupt.release_held()  # one that arrived while this interpreter started: now
         cpus = pin_job(job, plan.jobs) if plan.pinned else allowed_cpus()
         system = load_system(plan.system)  # the parent checked it; a job reports its own
         with spawner(plan.spawn) as runner:
@@ -313,7 +314,7 @@ def run_jobs(
         for process in processes:
             # deferred: a signal as a job starts is raised once it is known, so the handler
             # below ends it (a job started before the signal ran on to its end)
-            with interrupt.deferred():
+            with interrupt.deferred(), interrupt.held_for_children():
                 process.start()
         while len(results) + len(errors) < len(processes):
             if stop():

@@ -116,6 +116,7 @@ def _pool_process() -> None:
 
     for signum in interrupt.SIGNALS:
         signal.signal(signum, handler)
+    interrupt.release_held()  # one that arrived while this interpreter started: now
 
 
 def judge(name: str, budget: Budget) -> Judgement:
@@ -282,7 +283,8 @@ def judge_all(
                                initializer=_pool_process)
     try:
         first = sorted(names, key=lambda name: name not in _REFERENCES)
-        futures = {pool.submit(judge, name, budget): name for name in first}
+        with interrupt.held_for_children():  # submit starts the pool's processes
+            futures = {pool.submit(judge, name, budget): name for name in first}
         for future in as_completed(futures):
             try:
                 judgement = future.result()
