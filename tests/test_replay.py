@@ -155,3 +155,55 @@ def test_the_printed_replay_command_survives_a_shell(tmp_path: Path) -> None:
                                  "--system", str(tmp_path / "a b.json")]
     assert replay_command("corpus/x-ONE-1.json", "reference") == \
         "python -m faultlab replay corpus/x-ONE-1.json"
+
+
+def _laned(tmp_path: Path, name: str, steps: list[dict[str, object]],
+           **fields: object) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps({"format": "faultlab-trace", "version": 2, "system": "reference",
+                                "deduplication": True, "concurrency": 2, "steps": steps,
+                                **fields}))
+    return path
+
+
+def test_a_lane_no_step_started_is_refused_before_any_trace_runs(tmp_path: Path) -> None:
+    """The trace format's promise: checked completely before anything runs. A step on a lane
+    that no step started is refused, naming its file, before the valid trace beside it
+    prints a table (it once ran first, and the refusal named no file)."""
+    valid = ROOT / "corpus" / "no-dedup-RCPT-baa0069205.json"
+    accept = {"action": "run", "lane": 1, "role": "accept", "operation_id": "op-1",
+              "payload": {}}
+    for action in ("kill", "pause", "release", "finish", "resume"):
+        bad = _laned(tmp_path, f"{action}.json", [accept, {"action": action, "lane": 2}])
+        done = run_cli("replay", str(valid), str(bad))
+        assert done.returncode == 2, done
+        assert done.stdout == "", done.stdout  # nothing ran
+        assert done.stderr == (f"faultlab: error: {bad}: L2 {action}: lane 2 never started "
+                               "a worker\n"), done.stderr
+
+
+def test_a_busy_lane_shows_only_as_the_trace_runs_and_names_its_file(tmp_path: Path) -> None:
+    """Whether a lane is busy depends on whether its worker ended by itself: judged as the
+    trace runs, and the refusal still names the file."""
+    held = {"action": "start", "lane": 1, "role": "accept", "operation_id": "op-1",
+            "payload": {}, "hold": True}
+    bad = _laned(tmp_path, "busy.json", [held, held])
+    done = run_cli("replay", str(bad))
+    assert done.returncode == 2, done
+    assert done.stderr.startswith(f"faultlab: error: {bad}: ") and \
+        done.stderr.endswith("lane 1 is busy\n"), done.stderr
+
+
+def test_statement_points_on_a_command_line_system_are_refused_before_anything_runs(
+        tmp_path: Path) -> None:
+    accept = {"action": "run", "lane": 1, "role": "accept", "operation_id": "op-1",
+              "payload": {}}
+    bad = _laned(tmp_path, "statements.json", [accept], statement_points=True,
+                 system="standalone-outbox")
+    done = run_cli("replay", str(bad), "--system",
+                   str(ROOT / "examples" / "standalone_outbox" / "system.json"))
+    assert done.returncode == 2, done
+    assert done.stdout == ""
+    assert done.stderr == (f"faultlab: error: {bad}: standalone-outbox: statement scheduling "
+                           "points (sql:K, commit:K) need faultlab's own worker processes (a "
+                           "Python system)\n"), done.stderr

@@ -35,7 +35,7 @@ from faultlab.run.executor import execute_trace, validate_step
 from faultlab.run.faults import check_power_cut
 from faultlab.run.observation import Execution
 from faultlab.system.contract import System, check_crash_point
-from faultlab.trace import EXPECT_FINDING, EXPECT_FLAKY, POWER, Trace, Verdict
+from faultlab.trace import EXPECT_FINDING, EXPECT_FLAKY, POWER, SERVER_CRASH, Trace, Verdict
 
 #: The line a failing regression replay ends with: what to do about it.
 STILL_FAILS = "still fails: fix the bug, then replay again; it passes once fixed"
@@ -60,10 +60,24 @@ def plan(path: Path, trace: Trace, system: System, *,
             for step in trace.steps:
                 validate_step(system, step)
         else:
+            if trace.statement_points and not system.supports_statement_points:
+                raise UsageError(f"{system.name}: statement scheduling points (sql:K, "
+                                 "commit:K) need faultlab's own worker processes (a Python "
+                                 "system)")
+            started: set[int] = set()
             for step in trace.steps:  # a crash point the step's role cannot arm
                 check_crash_point(system, step.role or "", step.crash)
                 if step.action == POWER:
                     check_power_cut(system)
+                # a lane's worker may end by itself, so whether a lane is busy or paused
+                # shows only as the trace runs; a lane no step ever started is certain
+                if step.action in ("tick", SERVER_CRASH, POWER):
+                    continue  # names no lane
+                if step.starts:
+                    started.add(step.lane or 0)
+                elif (step.lane or 0) not in started:
+                    raise UsageError(f"{step.describe()}: lane {step.lane} never started a "
+                                     "worker")
     except UsageError as error:
         raise UsageError(f"{path}: {error}") from None
     return Plan(Path(path), trace, system, against)
@@ -111,7 +125,10 @@ class Replayed:
 def replay(planned: Plan, runner: Spawner, *, deadline: float, fmt: str = "simple") -> Replayed:
     """Execute one planned trace on fresh stores and judge it."""
     trace, system = planned.trace, planned.system
-    execution = execute_trace(system, trace, runner, deadline=deadline)
+    try:
+        execution = execute_trace(system, trace, runner, deadline=deadline)
+    except UsageError as error:  # a step the lanes' states refuse once the trace runs
+        raise UsageError(f"{planned.path}: {error}") from None
     verdict = execution.verdict
     table = report.replay_table(execution, fmt)
     # a worker's undeclared error, with its stderr: why the checks after it failed
