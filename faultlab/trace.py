@@ -202,6 +202,10 @@ class Step:
             return cls.power(data.get("choice"))
         if data["action"] == SERVER_CRASH:
             return cls(SERVER_CRASH, **_no_worker_fields(data))
+        # what to_json writes for the action, nothing more: a hand edit ("lane" on a
+        # sequential step, a dispatch's payload) would otherwise be dropped unseen
+        _no_worker_fields(data, ("operation_id", "crash") if data["action"] == "dispatch"
+                          else ("operation_id", "payload", "crash"))
         operation_id = data.get("operation_id")
         if operation_id is not None:
             inputs.check_operation_id(operation_id, "step operation_id")
@@ -233,13 +237,14 @@ class Step:
         if action in STARTS:
             if role not in ACTIONS:
                 raise UsageError(f"{action} needs a role ({', '.join(ACTIONS)})")
+            worker = ("lane", "role", "operation_id", "crash", "ticks")
+            _no_worker_fields(data, worker if role == "dispatch" else (*worker, "payload"))
             return cls(role, operation_id, data.get("payload"), crash_point, lane=lane,
                        hold=action == "start", ticks=ticks)
         if crash_point is not None:
             raise UsageError(f"only run and start arm a crash point, not {action}")
-        extra = sorted(key for key in ("role", "operation_id", "payload") if key in data)
-        if extra:  # a hand edit that the next save would silently drop
-            raise UsageError(f"a {action} step takes no {', '.join(extra)}")
+        # a hand edit that the next save would silently drop
+        _no_worker_fields(data, ("lane", "ticks"))
         return cls(action, lane=lane, ticks=ticks)
 
     @classmethod
@@ -310,11 +315,13 @@ def _crash_point(data: dict[str, Any]) -> str | None:
 
 
 def _no_worker_fields(data: dict[str, Any], allowed: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A server fault names no worker: refuse a file that gives it a worker's fields (a
-    hand edit that would otherwise be silently dropped on the next save)."""
+    """Refuse a step's keys beyond ``action`` and ``allowed`` (a server fault names no
+    worker, a dispatch has no payload): a hand edit that would otherwise be silently
+    dropped on the next save."""
     extra = sorted(set(data) - {"action", *allowed})
     if extra:
-        raise UsageError(f"a {data['action']} step takes no {', '.join(extra)}")
+        article = "an" if str(data["action"])[:1] in "aeiou" else "a"
+        raise UsageError(f"{article} {data['action']} step takes no {', '.join(extra)}")
     return {}
 
 
@@ -377,7 +384,10 @@ class Verdict:
         invariants = tuple(names)
         if not invariants:
             raise UsageError("trace 'expected' is not clean but names no invariant")
-        if data.get("final") is True:
+        final = data.get("final", False)
+        if not isinstance(final, bool):
+            raise UsageError(f"trace 'expected.final' must be a boolean: {final!r}"[:120])
+        if final:
             return cls(None, invariants)
         step = data.get("step")
         if isinstance(step, bool) or not isinstance(step, int) or step < 1:
@@ -527,10 +537,13 @@ def required(data: dict[str, Any], key: str) -> Any:
 
 
 def not_empty(trace: Trace) -> Trace:
-    """A trace read from a document, refused when it has no steps: replaying it would run
-    nothing, check nothing and still be judged clean (nothing faultlab writes has none)."""
+    """A trace read from a document, refused when it has no steps, or only ticks of the
+    clock: replaying it would run nothing, check nothing and still be judged clean
+    (nothing faultlab writes is either)."""
     if not trace.steps:
         raise UsageError("trace has no steps: it would test nothing")
+    if all(step.action == "tick" for step in trace.steps):
+        raise UsageError("trace only moves the clock: it would test nothing")
     return trace
 
 
@@ -559,11 +572,15 @@ def recorded_fields(data: dict[str, Any]) -> dict[str, Any]:
         raise UsageError(f"trace 'expect' must be {EXPECT_FINDING!r} (an expected finding), "
                          f"{EXPECT_FLAKY!r} (a failure that did not happen again) or absent "
                          f"(a regression test), not {json.dumps(expect)[:40]}")
+    expected = Verdict.from_json(data["expected"]) if "expected" in data else None
+    if expected is not None and expected.final and data.get("settle") is False:
+        raise UsageError("trace 'expected' is a finding after recovery ('final') but "
+                         "'settle' is false: without the recovery it would never be judged")
     return {
         "system": system,
         "deduplication": data["deduplication"],
         "settle": data.get("settle", True),
-        "expected": Verdict.from_json(data["expected"]) if "expected" in data else None,
+        "expected": expected,
         "violations": [Violation.from_json(v) for v in data.get("violations", ())],
         "meta": dict(data.get("meta", {})),
         "expect": expect,

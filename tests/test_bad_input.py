@@ -207,6 +207,31 @@ def test_a_snapshot_query_cannot_create_a_file(
      "step crash must be a point name"),
     ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
      '"deduplication": true, "steps": [], "meta": [1]}', "meta must be an object"),
+    # hand edits the next save would drop unseen, and traces that would test nothing
+    ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
+     '"deduplication": true, "steps": [{"action": "accept", "operation_id": "op-1", '
+     '"payload": {}, "lane": 2}]}', "an accept step takes no lane"),
+    ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
+     '"deduplication": true, "steps": [{"action": "dispatch", "payload": {}}]}',
+     "a dispatch step takes no payload"),
+    ('{"format": "faultlab-trace", "version": 2, "system": "reference", "concurrency": 2, '
+     '"deduplication": true, "steps": [{"action": "run", "lane": 1, "role": "dispatch", '
+     '"payload": {}}]}', "a run step takes no payload"),
+    ('{"format": "faultlab-trace", "version": 2, "system": "reference", "concurrency": 2, '
+     '"deduplication": true, "steps": [{"action": "run", "lane": 1, "role": "accept", '
+     '"operation_id": "op-1", "payload": {}, "priority": 1}]}', "a run step takes no priority"),
+    ('{"format": "faultlab-trace", "version": 2, "system": "reference", "concurrency": 2, '
+     '"deduplication": true, "steps": [{"action": "tick", "ticks": 5, "note": "x"}]}',
+     "a tick step takes no note"),
+    ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
+     '"deduplication": true, "steps": [{"action": "dispatch"}], "expected": {"clean": false, '
+     '"final": "yes", "invariants": ["LIVE"]}}', "expected.final' must be a boolean"),
+    ('{"format": "faultlab-trace", "version": 1, "system": "reference", '
+     '"deduplication": true, "settle": false, "steps": [{"action": "dispatch"}], "expected": '
+     '{"clean": false, "final": true, "invariants": ["LIVE"]}}', "'settle' is false"),
+    ('{"format": "faultlab-trace", "version": 2, "system": "reference", "concurrency": 2, '
+     '"deduplication": true, "steps": [{"action": "tick", "ticks": 5}]}',
+     "only moves the clock: it would test nothing"),
 ])
 def test_hostile_trace_files(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                              content: str, words: str) -> None:
