@@ -85,7 +85,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from faultlab.base import wall_clock
+from faultlab.base import interrupt, wall_clock
 from faultlab.base.errors import ExecutionError, UsageError
 
 if TYPE_CHECKING:
@@ -676,12 +676,17 @@ class PrivateServer:
         command = [str(bin_dir() / "initdb"), "-D", str(self.data), "-U", SUPERUSER,
                    "--auth=trust", "--no-sync", "--encoding=UTF8", "--locale=C",
                    "--no-instructions"]
-        with open(self.log_path, "ab") as log:
+        # Not interrupted half-way: initdb's own postgres makes POSIX shared memory in
+        # /dev/shm (the setting that keeps the server's in its directory is not initdb's),
+        # and initdb killed mid-run, or its group sent the terminal's Ctrl-C, left those
+        # segments behind for good. So it runs in a session of its own, and a signal to
+        # faultlab waits until it has ended (about a second; at most start_deadline).
+        with open(self.log_path, "ab") as log, interrupt.deferred():
             try:
                 done = subprocess.run(
                     command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                     env=self._environment(), cwd=self._path(), timeout=self.start_deadline,
-                    **_as_account(account))
+                    start_new_session=True, **_as_account(account))
             except subprocess.TimeoutExpired:
                 raise self._fail(f"initdb took more than {self.start_deadline:g} s") from None
         if done.returncode != 0:
