@@ -186,6 +186,17 @@ def _describe_server(base: str) -> str:
     return f"PostgreSQL at {host}:{port} as {user}"
 
 
+def _check_timeout(params: dict[str, Any]) -> None:
+    """psycopg reads ``connect_timeout`` itself, at each connect: this first connection
+    passes its own, so a bad value in the string (``connect_timeout=abc``) showed only at
+    the next one, a traceback after a database was made. Checked here, before any."""
+    try:
+        from psycopg.conninfo import timeout_from_conninfo
+    except ImportError:  # pragma: no cover - a psycopg without the helper
+        return
+    timeout_from_conninfo(params)
+
+
 def _admin_connect(base: str) -> psycopg.Connection[Any]:
     """A maintenance connection (autocommit) to the server's ``postgres`` database.
 
@@ -196,6 +207,7 @@ def _admin_connect(base: str) -> psycopg.Connection[Any]:
 
     try:
         params = conninfo_to_dict(base)
+        _check_timeout(params)
     except pg.ProgrammingError as error:
         raise UsageError(f"--postgres: not a connection string: {printable_error(error)}") \
             from None
