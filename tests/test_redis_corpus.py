@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, lock_redis_database, require_service
 
 from faultlab.base.errors import UsageError
-from faultlab.corpus.redis_store import parse_url
+from faultlab.corpus.redis_store import MARKER, MARKER_KEY, parse_url
 
 pytestmark = pytest.mark.e2e  # an end-to-end run: tox runs it once (see tox.ini)
 
@@ -133,6 +133,26 @@ def test_a_database_holding_other_keys_is_refused(empty_db: tuple[str, Any],
         assert export.returncode == 2 and not (tmp_path / "out").exists()
     finally:
         client.delete("someone:else")
+
+
+def test_bad_input_found_after_the_corpus_opened_writes_nothing_to_it(
+        empty_db: tuple[str, Any]) -> None:
+    """A PostgreSQL server faultlab cannot reach is found once the run starts, after the
+    corpus was opened: the empty database stays empty (its marker and a "failed" shard
+    were once left), and on a corpus in use the shard's earlier entry stays as it was."""
+    pytest.importorskip("psycopg")
+    url, client = empty_db
+    argv = ("explore", "--system", "reference-pg", "--postgres", "host=127.0.0.1 port=1",
+            "--examples", "2", "--corpus", url)
+    done = faultlab(*argv)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert len(done.stderr.splitlines()) == 1 and "cannot connect" in done.stderr
+    assert client.dbsize() == 0, client.keys("*")
+    client.set(MARKER_KEY, MARKER)
+    client.hset("faultlab:shard:0/1", mapping={"state": "done", "steps": "12"})
+    done = faultlab(*argv)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert client.hgetall("faultlab:shard:0/1") == {"state": "done", "steps": "12"}
 
 
 def test_an_unreachable_server_is_a_usage_error(tmp_path: Path) -> None:

@@ -218,6 +218,8 @@ class Sink:
                                        "findings": 0}
         self.counts: dict[str, Any] = {}
         self.lost: str | None = None
+        #: Whether this run's counters reached the corpus (its shard's entry is its own).
+        self.published = False
         self._last = 0.0
         if is_redis_url(target):
             self.redis = RedisCorpus(target, create=True)
@@ -235,6 +237,7 @@ class Sink:
         self._last = now
         try:
             self.redis.update_counters(self.shard, {**self.fields, **self.counts})
+            self.published = True
         except ExecutionError as error:
             self.lost = str(error)
             if force:  # the run has ended: nothing left to stop
@@ -251,9 +254,12 @@ class Sink:
     def ended_by(self, error: BaseException) -> None:
         """The run ended in ``error``: its shard says so (``failed``, or ``interrupted``)
         instead of ``running``, when the server still answers; otherwise the ``running``
-        entry's short expiry ends it."""
+        entry's short expiry ends it. A run refused before it published is left out."""
         if self.redis is None or self.lost is not None:
             return
+        if isinstance(error, UsageError) and not self.published:
+            return  # refused before its first counters: bad input creates nothing, and
+            # an earlier run's entry for the shard stays as it was
         state = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
         try:
             self.redis.update_counters(self.shard, {**self.fields, **self.counts,

@@ -3,9 +3,10 @@
 What the database holds, all under the ``faultlab:`` prefix:
 
 * ``faultlab:corpus`` - the marker, a string naming the format. faultlab writes only
-  to a database that carries it, or to an empty database (where it sets it first): a
-  database holding anything else is refused, as a store without faultlab's
-  ``application_id`` is;
+  to a database that carries it, or to an empty database (where it sets it with its
+  first write, so a run refused before it wrote leaves the database empty): a database
+  holding anything else is refused, as a store without faultlab's ``application_id``
+  is;
 * ``faultlab:finding:<name>`` - one trace per finding, the JSON a corpus file holds,
   where ``<name>`` is :func:`faultlab.corpus.files.finding_name` (system, invariant and a hash
   of the trace's steps): shards that find the same trace write one key (``SET NX``);
@@ -129,23 +130,41 @@ class RedisCorpus:
                                        socket_connect_timeout=SOCKET_TIMEOUT_SECONDS,
                                        retry=Retry(NoBackoff(), 1), decode_responses=True)
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        #: Whether the database carries the marker. An empty one is only checked here and
+        #: marked by the first write (:meth:`_claim`): a run refused after this (bad input
+        #: found later, a PostgreSQL server it cannot reach) leaves nothing in it.
+        self.claimed = False
         try:
             marker = self.client.get(MARKER_KEY)
             if marker is None:
                 if not create:
                     raise UsageError(f"{self.address}: not a faultlab corpus (no {MARKER_KEY})")
-                # one atomic step: shards started together must not see each other's first
-                # keys as someone else's data (check, then set, raced in CI)
-                marker = self.client.eval(  # type: ignore[no-untyped-call,unused-ignore]
-                    _CLAIM, 1, MARKER_KEY, MARKER)
-                if marker is None:
+                if self.client.dbsize() != 0:
                     raise UsageError(f"{self.address}: the database holds keys and no "
                                      f"{MARKER_KEY} marker; refusing to write to it")
-            if marker != MARKER:
+            elif marker != MARKER:
                 raise UsageError(f"{self.address}: {MARKER_KEY} is {marker!r}, not {MARKER!r}")
+            else:
+                self.claimed = True
+        except UsageError:
+            self.client.close()
+            raise
         except self._errors as error:
             self.client.close()
             raise UsageError(f"{self.address}: {error}") from None
+
+    def _claim(self) -> None:
+        """Mark the empty database as a corpus before the first write, in one atomic step:
+        shards started together must not see each other's first keys as someone else's
+        data (check, then set, raced in CI)."""
+        if self.claimed:
+            return
+        marker = self.client.eval(  # type: ignore[no-untyped-call,unused-ignore]
+            _CLAIM, 1, MARKER_KEY, MARKER)
+        if marker != MARKER:
+            raise ExecutionError(f"{self.address}: the database was given other keys while "
+                                 "this run started; refusing to write to it")
+        self.claimed = True
 
     def close(self) -> None:
         self.client.close()
@@ -157,6 +176,7 @@ class RedisCorpus:
     def save(self, trace_json: dict[str, Any], name: str) -> tuple[str, bool]:
         """Store a finding under its content name; False when it was already there."""
         try:
+            self._claim()
             new = bool(self.client.set(FINDING_PREFIX + name, json.dumps(trace_json), nx=True))
             self.client.sadd(FINDINGS, name)
         except self._errors as error:
@@ -215,6 +235,7 @@ class RedisCorpus:
         key = SHARD_PREFIX + shard
         ttl = RUNNING_TTL_SECONDS if fields.get("state") == "running" else COUNTER_TTL_SECONDS
         try:
+            self._claim()
             pipeline = self.client.pipeline(transaction=True)
             pipeline.hset(key, mapping={**{k: str(v) for k, v in fields.items()},
                                         "updated": f"{time.time():.0f}"})
