@@ -13,11 +13,12 @@ generated it.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from faultlab.base import inputs
 from faultlab.base.canonical import canonical_json
@@ -25,6 +26,24 @@ from faultlab.base.errors import UsageError
 from faultlab.base.inputs import MAX_CONCURRENCY, check_operation_id
 from faultlab.checks.invariants import Violation
 from faultlab.stores.power_choice import parse_choice
+
+if TYPE_CHECKING:
+    from faultlab.base.output import Kind
+
+#: How a trace file as faultlab writes it begins (see :func:`trace_file`).
+TRACE_SIGNATURE = re.compile(rb'\{\s*"format":\s*"faultlab-trace"')
+
+
+def trace_file() -> Kind:
+    """A trace file as an output kind: the only file a finding of the same name replaces
+    (the same finding, byte for byte or but for its recorded versions), and what an export
+    leaves alone; never another program's file. (Made on use: the fork server imports
+    this module, and :mod:`faultlab.base.output` would bring ``tempfile`` into every
+    worker.)"""
+    from faultlab.base.output import Kind
+
+    return Kind("a faultlab trace", (TRACE_SIGNATURE,))
+
 
 TRACE_FORMAT = "faultlab-trace"
 TRACE_VERSION = 1

@@ -269,3 +269,28 @@ def test_a_shard_that_tested_nothing_says_vacuous_not_done(
                        url, "--shard", "1/2")
     assert control.returncode == 0, control.stdout + control.stderr
     assert client.hget("faultlab:shard:1/2", "state") == "done"
+
+
+def test_export_where_no_directory_can_be_made_or_a_finding_is_not_a_file(
+    empty_db: tuple[str, Any], tmp_path: Path,
+) -> None:
+    """Under a regular file or in /proc (a traceback, exit 1, once), and a directory where a
+    finding's file goes (once "1 already there", exit 0, with nothing exported): one line,
+    exit 2, nothing written."""
+    url, client = empty_db
+    client.set(MARKER_KEY, MARKER)
+    _findings(client, **{"a-good.json": TRACE})
+    (tmp_path / "afile").write_text("mine\n")
+    for target in (tmp_path / "afile" / "sub", Path("/proc/faultlab-export-test")):
+        done = faultlab("corpus", "export", url, str(target))
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert done.stdout == "" and len(done.stderr.splitlines()) == 1, done.stderr
+        assert str(target) in done.stderr and "Traceback" not in done.stderr
+    occupied = tmp_path / "out"
+    (occupied / "a-good.json").mkdir(parents=True)
+    done = faultlab("corpus", "export", url, str(occupied))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr == (f"faultlab: error: {occupied / 'a-good.json'}: exists and is not a "
+                           "faultlab trace; exported nothing\n")
+    assert sorted(p.name for p in occupied.iterdir()) == ["a-good.json"]
+    assert (tmp_path / "afile").read_text() == "mine\n"

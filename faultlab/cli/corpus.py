@@ -58,10 +58,11 @@ def _open(source: str) -> Any:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from faultlab.base.output import check_output_directory
     from faultlab.corpus.redis_store import export
 
-    if args.directory.exists() and not args.directory.is_dir():
-        raise UsageError(f"{args.directory}: exists and is not a directory")
+    # where the directory cannot be made (under a file, in /proc): one line, nothing made
+    check_output_directory(args.directory, "corpus export DIR")
     corpus = _open(args.source)
     try:
         written, present = export(corpus, args.directory)

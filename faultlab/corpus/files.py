@@ -5,18 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shlex
 from pathlib import Path
 
 from faultlab.base.errors import ExecutionError, UsageError
-from faultlab.base.output import Kind, check_output_directory, write_json
-from faultlab.trace import EXPECT_FINDING, Trace
+from faultlab.base.output import check_output_directory, write_json
+from faultlab.trace import EXPECT_FINDING, Trace, trace_file
 
 DEFAULT_CORPUS = Path("corpus")
-#: A corpus file: the only file a finding of the same name replaces (the same finding,
-#: byte for byte or but for its recorded versions), never another program's file.
-TRACE = Kind("a faultlab trace", (re.compile(rb'\{\s*"format":\s*"faultlab-trace"'),))
 
 
 def check_corpus_directory(path: Path) -> None:
@@ -107,7 +103,7 @@ def save(trace: Trace, directory: Path, system_name: str | None = None) -> Path:
     path = directory / finding_name(trace, system_name)
     if os.path.lexists(path):
         try:
-            ours = path.is_file() and TRACE.made(path)
+            ours = path.is_file() and trace_file().made(path)
         except OSError:
             ours = False
         if not ours:
@@ -119,7 +115,7 @@ def save(trace: Trace, directory: Path, system_name: str | None = None) -> Path:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise ExecutionError(f"cannot create {directory}: {error.strerror or error}") from None
-        write_json(path, marked(trace).to_json(), final=True, kind=TRACE)
+        write_json(path, marked(trace).to_json(), final=True, kind=trace_file())
     except BaseException:
         for made in missing:  # innermost first; only directories this call created
             try:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import time
 from collections.abc import Callable
@@ -278,15 +279,25 @@ def export(corpus: RedisCorpus, directory: Path) -> tuple[list[Path], list[Path]
     name already there is left alone (the same name is the same trace). Returns the files
     written and the ones left alone. Every finding (name and trace) is checked before the
     directory is made or a file written: a bad one refuses the export with nothing created."""
-    from faultlab.trace import write_json_atomically
+    from faultlab.trace import trace_file, write_json_atomically
 
     traces = corpus.traces()  # either trace version: concurrent explores save here too
-    directory.mkdir(parents=True, exist_ok=True)
-    written, present = [], []
+    present = [directory / name for name in traces if os.path.lexists(directory / name)]
+    for path in present:  # the same name is the same trace, if it is a trace at all
+        try:
+            ours = path.is_file() and trace_file().made(path)
+        except OSError:
+            ours = False
+        if not ours:
+            raise UsageError(f"{path}: exists and is not a faultlab trace; exported nothing")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ExecutionError(f"cannot create {directory}: {error.strerror or error}") from None
+    written = []
     for name, trace in traces.items():
         path = directory / name
-        if path.exists():
-            present.append(path)
+        if path in present:
             continue
         write_json_atomically(path, trace.to_json())
         written.append(path)
