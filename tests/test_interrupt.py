@@ -26,7 +26,6 @@ import pytest
 from conftest import ROOT, TESTS
 
 from faultlab.base import interrupt
-from faultlab.base.errors import ExecutionError
 from faultlab.base.output import write_json
 from faultlab.process.records import WorkerSpec
 from faultlab.process.spawn import ForkServer, child_environment
@@ -391,7 +390,9 @@ def test_an_interrupted_request_never_yields_a_stale_reply(tmp_path: Path) -> No
                 server.run(hanging)
         interrupt.reset()
         quick = WorkerSpec(system="reference", role="dispatch", directory=str(tmp_path))
-        with pytest.raises(ExecutionError, match="interrupted before its reply"):
+        # the interruption again, not a run failure (a teardown's request after a Ctrl-C
+        # under pytest once became an ExecutionError, and the session carried on)
+        with pytest.raises(interrupt.Interrupted):
             server.run(quick)
     finally:
         timer.cancel()

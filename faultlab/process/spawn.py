@@ -1190,12 +1190,19 @@ class ForkServer:
         self.pid = self._process.pid
         self._requests = 0
         self._in_flight = False  # a request was written and its reply not yet read
+        #: The interruption that cut a request short, raised again by any later request.
+        self._interrupted_by: KeyboardInterrupt | None = None
 
     def run(self, spec: WorkerSpec) -> ProcessRecord:
         process = self._process
         stdin: IO[bytes] | None = process.stdin
         stdout: IO[bytes] | None = process.stdout
         if self._in_flight:
+            if self._interrupted_by is not None:
+                # the run is being interrupted (a Ctrl-C where no handler of faultlab's
+                # runs: pytest, a script): a teardown asking for one more worker must not
+                # turn that into a run failure the caller would carry on past
+                raise type(self._interrupted_by)(*self._interrupted_by.args)
             raise ExecutionError(
                 f"the fork server (pid {self.pid}) is unusable: an earlier request was "
                 "interrupted before its reply"
@@ -1205,6 +1212,19 @@ class ForkServer:
         self._requests += 1
         request_id = self._requests
         self._in_flight = True  # stays set if anything interrupts the exchange
+        try:
+            reply = self._exchange(request_id, spec, stdin, stdout)
+        except KeyboardInterrupt as error:  # raised again by any later request
+            self._interrupted_by = error
+            raise
+        self._in_flight = False
+        if "error" in reply:
+            raise ExecutionError(f"the fork server could not run the worker: {reply['error']}")
+        return ProcessRecord.from_json(reply["record"])
+
+    def _exchange(self, request_id: int, spec: WorkerSpec, stdin: IO[bytes],
+                  stdout: IO[bytes]) -> dict[str, Any]:
+        """Write one request and read its reply (checked to be that request's)."""
         try:
             stdin.write(json.dumps({"id": request_id, "spec": vars(spec)}).encode() + b"\n")
             stdin.flush()
@@ -1225,10 +1245,7 @@ class ForkServer:
                 f"the fork server (pid {self.pid}) answered request "
                 f"{reply.get('id') if isinstance(reply, dict) else '?'}, not {request_id}"
             )
-        self._in_flight = False
-        if "error" in reply:
-            raise ExecutionError(f"the fork server could not run the worker: {reply['error']}")
-        return ProcessRecord.from_json(reply["record"])
+        return reply
 
     def close(self) -> None:
         """End the server and reap it; after an interruption, stop its worker first.
