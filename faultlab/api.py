@@ -81,6 +81,53 @@ def _check_concurrency(concurrency: int) -> None:
                          f"not {concurrency!r}")
 
 
+def _check_arguments(*, examples: Any = 1, steps: Any = 1, seed: Any = 0,
+                     deadline: Any = DEFAULT_DEADLINE, spawn: Any = "fork",
+                     statement_points: Any = None) -> None:
+    """What the command line's parser refuses, refused here before anything runs, in one
+    line naming the argument (a string for ``examples`` was a bare TypeError deep in the
+    search, a negative ``deadline`` a worker that missed it)."""
+    import math
+
+    from faultlab.base.inputs import MAX_INT_DIGITS
+    from faultlab.process.records import SPAWN_MODES
+
+    def integer(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) \
+            and len(str(abs(value))) <= MAX_INT_DIGITS
+
+    for name, value in (("examples", examples), ("steps", steps)):
+        if not integer(value) or value < 1:
+            raise UsageError(f"{name} must be an integer of at least 1, not {value!r}")
+    if not integer(seed):
+        raise UsageError(f"seed must be an integer, not {seed!r}")
+    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) \
+            or not math.isfinite(deadline) or deadline <= 0:
+        raise UsageError(f"deadline must be a positive number of seconds, not {deadline!r}")
+    if spawn not in SPAWN_MODES:
+        raise UsageError(f"spawn must be one of {', '.join(SPAWN_MODES)}, not {spawn!r}")
+    if statement_points is not None and not isinstance(statement_points, bool):
+        raise UsageError(f"statement_points must be True, False or None, not "
+                         f"{statement_points!r}")
+
+
+def _corpus_directory(corpus: str | Path | None) -> Path | None:
+    """The corpus directory a finding is saved in, checked as ``--corpus`` is, before the
+    run (a file there, or a missing parent, once failed only after the search)."""
+    if corpus is None:
+        return None
+    from faultlab.corpus.files import check_corpus_directory
+    from faultlab.corpus.redis_store import is_redis_url
+
+    if not isinstance(corpus, (str, Path)):
+        raise UsageError(f"corpus must be a directory path, not {corpus!r}")
+    if is_redis_url(str(corpus)):
+        raise UsageError(f"corpus {corpus}: the Python API saves findings to a directory; a "
+                         "redis:// corpus is for the command line's shards")
+    check_corpus_directory(Path(corpus))
+    return Path(corpus)
+
+
 def _explorable(system: str | Path | System) -> System:
     """The system, with its declared data checked before anything runs."""
     from faultlab.search.data import check_declared
@@ -121,9 +168,13 @@ def explore(
     from faultlab.search.coverage import vacuity
 
     _check_concurrency(concurrency)
+    _check_arguments(examples=examples, steps=steps, seed=seed, deadline=deadline,
+                     spawn=spawn, statement_points=statement_points)
     chosen = _explorable(system)
-    if examples < 1 or steps < 1:
-        raise UsageError("examples and steps must be at least 1")
+    if statement_points and not chosen.supports_statement_points:
+        raise UsageError(f"statement_points: {chosen.name} runs its own programs; statement "
+                         "points need faultlab's own worker processes (a Python system)")
+    directory = _corpus_directory(corpus)
     from faultlab.search.explore import explore as explore_system
     from faultlab.search.storage import private_storage
 
@@ -145,10 +196,10 @@ def explore(
         return Outcome(clean=False, trace=flaky, notes=(*notes, f"flaky: {flaky_reason}"),
                        stats=stats, flaky=True)
     path = None
-    if found is not None and corpus is not None:
+    if found is not None and directory is not None:
         from faultlab.corpus import files
 
-        path = files.save(found, Path(corpus))
+        path = files.save(found, directory, chosen.name)  # named as the command line names it
     if found is None and not checked:
         notes = [*notes, "nothing was checked: the run is not clean"]
     elif found is None and vacuous is not None:
@@ -177,14 +228,20 @@ def replay(trace_or_path: Trace | str | Path, *,
     from faultlab.corpus.trust import system_for
     from faultlab.process.spawn import spawner
 
+    _check_arguments(deadline=deadline, spawn=spawn)
     if isinstance(trace_or_path, (str, Path)):
         path = Path(trace_or_path)
         trace = Trace.load(path)
+        call = f"faultlab.replay({str(path)!r}, system={{}})"
+    elif isinstance(trace_or_path, Trace):
+        path, trace = Path("<trace>"), trace_or_path  # no file: named so in messages
+        call = "faultlab.replay(trace, system={})"
     else:
-        path, trace = Path("<trace>"), trace_or_path
+        raise UsageError(f"replay takes a Trace or a trace file's path, not "
+                         f"{trace_or_path!r}"[:200])
     chosen = system_for(
         path, trace, None if system is None else _system(system),
-        how=lambda placeholder: f"faultlab.replay({str(path)!r}, system={placeholder!r})")
+        how=lambda placeholder: call.format(repr(placeholder)))
     planned = plan(path, trace, chosen)
     with spawner(spawn) as runner:
         replayed = replay_planned(planned, runner, deadline=deadline)
@@ -192,7 +249,7 @@ def replay(trace_or_path: Trace | str | Path, *,
     executed = replayed.execution
     return Outcome(clean=verdict.clean, trace=trace if not verdict.clean else None,
                    violations=tuple(executed.violations) if executed is not None else (),
-                   path=path)
+                   path=path if isinstance(trace_or_path, (str, Path)) else None)
 
 
 #: Where a failing state-machine test saves its finding when neither ``corpus=`` nor the
@@ -216,7 +273,9 @@ def state_machine(system: str | Path | System, *, concurrency: int = 1,
     explore` instead: the search stops at the first failing example, faultlab's minimiser
     shrinks it, the replay confirms it, the finding is saved, and the test fails with an
     ``AssertionError`` whose message is the replay table (also printed), with the command
-    that replays the saved trace. A clean run passes.
+    that replays the saved trace. A clean run passes; so does a vacuous one (nothing was
+    tested: ``explore`` would exit 4), with a warning that says why, since a short test
+    run is often vacuous on purpose.
 
     Its ``settings`` give the examples (``max_examples``) and the steps per example
     (``stateful_step_count``); the seed is the machine's (``@hypothesis.seed``, or the
@@ -231,7 +290,9 @@ def state_machine(system: str | Path | System, *, concurrency: int = 1,
     from faultlab.search.schedules import concurrent_machine
 
     _check_concurrency(concurrency)
+    _check_arguments(examples=examples, steps=steps, deadline=deadline)
     chosen = _system(system)
+    chosen_corpus = _corpus_directory(corpus)
     machine: type[RuleBasedStateMachine] = concurrent_machine(
         chosen.ref, concurrency=concurrency, deduplication=deduplication, deadline=deadline,
         examples=examples, steps=steps,
@@ -240,7 +301,7 @@ def state_machine(system: str | Path | System, *, concurrency: int = 1,
         steps=steps)
     test_case = _finding_test_case(machine, chosen, concurrency=concurrency,
                                    deduplication=deduplication, deadline=deadline,
-                                   corpus=None if corpus is None else Path(corpus))
+                                   corpus=chosen_corpus)
     # Hypothesis's TestCase property builds its class with _to_test_case: this one instead
     setattr(machine, "_to_test_case", classmethod(lambda cls: test_case))  # noqa: B010
     machine.TestCase.settings = machine_settings(examples, steps)

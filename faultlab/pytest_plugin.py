@@ -93,6 +93,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER)
+    examples = config.getoption("faultlab_examples")
+    if examples is not None and examples < 1:
+        raise pytest.UsageError(f"--faultlab-examples must be at least 1, not {examples}")
+    deadline = config.getoption("faultlab_deadline")
+    if not 0 < deadline < float("inf"):  # NaN fails this too
+        raise pytest.UsageError(f"--faultlab-deadline must be a positive number of seconds, "
+                                f"not {deadline}")
     corpora: list[Path] = []
     for text in config.getoption("faultlab_corpus") or ():
         path = Path(text).resolve()
@@ -163,6 +170,27 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
         collector: pytest.Collector = TraceFile.from_parent(parent, path=file_path)
         return collector
     return None
+
+
+_EMPTY_KEY = pytest.StashKey[list[Path]]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Note each --faultlab-corpus from which no trace was collected (said at the end)."""
+    corpora = config.stash.get(_CORPUS_KEY, [])
+    traces = [item.path.resolve() for item in items if isinstance(item, TraceItem)]
+    config.stash[_EMPTY_KEY] = [corpus for corpus in corpora if not any(
+        corpus == path.parent or corpus in path.parents for path in traces)]
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """A corpus that gave no regression test says so: a green run must not suggest that
+    its findings were replayed (a corpus with nothing in it yet is a run of nothing; a
+    flaky trace is collected and shown as skipped, with its reason)."""
+    for corpus in config.stash.get(_EMPTY_KEY, []):
+        terminalreporter.write_line(
+            f"faultlab: --faultlab-corpus {corpus} gave no trace to replay: no regression "
+            "test ran from it", yellow=True)
 
 
 def _spawner(config: pytest.Config) -> Any:
@@ -265,10 +293,20 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         return
     marker = item.get_closest_marker("faultlab")
     given = dict(marker.kwargs) if marker is not None else {}
+    if marker is not None and marker.args:
+        pytest.fail("@pytest.mark.faultlab takes keyword arguments only (examples=, seed=, "
+                    f"steps=), not {marker.args[0]!r}", pytrace=False)
     unknown = sorted(set(given) - {"examples", "seed", "steps"})
     if unknown:
         pytest.fail(f"@pytest.mark.faultlab: unknown argument {unknown[0]!r} (examples, seed, "
                     "steps)", pytrace=False)
+    for name, value in given.items():
+        least = None if name == "seed" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or \
+                (least is not None and value < least):
+            pytest.fail(f"@pytest.mark.faultlab: {name} must be an integer"
+                        + ("" if least is None else f" of at least {least}")
+                        + f", not {value!r}", pytrace=False)
     examples = given.get("examples", item.config.getoption("faultlab_examples"))
     seed = given.get("seed", item.config.getoption("faultlab_seed"))
     steps = given.get("steps")
@@ -282,9 +320,11 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     if steps is not None:
         from faultlab.search.schedules import ConcurrentMachine, scheduled_steps
 
-        # a concurrent machine's opening is one more Hypothesis step, as explore counts it
+        # a concurrent machine's opening is one more Hypothesis step, as explore counts
+        # it; faultlab.state_machine's TestCase gives its steps to explore, which adds it
+        hypothesis_loop = not hasattr(cls, "faultlab_plugin_corpus")
         changes["stateful_step_count"] = scheduled_steps(int(steps)) \
-            if issubclass(machine, ConcurrentMachine) else int(steps)
+            if issubclass(machine, ConcurrentMachine) and hypothesis_loop else int(steps)
     if changes:
         cls.settings = type(cls.settings)(cls.settings, **changes)
     if seed is not None:

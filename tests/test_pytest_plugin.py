@@ -257,3 +257,84 @@ def test_the_options_and_the_marker_reach_concurrent_machines(pytester: pytest.P
     other = _concurrent_machines(pytester, "--faultlab-examples", "3", "--faultlab-seed", "4")
     assert other["plain"] != first["plain"]
     assert other["marked"] == first["marked"]  # its seed is the marker's
+
+
+SPIED_STEPS = """
+import pytest
+
+import faultlab
+import faultlab.api as api
+
+SEEN = []
+
+
+def spy(system, **given):  # records what the TestCase asks explore for; runs nothing
+    SEEN.append((given["examples"], given["steps"]))
+    return None
+
+
+api._explore_as_test = spy
+TestLanes = faultlab.state_machine("reference", concurrency=2, examples=2, steps=5).TestCase
+
+
+@pytest.mark.faultlab(examples=3, steps=3)
+class TestMarked(TestLanes):
+    pass
+
+
+def test_zz_what_explore_was_asked():
+    assert SEEN == [(2, 5), (3, 3)]
+"""
+
+
+def test_the_markers_steps_reach_a_concurrent_state_machine_as_given(
+        pytester: pytest.Pytester) -> None:
+    """The marker's steps are explore's steps: faultlab.state_machine's TestCase gives them
+    to explore, which adds the lanes' opening step itself (the plugin added it too: 4)."""
+    pytester.makepyfile(test_spied=SPIED_STEPS)
+    result = pytester.runpytest_subprocess(*PLUGIN, "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3)
+
+
+@pytest.mark.parametrize(("options", "words"), [
+    (("--faultlab-examples", "0"), "--faultlab-examples must be at least 1, not 0"),
+    (("--faultlab-deadline", "-1"), "--faultlab-deadline must be a positive number"),
+    (("--faultlab-deadline", "nan"), "--faultlab-deadline must be a positive number"),
+])
+def test_bad_plugin_options_are_usage_errors(pytester: pytest.Pytester,
+                                             options: tuple[str, ...], words: str) -> None:
+    pytester.makepyfile(test_plain="def test_one():\n    pass\n")
+    result = pytester.runpytest_subprocess(*PLUGIN, *options)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert words in result.stderr.str()
+
+
+@pytest.mark.parametrize(("marker", "words"), [
+    ('examples="abc"', "examples must be an integer of at least 1, not 'abc'"),
+    ("steps=0", "steps must be an integer of at least 1, not 0"),
+    ("5", "takes keyword arguments only"),
+])
+def test_a_bad_marker_fails_its_test_in_one_line(pytester: pytest.Pytester, marker: str,
+                                                 words: str) -> None:
+    pytester.makepyfile(test_marked=f"""
+import pytest
+import faultlab
+
+Machine = faultlab.state_machine("reference", examples=1, steps=1)
+
+
+@pytest.mark.faultlab({marker})
+class TestMarked(Machine.TestCase):
+    pass
+""")
+    result = pytester.runpytest_subprocess(*PLUGIN, "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert words in text and "Traceback" not in text
+
+
+def test_an_empty_corpus_says_no_regression_test_ran(pytester: pytest.Pytester) -> None:
+    empty = pytester.mkdir("corpus")
+    result = pytester.runpytest_subprocess(*PLUGIN, "--faultlab-corpus", str(empty))
+    assert f"faultlab: --faultlab-corpus {empty} gave no trace to replay: no regression " \
+        "test ran from it" in result.stdout.str()
