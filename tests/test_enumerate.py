@@ -149,6 +149,7 @@ def test_command_saves_a_replayable_finding(
     ["--system", "no-such-system"],
     ["--format", "no-such-format"],
     ["--jobs", "0"],
+    ["--concurrency", "2", "--jobs", "3"],  # its walk is one job: --jobs was ignored
 ])
 def test_bad_input_is_one_line_and_exit_2(
     argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -203,3 +204,29 @@ def test_every_mutant_is_found_with_the_default_budget(
     assert shortest == system.minimal_steps
     for finding in result.best.values():
         assert set(finding.invariants) & set(system.caught_by), finding
+
+
+@pytest.mark.parametrize("lanes", ["1", "2"])
+def test_a_redis_corpus_is_refused_by_name(lanes: str, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """--corpus was read as a path, which folds redis:// into redis:/ (the message said a
+    parent directory redis:/host did not exist)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["enumerate", "--concurrency", lanes, "--corpus", "redis://h:6379/0"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == ("faultlab: error: --corpus redis://h:6379/0: enumerate saves "
+                                 "findings to a directory, not a Redis corpus\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_first_reports_the_longest_trace_it_ran(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """--first stops after the depth of its first finding: the traces of that depth are one
+    step longer than the states it expanded ("longest trace 1" beside a 2-step finding)."""
+    assert main(["enumerate", "--system", "split-complete", "--first", "--quiet",
+                 "--corpus", str(tmp_path / "corpus"), "--format", "github"]) == 1
+    out = capsys.readouterr().out
+    assert "FOUND: PAIR at executed step 2 of a 2-step trace" in out
+    assert [line for line in out.splitlines() if "longest trace" in line][0].split("|")[2] \
+        .strip() == "2"

@@ -76,13 +76,13 @@ def register(commands: Commands) -> None:
                         help="steps per trace before the final recovery "
                              "(default 2N + C + 1: every operation accepted and dispatched, "
                              "each crash, one more step)")
-    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, metavar="DIR",
+    parser.add_argument("--corpus", default=str(DEFAULT_CORPUS), metavar="DIR",
                         help="where findings are saved (default corpus/; created when needed)")
     parser.add_argument("--jobs", type=jobs, metavar="J",
                         help="worker threads, each with its own fork server "
                              f"(default {default_jobs()}: two per core, at most "
-                             f"{DEFAULT_JOBS_AT_MOST}; 1 with --power-loss; at most {MAX_JOBS} "
-                             "when given)")
+                             f"{DEFAULT_JOBS_AT_MOST}; 1 with --power-loss or --concurrency "
+                             f"above 1, which refuse more; at most {MAX_JOBS} when given)")
     parser.add_argument("--first", action="store_true",
                         help="stop after the trace length at which something was first found")
     parser.add_argument("--concurrency", type=concurrency, default=1, metavar="N",
@@ -113,7 +113,14 @@ def cmd_enumerate(args: argparse.Namespace) -> int:
     if args.power_loss and args.concurrency > 1:
         raise UsageError("enumerate --power-loss applies to sequential traces only "
                          "(--concurrency 1)")
+    if "://" in args.corpus:  # read as text: a Path would fold redis:// into redis:/
+        raise UsageError(f"--corpus {args.corpus}: enumerate saves findings to a directory, "
+                         "not a Redis corpus")
+    args.corpus = Path(args.corpus)
     if args.concurrency > 1:
+        if args.jobs not in (None, 1):
+            raise UsageError("enumerate --concurrency walks its states in one job (each "
+                             "explored once, in order): drop --jobs")
         return _enumerate_lanes(args)
     from faultlab.base.version import __version__
     from faultlab.corpus import files as corpus
@@ -337,10 +344,6 @@ def _nothing_found(vacuous: str | None, count: int, unit: str) -> int:
 
 
 def _lanes_corpus_directory(args: argparse.Namespace) -> Path:
-    """Concurrent findings go to a corpus directory (not yet to a Redis corpus)."""
-    target = str(args.corpus)
-    if "://" in target:
-        raise UsageError(f"--corpus {target}: concurrent findings go to a directory, not yet "
-                         "to a Redis corpus")
-    check_corpus_directory(Path(target))
-    return Path(target)
+    """Concurrent findings go to a corpus directory (a redis:// one is refused above)."""
+    check_corpus_directory(Path(args.corpus))
+    return Path(args.corpus)

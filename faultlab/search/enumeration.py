@@ -566,7 +566,10 @@ class _Walk:
                     expansions = self._expand_level(pool, level, depth)
                     level = self._next_level(level, expansions)
                     if self.first and self.result.found:
-                        break  # the rest of this depth was searched: the finding is shortest
+                        # the rest of this depth was searched: the finding is shortest;
+                        # the traces run at this depth were one step longer than its nodes
+                        self.result.depth = depth + 1
+                        break
                     depth += 1
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
