@@ -361,8 +361,11 @@ def _explore_as_test(system: System, *, concurrency: int, examples: int, steps: 
     from faultlab.report import tables as report
     from faultlab.search.coverage import vacuity
     from faultlab.search.explore import explore as explore_system
+    from faultlab.search.storage import private_storage
 
-    with spawner("fork") as runner:
+    # as explore does: Hypothesis's files (its unicode and constants caches) stay out of
+    # the directory the tests run in
+    with private_storage(), spawner("fork") as runner:
         result = explore_system(
             system, runner, concurrency=concurrency, deduplication=deduplication,
             examples=examples, steps=steps, seed_value=seed, deadline=deadline)

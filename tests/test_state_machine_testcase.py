@@ -159,6 +159,21 @@ TestGarbage = faultlab.state_machine({str(system)!r}, examples=2, steps=2).TestC
     assert "faultlab: vacuous: nothing failed in" in result.stdout.str()
 
 
+def test_a_state_machine_test_under_unittest_leaves_no_hypothesis_directory(
+        tmp_path: Path) -> None:
+    """Its exploration keeps Hypothesis's files private, as explore does (a .hypothesis/
+    with unicode and constants caches was left where the tests ran)."""
+    (tmp_path / "test_outbox.py").write_text(
+        "import faultlab\n\n"
+        "TestReference = faultlab.state_machine('reference', examples=2, steps=2).TestCase\n")
+    done = subprocess.run([sys.executable, "-m", "unittest", "-q", "test_outbox"],
+                          capture_output=True, text=True, env=child_environment(),
+                          cwd=tmp_path, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()
+                  if path.name != "__pycache__") == ["test_outbox.py"]
+
+
 LANE_MACHINES = """
 import faultlab
 
