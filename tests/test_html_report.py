@@ -116,6 +116,21 @@ def test_replay_html_writes_one_page_for_every_trace(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["page.html"]  # no temporary left
 
 
+def test_a_power_cut_is_shown_as_no_process(tmp_path: Path) -> None:
+    """A power step runs no worker: the page drew it as a lane "pid 0 ... exit 0", and the
+    table's pid and exit read 0 and 0."""
+    trace = ROOT / "corpus" / "sync-off-caller-ACK-e6ccfd521d.json"
+    page = tmp_path / "page.html"
+    result = faultlab("replay", str(trace), "--html", str(page), "--format", "github")
+    assert result.returncode == 0, result.stdout + result.stderr
+    power = [line for line in result.stdout.splitlines() if "| power" in line]
+    assert power and all([cell.strip() for cell in line.split("|")[5:7]] == ["-", "-"]
+                         for line in power), power
+    text = page.read_text()
+    assert "pid 0" not in text and 'data-pid="0"' not in text
+    assert "no worker process: a fault of the machine or the server" in text
+
+
 @pytest.mark.e2e  # an exploration and its shrinking, then the page
 def test_explore_html_writes_the_finding(tmp_path: Path) -> None:
     page = tmp_path / "finding.html"

@@ -86,6 +86,8 @@ def processes(observation: Observation) -> list[Process]:
     service_exit = service.get("exit_code")
     service_killed = service_exit == SIGKILL_EXIT
     armed = step.crash is not None
+    if not record.pid:  # a power cut or a server crash: no process ran, no lane to draw
+        return []
     found = [Process(record.pid, step.action, observation.index, record.exit_code,
                      armed and record.killed)]
     pid = service.get("pid")
@@ -294,12 +296,14 @@ def _step_section(anchor: str, observation: Observation) -> str:
     ending = "SIGKILL" if record.killed else f"exit {record.exit_code}"
     response = json.dumps(record.response, sort_keys=True) if record.response is not None \
         else "(no response)"
+    what = (f"pid {record.pid}, {escape(ending)}, {record.elapsed * 1000:.1f} ms; "
+            f"response <code>{escape(response)}</code>") if record.pid else \
+        "no worker process: a fault of the machine or the server, between two workers"
     return (
         f'<section class="{classes}" id="{anchor}-step-{observation.index}" '
         f'data-step="{observation.index}">'
         f"<h3>step {observation.index}: {escape(observation.step.describe())}{escape(settle)}</h3>"
-        f'<p class="record">pid {record.pid}, {escape(ending)}, {record.elapsed * 1000:.1f} ms; '
-        f"response <code>{escape(response)}</code></p>{_violations(observation)}"
+        f'<p class="record">{what}</p>{_violations(observation)}'
         f"{_stores(observation.before, observation.snapshot)}</section>"
     )
 

@@ -143,8 +143,9 @@ def observation_row(observation: Observation) -> list[Any]:
         action if len(action) <= STEP_WIDTH else action[:STEP_WIDTH - 3] + "...",
         operation,
         step.crash or "-",
-        observation.record.pid,
-        observation.record.exit_code,
+        # a power cut or a server crash runs no worker: no pid 0 that looks like one
+        observation.record.pid if observation.record.pid else "-",
+        observation.record.exit_code if observation.record.pid else "-",
         *_store_cells(observation.snapshot, observation.violations),
     ]
 
