@@ -198,7 +198,9 @@ def _close_postgres() -> None:
     pgstores = sys.modules.get("faultlab.stores.postgres")
     if pgstores is None:
         return
-    for problem in pgstores.close_run():
-        print(f"faultlab: could not drop {problem}", file=sys.stderr)
+    left = pgstores.close_run()
+    if left:  # one line, whatever the number
+        more = f" (and {len(left) - 1} more)" if len(left) > 1 else ""
+        print(f"faultlab: could not drop {left[0]}{more}", file=sys.stderr)
     if pgstores.private_server() is not None:  # stopped next: a later command must not use it
         pgstores.configure(None)

@@ -554,11 +554,24 @@ class PostgresRun:
             # a private server that died by itself (the run's error said so): its databases
             # go with its directory, which the command removes next
             names = []
-        for name in names:  # clones first, then the templates they came from
-            try:
-                self.with_admin(functools.partial(self._drop, name=name))
-            except Exception as error:  # noqa: BLE001 - reported by the caller
-                left.append(f"{name}: {printable_error(error)}")
+        pg = psycopg_module()
+        # a server that restarts (or a session it ended) refuses connections for a moment:
+        # the drops are tried again for DROP_RETRY_SECONDS, not given up at the first
+        give_up = time.monotonic() + DROP_RETRY_SECONDS
+        while names:
+            lost: list[tuple[str, Exception]] = []
+            for name in names:  # clones first, then the templates they came from
+                try:
+                    self.with_admin(functools.partial(self._drop, name=name))
+                except (pg.OperationalError, ExecutionError) as error:  # no session now
+                    lost.append((name, error))
+                except Exception as error:  # noqa: BLE001 - reported by the caller
+                    left.append(f"{name}: {printable_error(error)}")
+            if not lost or time.monotonic() >= give_up:
+                left += [f"{name}: {printable_error(error)}" for name, error in lost]
+                break
+            time.sleep(0.2)
+            names = [name for name, _ in lost]
         try:
             self._admin.close()
         except Exception:  # noqa: BLE001 - a dead session; nothing to do
@@ -891,6 +904,8 @@ def wait_for_backends(directory: Path, bound: float | None = None) -> None:
         delay = min(delay * 2, 0.05)
 
 
+#: How long the drops at a run's end are tried again while the server refuses them.
+DROP_RETRY_SECONDS = 10.0
 #: Command-line workers that lanes started and have not reaped yet, by the tag their
 #: backends' ``application_name`` ends with (``...-worker-cmd<N>``): a command's
 #: connection string is written before its process exists, so it cannot carry its pid.
