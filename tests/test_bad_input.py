@@ -283,16 +283,23 @@ def test_a_trace_with_no_steps_is_refused(tmp_path: Path, capsys: pytest.Capture
 def test_a_postgres_value_that_is_no_connection_string_is_one_clean_line(
         tmp_path: Path) -> None:
     """psycopg's message ends in a newline, once shown escaped as a literal ``\\x0a``."""
+    assert _explore_pg_refused(tmp_path, "zzz") == (
+        'faultlab: error: --postgres: not a connection string: missing "=" after "zzz" in '
+        'connection info string\n')
+
+
+def _explore_pg_refused(tmp_path: Path, dsn: str) -> str:
+    """``explore --system reference-pg --postgres DSN`` in ``tmp_path``: refused (exit 2,
+    nothing created); its stderr."""
     pytest.importorskip("psycopg")
     done = subprocess.run([sys.executable, "-m", "faultlab", "explore", "--system",
-                           "reference-pg", "--postgres", "zzz", "--corpus",
+                           "reference-pg", "--postgres", dsn, "--corpus",
                            str(tmp_path / "corpus")],
                           cwd=tmp_path, env=child_environment(), capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stdout == "" and sorted(os.listdir(tmp_path)) == []
-    assert done.stderr == ('faultlab: error: --postgres: not a connection string: missing '
-                           '"=" after "zzz" in connection info string\n'), done.stderr
+    return done.stderr
 
 
 def test_a_connect_timeout_psycopg_refuses_is_refused_before_any_database(
@@ -301,17 +308,9 @@ def test_a_connect_timeout_psycopg_refuses_is_refused_before_any_database(
     string showed only at the next: a traceback, exit 1 (the finding status), after a
     database was created and dropped. The string names no reachable server: were it read
     past the timeout, the failure would be a connection's, not this line."""
-    pytest.importorskip("psycopg")
-    done = subprocess.run([sys.executable, "-m", "faultlab", "explore", "--system",
-                           "reference-pg", "--postgres",
-                           "host=127.0.0.1 port=1 connect_timeout=abc", "--corpus",
-                           str(tmp_path / "corpus")],
-                          cwd=tmp_path, env=child_environment(), capture_output=True,
-                          text=True, timeout=60)
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert done.stdout == "" and sorted(os.listdir(tmp_path)) == []
-    assert done.stderr == ("faultlab: error: --postgres: not a connection string: bad value "
-                           "for connect_timeout: 'abc'\n"), done.stderr
+    assert _explore_pg_refused(tmp_path, "host=127.0.0.1 port=1 connect_timeout=abc") == (
+        "faultlab: error: --postgres: not a connection string: bad value for "
+        "connect_timeout: 'abc'\n")
 
 
 def test_a_gigantic_trace_file_is_refused_unread(tmp_path: Path,

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -510,9 +511,6 @@ def test_a_signal_as_the_first_job_starts_ends_that_job(
     whole minute, and the caller waited for it at exit)."""
     import multiprocessing.context
 
-    from faultlab.process.spawn import stop_resource_tracker
-    from faultlab.search.rounds import Plan, run_jobs
-
     started: list[Any] = []
     real_start = multiprocessing.context.SpawnProcess.start
 
@@ -522,13 +520,28 @@ def test_a_signal_as_the_first_job_starts_ends_that_job(
         if len(started) == 1:
             os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start_then_signal)
-    plan = Plan("reference", True, 0, 20, 10, True, False, "fork", jobs=2, duration=60.0)
     began = time.monotonic()
+    left = _jobs_interrupted(monkeypatch, start_then_signal, started)
+    assert started and left == []
+    assert time.monotonic() - began < 30
+
+
+def _jobs_interrupted(monkeypatch: pytest.MonkeyPatch, start: Callable[[Any], None],
+                      started: list[Any]) -> list[int]:
+    """``explore --jobs 2 --duration 60``'s jobs (run_jobs) with ``start`` in place of a
+    job process's start, which sends the signals: run_jobs must raise Interrupted. The
+    pids of the started jobs still running after it; every one is ended here anyway."""
+    import multiprocessing.context
+
+    from faultlab.process.spawn import stop_resource_tracker
+    from faultlab.search.rounds import Plan, run_jobs
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start)
+    plan = Plan("reference", True, 0, 20, 10, True, False, "fork", jobs=2, duration=60.0)
     try:
         with interrupt.handling(), pytest.raises(interrupt.Interrupted):
             run_jobs(plan)
-        left = [process.pid for process in started if process.exitcode is None]
+        return [process.pid for process in started if process.exitcode is None]
     finally:
         interrupt.reset()
         for process in started:  # after a failed check: end what was left
@@ -536,8 +549,6 @@ def test_a_signal_as_the_first_job_starts_ends_that_job(
                 process.kill()
                 process.join()
         stop_resource_tracker()  # the queue's tracker, as the faultlab command does at exit
-    assert started and left == []
-    assert time.monotonic() - began < 30
 
 
 def test_a_job_interrupted_while_its_interpreter_starts_prints_no_traceback(
@@ -551,9 +562,6 @@ def test_a_job_interrupted_while_its_interpreter_starts_prints_no_traceback(
     signals the job printed one at every such delay from 5 to 20 ms)."""
     import multiprocessing.context
 
-    from faultlab.process.spawn import stop_resource_tracker
-    from faultlab.search.rounds import Plan, run_jobs
-
     started: list[Any] = []
     real_start = multiprocessing.context.SpawnProcess.start
 
@@ -565,19 +573,7 @@ def test_a_job_interrupted_while_its_interpreter_starts_prints_no_traceback(
         time.sleep(0.3)  # as a terminal's: the job had its signal first
         os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start_then_signal)
-    plan = Plan("reference", True, 0, 20, 10, True, False, "fork", jobs=2, duration=60.0)
-    try:
-        with interrupt.handling(), pytest.raises(interrupt.Interrupted):
-            run_jobs(plan)
-        left = [process.pid for process in started if process.exitcode is None]
-    finally:
-        interrupt.reset()
-        for process in started:
-            if process.is_alive():
-                process.kill()
-                process.join()
-        stop_resource_tracker()
+    left = _jobs_interrupted(monkeypatch, start_then_signal, started)
     assert started and left == []
     err = capfd.readouterr().err  # the jobs' stderr too: they share this descriptor
     assert "Traceback" not in err, err
