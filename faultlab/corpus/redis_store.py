@@ -94,6 +94,10 @@ def parse_url(text: str) -> Address:
     try:
         parsed = urlparse(text)
         parsed.hostname, parsed.port  # noqa: B018 - both parse now, raising for "[::1"
+        if "[" in parsed.netloc:  # Python 3.10 takes "[zz]" for a host; 3.11 refuses it
+            import ipaddress
+
+            ipaddress.ip_address(parsed.hostname or "")
     except ValueError as error:
         raise UsageError(f"{text!r}: not a redis://HOST:PORT/DB URL ({error})") from None
     if parsed.scheme != "redis" or not parsed.hostname:
