@@ -171,9 +171,8 @@ def explore(
     _check_arguments(examples=examples, steps=steps, seed=seed, deadline=deadline,
                      spawn=spawn, statement_points=statement_points)
     chosen = _explorable(system)
-    if statement_points and not chosen.supports_statement_points:
-        raise UsageError(f"statement_points: {chosen.name} runs its own programs; statement "
-                         "points need faultlab's own worker processes (a Python system)")
+    if statement_points:
+        chosen.require_statement_points(f"statement_points: {chosen.name}")
     directory = _corpus_directory(corpus)
     from faultlab.search.explore import explore as explore_system
     from faultlab.search.storage import private_storage

@@ -45,6 +45,15 @@ def trace_file() -> Kind:
     return Kind("a faultlab trace", (TRACE_SIGNATURE,))
 
 
+def is_trace_file(path: Path) -> bool:
+    """Whether ``path`` (through a link) is a regular file that begins as a trace file:
+    what a finding of that name may replace, and an export leave alone."""
+    try:
+        return path.is_file() and trace_file().made(path)
+    except OSError:
+        return False
+
+
 TRACE_FORMAT = "faultlab-trace"
 TRACE_VERSION = 1
 ACTIONS = ("accept", "dispatch", "service")

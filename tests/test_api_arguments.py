@@ -59,7 +59,8 @@ def test_a_corpus_that_is_a_file_is_refused_before_the_search(tmp_path: Path) ->
 
 def test_statement_points_on_a_command_line_system_are_refused() -> None:
     system = str(ROOT / "examples" / "standalone_outbox" / "system.json")
-    with pytest.raises(UsageError, match="statement points need faultlab's own worker"):
+    with pytest.raises(UsageError,
+                       match="statement_points: standalone-outbox: statement scheduling"):
         faultlab.explore(system, statement_points=True)
 
 

@@ -311,9 +311,8 @@ def cmd_explore(args: argparse.Namespace) -> int:
     refuse_unused_postgres(system, args.postgres)
     if args.power_loss:
         check_power_cut(system, "--power-loss")
-    if args.statement_points and not system.supports_statement_points:
-        raise UsageError(f"--statement-points: {system.name} runs its own programs; statement "
-                         "points need faultlab's own worker processes (a Python system)")
+    if args.statement_points:
+        system.require_statement_points(f"--statement-points: {system.name}")
     # one option, a default per mode: sequential crashes at statements where the system can;
     # lanes hold there only when asked (see --help)
     statement_points = (not concurrent) if args.statement_points is None \

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from faultlab.base.errors import ExecutionError, UsageError
 from faultlab.base.output import check_output_directory, write_json
-from faultlab.trace import EXPECT_FINDING, Trace, trace_file
+from faultlab.trace import EXPECT_FINDING, Trace, is_trace_file, trace_file
 
 DEFAULT_CORPUS = Path("corpus")
 
@@ -101,15 +101,10 @@ def save(trace: Trace, directory: Path, system_name: str | None = None) -> Path:
         missing.append(parent)
         parent = parent.parent
     path = directory / finding_name(trace, system_name)
-    if os.path.lexists(path):
-        try:
-            ours = path.is_file() and trace_file().made(path)
-        except OSError:
-            ours = False
-        if not ours:
-            raise ExecutionError(
-                f"{path}: exists and is not a faultlab trace; the finding was not saved "
-                "over it (move it away and run again: the same seed finds the same trace)")
+    if os.path.lexists(path) and not is_trace_file(path):
+        raise ExecutionError(
+            f"{path}: exists and is not a faultlab trace; the finding was not saved over it "
+            "(move it away and run again: the same seed finds the same trace)")
     try:
         try:
             directory.mkdir(parents=True, exist_ok=True)

@@ -283,16 +283,12 @@ def export(corpus: RedisCorpus, directory: Path) -> tuple[list[Path], list[Path]
     name already there is left alone (the same name is the same trace). Returns the files
     written and the ones left alone. Every finding (name and trace) is checked before the
     directory is made or a file written: a bad one refuses the export with nothing created."""
-    from faultlab.trace import trace_file, write_json_atomically
+    from faultlab.trace import is_trace_file, write_json_atomically
 
     traces = corpus.traces()  # either trace version: concurrent explores save here too
     present = [directory / name for name in traces if os.path.lexists(directory / name)]
     for path in present:  # the same name is the same trace, if it is a trace at all
-        try:
-            ours = path.is_file() and trace_file().made(path)
-        except OSError:
-            ours = False
-        if not ours:
+        if not is_trace_file(path):
             raise UsageError(f"{path}: exists and is not a faultlab trace; exported nothing")
     try:
         directory.mkdir(parents=True, exist_ok=True)

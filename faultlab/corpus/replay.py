@@ -60,10 +60,8 @@ def plan(path: Path, trace: Trace, system: System, *,
             for step in trace.steps:
                 validate_step(system, step)
         else:
-            if trace.statement_points and not system.supports_statement_points:
-                raise UsageError(f"{system.name}: statement scheduling points (sql:K, "
-                                 "commit:K) need faultlab's own worker processes (a Python "
-                                 "system)")
+            if trace.statement_points:
+                system.require_statement_points()
             started: set[int] = set()
             for step in trace.steps:  # a crash point the step's role cannot arm
                 check_crash_point(system, step.role or "", step.crash)

@@ -141,9 +141,8 @@ class Executor:
         system.require_deduplication_switch(deduplication)
         if power:
             check_power_cut(system, "recording for power cuts")
-        if statement_points and not system.supports_statement_points:
-            raise UsageError(f"{system.name}: statement scheduling points (sql:K, commit:K) "
-                             "need faultlab's own worker processes (a Python system)")
+        if statement_points:
+            system.require_statement_points()
         #: Record every SQLite change (workers and this process's readers) so that power
         #: steps can rebuild the stores as a power cut would leave them.
         self.power = power

@@ -207,9 +207,8 @@ class Lanes:
         block_bound: float = BLOCK_BOUND, statement_points: bool = False,
         power: bool = False, wall: Mapping[str, str] | None = None,
     ) -> None:
-        if statement_points and not system.supports_statement_points:
-            raise UsageError(f"{system.name}: statement scheduling points (sql:K, commit:K) "
-                             "need faultlab's own worker processes (a Python system)")
+        if statement_points:
+            system.require_statement_points()
         self.system = system
         self.concurrency = concurrency
         #: Where the workers' announced claims go, and the trace's clock when they claimed.

@@ -280,6 +280,15 @@ class System(ABC):
         if not deduplication and not self.supports_no_deduplication:
             raise UsageError(f"system {self.ref or self.name!r} cannot switch deduplication off")
 
+    def require_statement_points(self, what: str = "") -> None:
+        """Refuse statement points (sql:K, commit:K) for a system whose workers are not
+        faultlab's processes: they need faultlab's traced sqlite3 in the worker. One check,
+        asked by the executor, the lanes, replay's plan, the command line and the API."""
+        if not self.supports_statement_points:
+            raise UsageError(f"{what or self.name}: statement scheduling points (sql:K, "
+                             "commit:K) need faultlab's own worker processes (a Python "
+                             "system)")
+
     def program(self, spec: WorkerSpec) -> Program | None:
         """The program that runs ``spec`` when this system's workers are programs of its own
         (a command-line system: its argv, environment and announcements, with the step's
